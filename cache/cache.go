@@ -1,0 +1,307 @@
+// Package cache is the Redis side of onceonly: a cache of the idempotency
+// keys' Postgres state, read and written only through the Lua scripts in
+// package lua, so every decision takes one round trip and touches one key.
+//
+// The cache may be lost at any moment. It answers replays, conflicts and
+// reused keys quickly; Postgres decides everything it cannot.
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/lua"
+)
+
+// DefaultMaxBody is the largest response body the cache keeps (8 KiB);
+// larger bodies stay in Postgres and the cache keeps a marker.
+const DefaultMaxBody = 8 << 10
+
+// Verdict is what the check script decided.
+type Verdict int
+
+// The verdicts of Check.
+const (
+	// Claimed: the caller holds a provisional claim and goes on to Postgres.
+	Claimed Verdict = iota
+	// Replay: the key completed with this fingerprint; Entry holds the response.
+	Replay
+	// InFlight: another request holds the key; retry after RetryAfter.
+	InFlight
+	// Mismatch: the key belongs to another fingerprint.
+	Mismatch
+)
+
+// String returns the verdict's name, for logs and metrics.
+func (v Verdict) String() string {
+	switch v {
+	case Claimed:
+		return "claimed"
+	case Replay:
+		return "replay"
+	case InFlight:
+		return "in_flight"
+	case Mismatch:
+		return "mismatch"
+	}
+	return fmt.Sprintf("verdict(%d)", int(v))
+}
+
+// CheckResult is the answer of Check.
+type CheckResult struct {
+	Verdict Verdict
+	// Entry is the completed entry for Replay.
+	Entry Entry
+	// RetryAfter is the remaining lease for InFlight.
+	RetryAfter time.Duration
+}
+
+// Cache reads and writes idempotency state in Redis.
+type Cache struct {
+	rdb     redis.UniversalClient
+	prefix  string
+	maxBody int
+	check   *redis.Script
+	apply   *redis.Script
+	release *redis.Script
+}
+
+// Options configures a Cache.
+type Options struct {
+	// Prefix of every key; DefaultPrefix when empty.
+	Prefix string
+	// MaxBody is the largest body kept in Redis; DefaultMaxBody when zero.
+	MaxBody int
+}
+
+// New returns a Cache over the client.
+func New(rdb redis.UniversalClient, opts Options) *Cache {
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if opts.MaxBody == 0 {
+		opts.MaxBody = DefaultMaxBody
+	}
+	return &Cache{
+		rdb:     rdb,
+		prefix:  opts.Prefix,
+		maxBody: opts.MaxBody,
+		check:   redis.NewScript(lua.Check),
+		apply:   redis.NewScript(lua.Apply),
+		release: redis.NewScript(lua.Release),
+	}
+}
+
+// Prefix returns the key prefix.
+func (c *Cache) Prefix() string { return c.prefix }
+
+// Client returns the Redis client.
+func (c *Cache) Client() redis.UniversalClient { return c.rdb }
+
+// Key returns the Redis key of (scope, key).
+func (c *Cache) Key(scope, key string) string { return KeyName(c.prefix, scope, key) }
+
+// Load loads every script into Redis, so pipelines of EVALSHA do not meet
+// NOSCRIPT.
+func (c *Cache) Load(ctx context.Context) error {
+	for _, s := range []*redis.Script{c.check, c.apply, c.release} {
+		if err := s.Load(ctx, c.rdb).Err(); err != nil {
+			return fmt.Errorf("load script: %w", err)
+		}
+	}
+	return nil
+}
+
+// Check answers a request from the cache, or records a provisional claim
+// for owner that lasts lease.
+func (c *Cache) Check(ctx context.Context, scope, key, fingerprint string, owner [16]byte, lease time.Duration) (CheckResult, error) {
+	reply, err := c.check.Run(ctx, c.rdb, []string{c.Key(scope, key)},
+		Digest(fingerprint), owner[:], lease.Milliseconds()).Slice()
+	if err != nil {
+		return CheckResult{}, fmt.Errorf("check key: %w", err)
+	}
+	return interpretCheck(reply)
+}
+
+// interpretCheck maps the check script's reply to a CheckResult.
+func interpretCheck(reply []any) (CheckResult, error) {
+	if len(reply) == 0 {
+		return CheckResult{}, errors.New("check key: empty reply")
+	}
+	code, _ := reply[0].(int64)
+	switch Verdict(code) {
+	case Claimed:
+		return CheckResult{Verdict: Claimed}, nil
+	case Replay:
+		raw, _ := reply[1].(string)
+		entry, err := Decode([]byte(raw))
+		if err != nil {
+			// The script decoded it; a Go failure here means the layouts
+			// disagree. Treat it as a miss that Postgres resolves.
+			return CheckResult{Verdict: Claimed}, fmt.Errorf("check key: decode replay: %w", err)
+		}
+		return CheckResult{Verdict: Replay, Entry: entry}, nil
+	case InFlight:
+		ms, _ := reply[1].(int64)
+		return CheckResult{Verdict: InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
+	case Mismatch:
+		return CheckResult{Verdict: Mismatch}, nil
+	}
+	return CheckResult{}, fmt.Errorf("check key: unexpected reply %v", reply)
+}
+
+// Update is a Postgres state to write into the cache.
+type Update struct {
+	Scope, Key string
+	Version    int64
+	// Deleted means the key is gone from Postgres; the cache drops it.
+	Deleted     bool
+	State       State
+	Fingerprint string
+	// TTL is the time left until the Postgres expiry.
+	TTL time.Duration
+	// Owner and LeaseRemaining describe an in_progress lease.
+	Owner          [16]byte
+	LeaseRemaining time.Duration
+	// Response of a completed key. BodyOmitted means the reader did not load
+	// the body because it is larger than the cache keeps.
+	Response    Response
+	BodyOmitted bool
+}
+
+// args returns the apply script's ARGV for u.
+func (c *Cache) args(u Update) ([]any, error) {
+	ttl := u.TTL.Milliseconds()
+	if u.Deleted {
+		return []any{u.Version, "", 0, "", ""}, nil
+	}
+	if ttl < 1 {
+		ttl = 0 // expired: apply.lua deletes it
+	}
+	digest := Digest(u.Fingerprint)
+	switch u.State {
+	case StateInProgress:
+		lease := u.LeaseRemaining.Milliseconds()
+		if lease < 0 {
+			lease = 0
+		}
+		return []any{u.Version, head(nil, StateInProgress, u.Version, flagConfirmed, digest), ttl, lease, u.Owner[:]}, nil
+	case StateCompleted:
+		if u.Response.Status < 100 || u.Response.Status > 999 {
+			return nil, fmt.Errorf("apply %s:%s: response status %d out of range", u.Scope, u.Key, u.Response.Status)
+		}
+		large := u.BodyOmitted || len(u.Response.Body) > c.maxBody
+		return []any{u.Version, encodeCompleted(u.Version, digest, u.Response, large), ttl, "", ""}, nil
+	case StateFailed:
+		return []any{u.Version, head(nil, StateFailed, u.Version, flagConfirmed, digest), ttl, "", ""}, nil
+	}
+	return nil, fmt.Errorf("apply %s:%s: unknown state %q", u.Scope, u.Key, u.State)
+}
+
+// Apply writes u unless the cache holds its version or a newer one; it
+// reports whether it wrote.
+func (c *Cache) Apply(ctx context.Context, u Update) (bool, error) {
+	args, err := c.args(u)
+	if err != nil {
+		return false, err
+	}
+	n, err := c.apply.Run(ctx, c.rdb, []string{c.Key(u.Scope, u.Key)}, args...).Int()
+	if err != nil {
+		return false, fmt.Errorf("apply %s:%s: %w", u.Scope, u.Key, err)
+	}
+	return n == 1, nil
+}
+
+// ApplyResult is the outcome of one update of ApplyBatch.
+type ApplyResult struct {
+	Applied bool
+	Err     error
+}
+
+// ApplyBatch writes every update in one pipeline of EVALSHA calls (the script
+// is loaded first). The returned error covers the pipeline as a whole (Redis
+// unreachable); per-update failures are in the results.
+func (c *Cache) ApplyBatch(ctx context.Context, updates []Update) ([]ApplyResult, error) {
+	results := make([]ApplyResult, len(updates))
+	if len(updates) == 0 {
+		return results, nil
+	}
+	if err := c.apply.Load(ctx, c.rdb).Err(); err != nil {
+		return nil, fmt.Errorf("apply batch: load script: %w", err)
+	}
+	cmds := make([]*redis.Cmd, len(updates))
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, u := range updates {
+			args, err := c.args(u)
+			if err != nil {
+				results[i].Err = err
+				continue
+			}
+			cmds[i] = c.apply.EvalSha(ctx, p, []string{c.Key(u.Scope, u.Key)}, args...)
+		}
+		return nil
+	})
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		n, cerr := cmd.Int()
+		if cerr != nil {
+			if isConnectionError(cerr) {
+				return nil, fmt.Errorf("apply batch: %w", cerr)
+			}
+			results[i].Err = fmt.Errorf("apply %s:%s: %w", updates[i].Scope, updates[i].Key, cerr)
+			continue
+		}
+		results[i].Applied = n == 1
+	}
+	if err != nil && allFailed(results, cmds) {
+		return nil, fmt.Errorf("apply batch: %w", err)
+	}
+	return results, nil
+}
+
+// allFailed reports whether every sent command failed.
+func allFailed(results []ApplyResult, cmds []*redis.Cmd) bool {
+	for i, cmd := range cmds {
+		if cmd != nil && results[i].Err == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// isConnectionError reports whether err is about reaching Redis rather than
+// about one command (a script error, a wrong type).
+func isConnectionError(err error) bool {
+	var rerr redis.Error
+	return !errors.As(err, &rerr)
+}
+
+// Release drops owner's provisional claim on (scope, key); it reports whether
+// there was one.
+func (c *Cache) Release(ctx context.Context, scope, key string, owner [16]byte) (bool, error) {
+	n, err := c.release.Run(ctx, c.rdb, []string{c.Key(scope, key)}, owner[:]).Int()
+	if err != nil {
+		return false, fmt.Errorf("release key: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Read returns the decoded entry of (scope, key). found is false for a
+// missing key; a value that does not decode returns ErrCorrupt.
+func (c *Cache) Read(ctx context.Context, scope, key string) (entry Entry, found bool, err error) {
+	raw, err := c.rdb.Get(ctx, c.Key(scope, key)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return Entry{}, false, nil
+	}
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("read key: %w", err)
+	}
+	entry, err = Decode(raw)
+	return entry, true, err
+}

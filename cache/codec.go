@@ -1,0 +1,161 @@
+package cache
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"strconv"
+)
+
+// The value layout is documented in lua/decode.lua, which reads it in Redis;
+// this file writes and reads it in Go.
+
+// State is the state of an idempotency key, spelled as in Postgres.
+type State string
+
+// The states of an idempotency key.
+const (
+	StateInProgress State = "in_progress"
+	StateCompleted  State = "completed"
+	StateFailed     State = "failed"
+)
+
+const (
+	flagProvisional = 'p'
+	flagConfirmed   = 'c'
+	flagMarker      = 'm'
+
+	digestLen = 16
+	ownerLen  = 16
+
+	// jsonContentType is stored as an empty content type.
+	jsonContentType = "application/json"
+)
+
+// ErrCorrupt is returned by Decode for a value that is not in the layout.
+var ErrCorrupt = errors.New("cache value is not in the onceonly layout")
+
+// Digest is the fingerprint as the cache keeps it: the first 16 bytes of the
+// SHA-256 of the full fingerprint string. Postgres keeps the full string.
+func Digest(fingerprint string) string {
+	sum := sha256.Sum256([]byte(fingerprint))
+	return string(sum[:digestLen])
+}
+
+// Entry is a decoded cache value.
+type Entry struct {
+	State   State
+	Version int64
+	// Provisional is true for a claim made by the check script that Postgres
+	// has not confirmed yet.
+	Provisional bool
+	// Digest is the fingerprint digest (see Digest).
+	Digest string
+	// LeaseUntilMs is the lease deadline in Redis time (in_progress only).
+	LeaseUntilMs int64
+	// Owner is the lease holder's token (in_progress only).
+	Owner [16]byte
+	// Response is the stored response (completed only). Its Body is nil when
+	// BodyInPostgres is true.
+	Response Response
+	// BodyInPostgres marks a completed key whose body was too large for the
+	// cache: the caller reads it from Postgres.
+	BodyInPostgres bool
+}
+
+// Response is a stored response.
+type Response struct {
+	Status      int
+	ContentType string
+	Body        []byte
+}
+
+// Decode parses a cache value.
+func Decode(v []byte) (Entry, error) {
+	var e Entry
+	a := bytes.IndexByte(v, ':')
+	if a < 0 {
+		return e, ErrCorrupt
+	}
+	b := bytes.IndexByte(v[a+1:], ':')
+	if b < 0 {
+		return e, ErrCorrupt
+	}
+	b += a + 1
+	e.State = State(v[:a])
+	switch e.State {
+	case StateInProgress, StateCompleted, StateFailed:
+	default:
+		return e, ErrCorrupt
+	}
+	version, err := strconv.ParseInt(string(v[a+1:b]), 10, 64)
+	if err != nil || len(v) < b+2+digestLen {
+		return e, ErrCorrupt
+	}
+	e.Version = version
+	flag := v[b+1]
+	e.Digest = string(v[b+2 : b+2+digestLen])
+	tail := v[b+2+digestLen:]
+	switch e.State {
+	case StateInProgress:
+		e.Provisional = flag == flagProvisional
+		c := bytes.IndexByte(tail, ':')
+		if c < 0 || len(tail)-c-1 != ownerLen {
+			return e, ErrCorrupt
+		}
+		if e.LeaseUntilMs, err = strconv.ParseInt(string(tail[:c]), 10, 64); err != nil {
+			return e, ErrCorrupt
+		}
+		copy(e.Owner[:], tail[c+1:])
+	case StateCompleted:
+		if len(tail) < 3 {
+			return e, ErrCorrupt
+		}
+		if e.Response.Status, err = strconv.Atoi(string(tail[:3])); err != nil {
+			return e, ErrCorrupt
+		}
+		if flag == flagMarker {
+			e.BodyInPostgres = true
+			return e, nil
+		}
+		nl := bytes.IndexByte(tail[3:], '\n')
+		if nl < 0 {
+			return e, ErrCorrupt
+		}
+		e.Response.ContentType = string(tail[3 : 3+nl])
+		if e.Response.ContentType == "" {
+			e.Response.ContentType = jsonContentType
+		}
+		e.Response.Body = tail[3+nl+1:]
+	}
+	return e, nil
+}
+
+// head encodes everything up to and including the fingerprint digest.
+func head(buf []byte, state State, version int64, flag byte, digest string) []byte {
+	buf = append(buf, state...)
+	buf = append(buf, ':')
+	buf = strconv.AppendInt(buf, version, 10)
+	buf = append(buf, ':', flag)
+	return append(buf, digest...)
+}
+
+// encodeCompleted encodes a completed value; large marks a body kept in
+// Postgres only.
+func encodeCompleted(version int64, digest string, r Response, large bool) []byte {
+	flag := byte(flagConfirmed)
+	if large {
+		flag = flagMarker
+	}
+	buf := make([]byte, 0, 32+len(r.ContentType)+len(r.Body))
+	buf = head(buf, StateCompleted, version, flag, digest)
+	buf = strconv.AppendInt(buf, int64(r.Status), 10)
+	if large {
+		return buf
+	}
+	if r.ContentType != jsonContentType {
+		buf = append(buf, r.ContentType...)
+	}
+	buf = append(buf, '\n')
+	return append(buf, r.Body...)
+}

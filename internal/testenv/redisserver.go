@@ -1,0 +1,89 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisServer is a private redis-server process for tests that stop, restart
+// or flush Redis and so cannot share the common one.
+type RedisServer struct {
+	tb   testing.TB
+	port int
+	dir  string
+	cmd  *exec.Cmd
+}
+
+// NewRedisServer starts a redis-server of the test's own on a free loopback
+// port, without persistence; it is stopped when the test ends.
+func NewRedisServer(tb testing.TB) *RedisServer {
+	tb.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		tb.Fatalf("this test needs the redis-server binary: %v\n%s", err, howToStart)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("find a free port: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s := &RedisServer{tb: tb, port: port, dir: tb.TempDir()}
+	s.Start()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// URL returns the server's redis:// URL.
+func (s *RedisServer) URL() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.port) }
+
+// Addr returns host:port.
+func (s *RedisServer) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// Start starts the server (again) and waits until it answers PING.
+func (s *RedisServer) Start() {
+	s.tb.Helper()
+	if s.cmd != nil {
+		return
+	}
+	s.cmd = exec.Command("redis-server",
+		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--logfile", filepath.Join(s.dir, "redis.log"))
+	if err := s.cmd.Start(); err != nil {
+		s.tb.Fatalf("start redis-server: %v", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			s.tb.Fatalf("redis-server on port %d did not answer", s.port)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop kills the server (its data is lost, as after a crash without
+// persistence).
+func (s *RedisServer) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart stops and starts the server: an empty cache on the same address.
+func (s *RedisServer) Restart() {
+	s.Stop()
+	s.Start()
+}

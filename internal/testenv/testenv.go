@@ -1,0 +1,279 @@
+// Package testenv gives tests real Postgres and Redis servers: the ones named
+// by TEST_DATABASE_URL and TEST_REDIS_URL, else containers started through
+// testcontainers-go when a Docker engine answers, else a failure that says how
+// to start them. Tests are never skipped for want of a server.
+//
+// Each test gets its own database, copied from a migrated template, and its
+// own Redis key prefix, so tests run in parallel.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/migrations"
+)
+
+const howToStart = `start local servers with "make services" (or scripts/test.sh, which does it),
+or export TEST_DATABASE_URL=postgres://... and TEST_REDIS_URL=redis://..., or run a Docker engine`
+
+var (
+	adminOnce sync.Once
+	adminURL  string
+	adminErr  error
+
+	redisOnce sync.Once
+	redisURL  string
+	redisErr  error
+
+	templateOnce sync.Once
+	templateName string
+	templateErr  error
+)
+
+// Context returns a context that ends with the test (or after two minutes).
+func Context(tb testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// RandomSuffix returns n random lowercase hex characters.
+func RandomSuffix(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+// AdminDatabaseURL returns the URL of the server's maintenance database.
+func AdminDatabaseURL(tb testing.TB) string {
+	tb.Helper()
+	adminOnce.Do(func() {
+		if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+			adminURL = u
+			return
+		}
+		adminURL, adminErr = postgresContainer()
+	})
+	if adminErr != nil {
+		tb.Fatalf("no Postgres for tests: %v\n%s", adminErr, howToStart)
+	}
+	return adminURL
+}
+
+// DatabaseURL creates a fresh, migrated database for the test and returns
+// its URL; the database is dropped when the test ends.
+func DatabaseURL(tb testing.TB) string {
+	tb.Helper()
+	ctx := context.Background()
+	admin := AdminDatabaseURL(tb)
+	tmpl := template(tb, admin)
+	name := "onceonly_test_" + RandomSuffix(12)
+	conn := connect(tb, admin)
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+tmpl); err != nil {
+		tb.Fatalf("create test database: %v", err)
+	}
+	tb.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), admin)
+		if err != nil {
+			tb.Logf("drop test database: %v", err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			tb.Logf("drop test database: %v", err)
+		}
+	})
+	return withDatabase(tb, admin, name)
+}
+
+// DB returns a pool on a fresh, migrated database of the test's own.
+func DB(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	return Pool(tb, DatabaseURL(tb))
+}
+
+// Pool opens a pool on url that is closed when the test ends.
+func Pool(tb testing.TB, url string) *pgxpool.Pool {
+	tb.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		tb.Fatalf("open pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+func connect(tb testing.TB, url string) *pgx.Conn {
+	tb.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		tb.Fatalf("connect to Postgres (%s): %v\n%s", redact(url), err, howToStart)
+	}
+	return conn
+}
+
+func withDatabase(tb testing.TB, raw, name string) string {
+	tb.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		tb.Fatalf("parse database URL: %v", err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<unparsable URL>"
+	}
+	return u.Redacted()
+}
+
+// template returns the name of a database holding every migration, built
+// once per migration set and shared by all test processes.
+func template(tb testing.TB, admin string) string {
+	tb.Helper()
+	templateOnce.Do(func() { templateName, templateErr = buildTemplate(admin) })
+	if templateErr != nil {
+		tb.Fatalf("build template database: %v", templateErr)
+	}
+	return templateName
+}
+
+func buildTemplate(admin string) (string, error) {
+	ctx := context.Background()
+	sum := sha256.New()
+	err := fs.WalkDir(migrations.FS(), ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(migrations.FS(), path)
+		sum.Write([]byte(path))
+		sum.Write(b)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("hash migrations: %w", err)
+	}
+	name := "onceonly_tpl_" + hex.EncodeToString(sum.Sum(nil))[:12]
+
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return "", fmt.Errorf("connect to Postgres (%s): %w", redact(admin), err)
+	}
+	defer conn.Close(ctx)
+	// Test binaries of several packages run at once: one builds, the rest wait.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", name); err != nil {
+		return "", fmt.Errorf("lock template: %w", err)
+	}
+	defer conn.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", name) //nolint:errcheck // the connection closes anyway
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
+		return "", fmt.Errorf("look up template: %w", err)
+	}
+	if exists {
+		return name, nil
+	}
+	building := name + "_building"
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+building+" WITH (FORCE)"); err != nil {
+		return "", fmt.Errorf("drop half-built template: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+building); err != nil {
+		return "", fmt.Errorf("create template: %w", err)
+	}
+	u, _ := url.Parse(admin)
+	u.Path = "/" + building
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		return "", fmt.Errorf("open template: %w", err)
+	}
+	m, err := migrations.NewMigrator(pool)
+	if err == nil {
+		_, err = m.Up(ctx)
+		_ = m.Close()
+	}
+	pool.Close()
+	if err != nil {
+		return "", fmt.Errorf("migrate template: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+building+" RENAME TO "+name); err != nil {
+		return "", fmt.Errorf("rename template: %w", err)
+	}
+	return name, nil
+}
+
+// RedisURL returns the URL of the shared test Redis.
+func RedisURL(tb testing.TB) string {
+	tb.Helper()
+	redisOnce.Do(func() {
+		if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+			redisURL = u
+			return
+		}
+		redisURL, redisErr = redisContainer()
+	})
+	if redisErr != nil {
+		tb.Fatalf("no Redis for tests: %v\n%s", redisErr, howToStart)
+	}
+	return redisURL
+}
+
+// Redis returns a client of the shared test Redis and a key prefix of the
+// test's own; the test's keys are deleted when it ends.
+func Redis(tb testing.TB) (*redis.Client, string) {
+	tb.Helper()
+	rdb := RedisClient(tb, RedisURL(tb))
+	prefix := "t" + RandomSuffix(10) + ":"
+	tb.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	})
+	return rdb, prefix
+}
+
+// RedisClient opens a client on url that is closed when the test ends.
+func RedisClient(tb testing.TB, url string) *redis.Client {
+	tb.Helper()
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		tb.Fatalf("parse Redis URL: %v", err)
+	}
+	rdb := redis.NewClient(opts)
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		tb.Fatalf("connect to Redis (%s): %v\n%s", redact(url), err, howToStart)
+	}
+	// Closed after the key cleanup above, which was registered later.
+	tb.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// Eventually polls cond every 10ms until it holds or timeout passes.
+func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

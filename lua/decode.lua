@@ -1,0 +1,49 @@
+-- decode.lua: prepended to every script (see lua.go); not run on its own.
+--
+-- Value layout (one Redis string per idempotency key):
+--   <state>:<version>:<flag><fp16><tail>
+--   state   in_progress | completed | failed (the words Postgres uses)
+--   version the Postgres version the value reflects (decimal)
+--   flag    'p' provisional claim made by check.lua (in_progress only, never
+--           outranks a Postgres version), 'c' confirmed by Postgres, 'm' completed
+--           with the body kept in Postgres only (too large for the cache)
+--   fp16    first 16 bytes of SHA-256 of the request fingerprint
+--   tail    in_progress: <lease_until_ms>:<owner16>  (lease in Redis TIME)
+--           completed:   <status, 3 digits><content type>\n<body>
+--                        (empty content type means application/json)
+--           failed:      empty
+--
+-- decode returns state, version, flag, fp16, tail, or nil for anything that is
+-- not such a value (a foreign or corrupt value counts as a miss).
+local function decode(v)
+  if type(v) ~= 'string' then return nil end
+  local a = string.find(v, ':', 1, true)
+  if not a then return nil end
+  local b = string.find(v, ':', a + 1, true)
+  if not b then return nil end
+  local state = string.sub(v, 1, a - 1)
+  if state ~= 'in_progress' and state ~= 'completed' and state ~= 'failed' then return nil end
+  local version = tonumber(string.sub(v, a + 1, b - 1))
+  if version == nil or #v < b + 17 then return nil end
+  return state, version, string.sub(v, b + 1, b + 1), string.sub(v, b + 2, b + 17), string.sub(v, b + 18)
+end
+
+-- lease_until returns the lease deadline (Redis ms) of an in_progress tail.
+local function lease_until(tail)
+  local c = string.find(tail, ':', 1, true)
+  if not c then return 0 end
+  return tonumber(string.sub(tail, 1, c - 1)) or 0
+end
+
+-- redis_now_ms is the Redis server's clock in milliseconds.
+local function redis_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- get returns the key's string value, or nil when it is absent or not a string.
+local function get(key)
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' then return nil end
+  return v
+end

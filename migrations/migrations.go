@@ -1,0 +1,87 @@
+// Package migrations holds the goose SQL migrations of onceonly, embedded in
+// the binary, and runs them through a goose Provider that takes a Postgres
+// session lock, so two migrators never race.
+//
+// The folder stays a plain goose folder: the goose CLI works on it as well.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// FS returns the embedded migration files.
+func FS() embed.FS { return files }
+
+// ErrSchemaBehind is returned by EnsureCurrent when migrations are pending.
+var ErrSchemaBehind = errors.New("database schema is behind: run `api migrate up`")
+
+// Migrator runs the embedded migrations against one database.
+type Migrator struct {
+	db       *sql.DB
+	provider *goose.Provider
+}
+
+// NewMigrator returns a Migrator over the pool. Close releases its connections
+// (not the pool).
+func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return nil, fmt.Errorf("create session locker: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, files,
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("create migration provider: %w", err)
+	}
+	return &Migrator{db: db, provider: provider}, nil
+}
+
+// Provider returns the underlying goose provider (for status, down, and so on).
+func (m *Migrator) Provider() *goose.Provider { return m.provider }
+
+// Close releases the migrator's database handle.
+func (m *Migrator) Close() error { return m.db.Close() }
+
+// Up applies every pending migration and returns how many ran.
+func (m *Migrator) Up(ctx context.Context) (int, error) {
+	results, err := m.provider.Up(ctx)
+	if err != nil {
+		return len(results), fmt.Errorf("migrate up: %w", err)
+	}
+	return len(results), nil
+}
+
+// EnsureCurrent returns ErrSchemaBehind (wrapped with the versions) when the
+// database lacks a migration this binary knows, so a daemon refuses to start
+// on an outdated schema.
+func EnsureCurrent(ctx context.Context, pool *pgxpool.Pool) error {
+	m, err := NewMigrator(pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	current, target, err := m.provider.GetVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	if current < target {
+		return fmt.Errorf("%w (database at version %d, binary needs %d)", ErrSchemaBehind, current, target)
+	}
+	return nil
+}

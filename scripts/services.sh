@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Local Postgres 15 and Redis for onceonly, without Docker.
+#
+#   scripts/services.sh install            install missing Debian packages
+#   scripts/services.sh start DIR PG_PORT REDIS_PORT [test]
+#   scripts/services.sh stop DIR
+#
+# Data lives under DIR (git-ignored .data/ by default) and is reused by the
+# next start. As root, initdb and postgres run as the "postgres" user. With
+# "test", durability is traded for speed (fsync off, no Redis persistence).
+set -euo pipefail
+
+log() { echo "services: $*" >&2; }
+
+as_pg() {
+	if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_bin() {
+	local d
+	for d in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
+		[ -x "$d/initdb" ] && { echo "$d"; return; }
+	done
+	command -v initdb >/dev/null && { dirname "$(command -v initdb)"; return; }
+	return 1
+}
+
+install() {
+	local missing=()
+	pg_bin >/dev/null 2>&1 || missing+=(postgresql postgresql-contrib)
+	command -v redis-server >/dev/null || missing+=(redis-server)
+	command -v redis-cli >/dev/null || missing+=(redis-tools)
+	[ ${#missing[@]} -eq 0 ] && return
+	if [ "$(id -u)" != 0 ]; then
+		log "missing ${missing[*]}: install them (apt-get install ${missing[*]}) or run as root"
+		exit 1
+	fi
+	log "installing ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+	# The Debian package starts a system redis on 6379; the project runs its own.
+	if command -v service >/dev/null; then service redis-server stop >/dev/null 2>&1 || true; fi
+	pkill -x redis-server >/dev/null 2>&1 || true
+}
+
+start() {
+	local dir=$1 pg_port=$2 redis_port=$3 mode=${4:-}
+	install
+	local bin
+	bin=$(pg_bin)
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	chmod 755 "$dir"
+	if [ "$(id -u)" = 0 ]; then
+		id postgres >/dev/null 2>&1 || useradd --system --home-dir "$dir" postgres
+		mkdir -p "$dir/pg"
+		chown postgres "$dir/pg"
+		# postgres must be able to reach the data folder.
+		local p=$dir
+		while [ "$p" != / ]; do chmod o+x "$p" 2>/dev/null || true; p=$(dirname "$p"); done
+	fi
+	if [ ! -f "$dir/pg/PG_VERSION" ]; then
+		log "initdb in $dir/pg"
+		as_pg "$bin/initdb" -D "$dir/pg" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+	fi
+	local opts="-c listen_addresses=127.0.0.1 -c port=$pg_port -c unix_socket_directories=$dir/pg -c max_connections=400"
+	if [ "$mode" = test ]; then
+		opts="$opts -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+	fi
+	if ! as_pg "$bin/pg_ctl" -D "$dir/pg" status >/dev/null 2>&1; then
+		as_pg "$bin/pg_ctl" -D "$dir/pg" -l "$dir/pg/server.log" -o "$opts" -w -t 60 start >/dev/null
+		log "postgres on 127.0.0.1:$pg_port"
+	fi
+	if ! redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+		local persist=(--save "" --appendonly no)
+		[ "$mode" = test ] || persist=(--save 60 1 --appendonly no)
+		redis-server --port "$redis_port" --bind 127.0.0.1 --daemonize yes \
+			--dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "${persist[@]}"
+		for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+		log "redis on 127.0.0.1:$redis_port"
+	fi
+}
+
+stop() {
+	local dir=$1 bin
+	bin=$(pg_bin)
+	if [ -f "$dir/pg/PG_VERSION" ]; then
+		as_pg "$bin/pg_ctl" -D "$dir/pg" -m fast -w stop >/dev/null 2>&1 || true
+	fi
+	if [ -f "$dir/redis.pid" ]; then
+		kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+		rm -f "$dir/redis.pid"
+	fi
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+install) install ;;
+start) start "$@" ;;
+stop) stop "$@" ;;
+*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | stop DIR" >&2; exit 2 ;;
+esac
