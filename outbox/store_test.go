@@ -1,0 +1,254 @@
+package outbox_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+type testBundle struct {
+	ctx   context.Context
+	pool  *pgxpool.Pool
+	store *outbox.Store
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	return &testBundle{
+		ctx:   testenv.Context(t),
+		pool:  testenv.DB(t),
+		store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
+	}
+}
+
+var (
+	ownerA = [16]byte{1}
+	ownerB = [16]byte{2}
+)
+
+func (b *testBundle) events(t *testing.T) []int64 {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT version FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return versions
+}
+
+// expireLease moves the lease of a key into the past.
+func (b *testBundle) expireLease(t *testing.T, key string) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s' WHERE key = $1`, key)
+	require.NoError(t, err)
+}
+
+func TestClaim(t *testing.T) {
+	t.Parallel()
+
+	t.Run("NewKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.Equal(t, outbox.StatusInProgress, res.Key.Status)
+		require.Equal(t, int64(1), res.Key.Version)
+		require.Equal(t, ownerA, res.Key.Owner)
+		require.InDelta(t, float64(time.Minute), float64(res.Key.LeaseRemaining), float64(time.Second))
+		require.InDelta(t, float64(time.Hour), float64(res.Key.ExpiresIn), float64(time.Second))
+		require.Equal(t, []int64{1}, b.events(t))
+	})
+
+	t.Run("HeldKeyIsReported", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		require.NoError(t, err)
+		for _, fp := range []string{"fp", "other"} {
+			res, err := b.store.Claim(b.ctx, b.pool, "s", "k", fp, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.False(t, res.Claimed)
+			require.Equal(t, ownerA, res.Key.Owner)
+			require.Equal(t, "fp", res.Key.Fingerprint)
+		}
+		require.Equal(t, []int64{1}, b.events(t), "a refused claim writes no event")
+	})
+
+	t.Run("ExpiredLeaseIsTakenOver", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		require.NoError(t, err)
+		b.expireLease(t, "k")
+
+		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "other", ownerB, time.Minute)
+		require.NoError(t, err)
+		require.False(t, res.Claimed, "a takeover needs the same fingerprint")
+
+		res, err = b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.Equal(t, int64(2), res.Key.Version)
+		require.Equal(t, ownerB, res.Key.Owner)
+		require.Equal(t, []int64{1, 2}, b.events(t))
+	})
+
+	t.Run("FailedKeyIsReclaimed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		require.NoError(t, err)
+		k, err := b.store.Fail(b.ctx, b.pool, "s", "k", ownerA)
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusFailed, k.Status)
+		require.Equal(t, int64(2), k.Version)
+		require.InDelta(t, float64(time.Minute), float64(k.ExpiresIn), float64(time.Second))
+
+		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.Equal(t, int64(3), res.Key.Version)
+	})
+
+	t.Run("ExpiredRowStartsANewLifecycle", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		require.NoError(t, err)
+		_, err = b.store.Complete(b.ctx, b.pool, "s", "k", ownerA, outbox.Response{Status: 201, ContentType: "application/json", Body: []byte("{}")})
+		require.NoError(t, err)
+		_, err = b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s'`)
+		require.NoError(t, err)
+
+		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "another payload", ownerB, time.Minute)
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.Equal(t, int64(3), res.Key.Version, "versions keep counting so the cache never regresses")
+		require.Zero(t, res.Key.Response.Status)
+	})
+
+	t.Run("CompletedKeyIsReported", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		require.NoError(t, err)
+		resp := outbox.Response{Status: 402, ContentType: "application/json", Body: []byte(`{"x":1}`)}
+		_, err = b.store.Complete(b.ctx, b.pool, "s", "k", ownerA, resp)
+		require.NoError(t, err)
+		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+		require.NoError(t, err)
+		require.False(t, res.Claimed)
+		require.Equal(t, outbox.StatusCompleted, res.Key.Status)
+		require.Equal(t, resp, res.Key.Response)
+	})
+}
+
+func TestCompleteIsFencedByOwner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+	require.NoError(t, err)
+	b.expireLease(t, "k")
+	_, err = b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+	require.NoError(t, err)
+
+	_, err = b.store.Complete(b.ctx, b.pool, "s", "k", ownerA, outbox.Response{Status: 200})
+	require.ErrorIs(t, err, outbox.ErrLeaseLost)
+	_, err = b.store.Fail(b.ctx, b.pool, "s", "k", ownerA)
+	require.ErrorIs(t, err, outbox.ErrLeaseLost)
+	require.ErrorIs(t, b.store.Heartbeat(b.ctx, b.pool, "s", "k", ownerA, time.Minute), outbox.ErrLeaseLost)
+
+	k, err := b.store.Complete(b.ctx, b.pool, "s", "k", ownerB, outbox.Response{Status: 200, Body: []byte("ok")})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), k.Version)
+	require.Equal(t, []int64{1, 2, 3}, b.events(t))
+}
+
+// TestTakeoverWaitsForTheHolder shows the fence under concurrency: a
+// takeover that races a completing transaction either wins before it (and the
+// old owner's commit fails) or sees the key completed.
+func TestTakeoverRacesComplete(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 20 {
+		key := "k" + string(rune('a'+i))
+		_, err := b.store.Claim(b.ctx, b.pool, "s", key, "fp", ownerA, time.Minute)
+		require.NoError(t, err)
+		b.expireLease(t, key)
+
+		var wg sync.WaitGroup
+		var completeErr error
+		var takeover outbox.ClaimResult
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			completeErr = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+				_, err := b.store.Complete(b.ctx, tx, "s", key, ownerA, outbox.Response{Status: 200})
+				return err
+			})
+		}()
+		go func() {
+			defer wg.Done()
+			var err error
+			takeover, err = b.store.Claim(b.ctx, b.pool, "s", key, "fp", ownerB, time.Minute)
+			require.NoError(t, err)
+		}()
+		wg.Wait()
+		if takeover.Claimed {
+			require.ErrorIs(t, completeErr, outbox.ErrLeaseLost)
+		} else {
+			require.NoError(t, completeErr)
+			require.Equal(t, outbox.StatusCompleted, takeover.Key.Status)
+		}
+	}
+}
+
+func TestHeartbeatExtendsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, b.store.Heartbeat(b.ctx, b.pool, "s", "k", ownerA, time.Hour))
+	k, found, err := b.store.Get(b.ctx, b.pool, "s", "k")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Greater(t, k.LeaseRemaining, 59*time.Minute)
+	require.Equal(t, int64(1), k.Version)
+	require.Equal(t, []int64{1}, b.events(t))
+}
+
+func TestClaimHammer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var wg sync.WaitGroup
+	claims := make(chan bool, 100)
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", [16]byte{byte(i), 1}, time.Minute)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			claims <- res.Claimed
+		}()
+	}
+	wg.Wait()
+	close(claims)
+	n := 0
+	for c := range claims {
+		if c {
+			n++
+		}
+	}
+	require.Equal(t, 1, n)
+}
