@@ -1,0 +1,242 @@
+// Command api serves the demo payments API on onceonly, and runs the
+// database migrations (api migrate up|down|status|version).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/config"
+	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/payments"
+)
+
+const demoAPIKeys = "sk_test_demo=acct_demo"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// settings is the api's configuration.
+type settings struct {
+	databaseURL, redisURL, redisClusterURL, redisPrefix, httpAddr, apiKeys, logLevel, logFormat *string
+	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay                   *time.Duration
+}
+
+func define(s *config.Set) *settings {
+	return &settings{
+		databaseURL:      s.String("database-url", "DATABASE_URL", "", "Postgres URL (required)"),
+		redisURL:         s.String("redis-url", "REDIS_URL", "", "Redis URL, redis:// or rediss://; unset with no cluster URL: Postgres only"),
+		redisClusterURL:  s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster URL (go-redis form)"),
+		redisPrefix:      s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
+		httpAddr:         s.String("http-addr", "HTTP_ADDR", ":8080", "listen address of the API, /healthz, /readyz and /metrics"),
+		apiKeys:          s.String("api-keys", "API_KEYS", "", "API keys as key=merchant,... (unset: "+demoAPIKeys+", with a warning)"),
+		logLevel:         s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
+		logFormat:        s.String("log-format", "LOG_FORMAT", "json", "json or text"),
+		leaseTimeout:     s.Duration("lease-timeout", "LEASE_TIMEOUT", onceonly.DefaultLeaseTimeout, "how long a claim holds a key without a heartbeat"),
+		completedTTL:     s.Duration("completed-ttl", "COMPLETED_TTL", onceonly.DefaultCompletedTTL, "how long completed keys are kept"),
+		failedTTL:        s.Duration("failed-ttl", "FAILED_TTL", onceonly.DefaultFailedTTL, "how long failed keys are kept"),
+		gatewayLatency:   s.Duration("gateway-latency", "GATEWAY_LATENCY", 0, "simulated gateway delay of every charge"),
+		slowGatewayDelay: s.Duration("slow-gateway-delay", "SLOW_GATEWAY_DELAY", 2*time.Second, "extra delay of source tok_slow"),
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	set := config.NewSet("api", stderr)
+	set.FlagSet().Usage = func() {
+		fmt.Fprintln(stderr, "usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n\nflags:")
+		set.FlagSet().PrintDefaults()
+	}
+	sub := ""
+	if len(args) > 0 && args[0] == "migrate" {
+		sub, args = "migrate", args[1:]
+	}
+	var migrateCmd string
+	if sub == "migrate" {
+		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+			fmt.Fprintln(stderr, "api migrate: say up, down, status or version")
+			return 2
+		}
+		migrateCmd, args = args[0], args[1:]
+	}
+	s := define(set)
+	if err := set.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "api:", err)
+		return 2
+	}
+	if len(set.Args()) > 0 {
+		fmt.Fprintf(stderr, "api: unexpected argument %q\n", set.Args()[0])
+		return 2
+	}
+	if err := set.Require(map[string]*string{"database-url": s.databaseURL}); err != nil {
+		fmt.Fprintln(stderr, "api:", err)
+		return 2
+	}
+	log, err := daemon.Logger(stderr, *s.logLevel, *s.logFormat)
+	if err != nil {
+		fmt.Fprintln(stderr, "api:", err)
+		return 2
+	}
+	pgCfg, err := daemon.ParsePostgres(*s.databaseURL)
+	if err != nil {
+		fmt.Fprintln(stderr, "api:", err)
+		return 2
+	}
+	ctx, stop := daemon.SignalContext()
+	defer stop()
+	if migrateCmd != "" {
+		if err := migrate(ctx, pgCfg, migrateCmd, stdout); err != nil {
+			fmt.Fprintln(stderr, "api migrate:", err)
+			return 1
+		}
+		return 0
+	}
+	if err := serve(ctx, s, pgCfg, log); err != nil {
+		fmt.Fprintln(stderr, "api:", err)
+		return 1
+	}
+	return 0
+}
+
+func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.Writer) error {
+	switch cmd {
+	case "up", "down", "status", "version":
+	default:
+		return fmt.Errorf("unknown command %q: say up, down, status or version", cmd)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
+	if err != nil {
+		return fmt.Errorf("connect to Postgres: %w", err)
+	}
+	defer pool.Close()
+	m, err := migrations.NewMigrator(pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	p := m.Provider()
+	switch cmd {
+	case "up":
+		n, err := m.Up(ctx)
+		if err != nil {
+			return err
+		}
+		v, err := p.GetDBVersion(ctx)
+		if err != nil {
+			return fmt.Errorf("read version: %w", err)
+		}
+		fmt.Fprintf(stdout, "applied %d migration(s); schema at version %d\n", n, v)
+	case "down":
+		res, err := p.Down(ctx)
+		if err != nil {
+			return fmt.Errorf("migrate down: %w", err)
+		}
+		fmt.Fprintf(stdout, "rolled back %s\n", res.Source.Path)
+	case "status":
+		statuses, err := p.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("migration status: %w", err)
+		}
+		for _, st := range statuses {
+			applied := ""
+			if !st.AppliedAt.IsZero() {
+				applied = st.AppliedAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(stdout, "%-8s %-40s %s\n", st.State, st.Source.Path, applied)
+		}
+	case "version":
+		v, err := p.GetDBVersion(ctx)
+		if err != nil {
+			return fmt.Errorf("read version: %w", err)
+		}
+		fmt.Fprintln(stdout, v)
+	}
+	return nil
+}
+
+func parseAPIKeys(raw string) (map[string]string, error) {
+	keys := map[string]string{}
+	for _, pair := range strings.Split(raw, ",") {
+		key, merchant, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || key == "" || merchant == "" || strings.Contains(merchant, ":") {
+			return nil, fmt.Errorf("bad configuration: API_KEYS: %q is not key=merchant (merchant without ':')", pair)
+		}
+		keys[key] = merchant
+	}
+	return keys, nil
+}
+
+func serve(ctx context.Context, s *settings, pgCfg *pgxpool.Config, log *slog.Logger) error {
+	rawKeys := *s.apiKeys
+	if rawKeys == "" {
+		rawKeys = demoAPIKeys
+		log.Warn("API_KEYS is unset: accepting the demo key only", "api_key", "sk_test_demo", "merchant", "acct_demo")
+	}
+	apiKeys, err := parseAPIKeys(rawKeys)
+	if err != nil {
+		return err
+	}
+	var rdb redis.UniversalClient
+	if *s.redisURL != "" || *s.redisClusterURL != "" {
+		opts, err := daemon.RedisOptions(*s.redisURL, *s.redisClusterURL)
+		if err != nil {
+			return err
+		}
+		rdb = redis.NewUniversalClient(opts)
+		defer rdb.Close()
+	} else {
+		log.Warn("REDIS_URL is unset: serving from Postgres alone")
+	}
+	pgCfg.MaxConns = max(pgCfg.MaxConns, 32)
+	pool, err := daemon.OpenPostgres(ctx, pgCfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	reg := daemon.Registry()
+	engine, err := onceonly.New(onceonly.Config{
+		Pool: pool, Redis: rdb, RedisPrefix: *s.redisPrefix,
+		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
+		Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	checks := map[string]daemon.Check{"postgres": pool.Ping}
+	if rdb != nil {
+		checks["redis"] = func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
+	}
+	mux := http.NewServeMux()
+	daemon.OpsHandler(mux, reg, checks)
+	mux.Handle("/", payments.NewHandler(payments.Config{
+		Engine: engine, Pool: pool, APIKeys: apiKeys,
+		GatewayLatency: *s.gatewayLatency, SlowGatewayDelay: *s.slowGatewayDelay, Logger: log,
+	}))
+	srv := &http.Server{
+		Addr:              *s.httpAddr,
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	log.Info("api listening", "addr", *s.httpAddr, "redis", rdb != nil)
+	return daemon.Serve(ctx, srv, log, 9*time.Second)
+}

@@ -1,0 +1,383 @@
+package onceonly
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+// Defaults of Config.
+const (
+	DefaultLeaseTimeout = 30 * time.Second
+	DefaultCompletedTTL = 24 * time.Hour
+	DefaultFailedTTL    = 5 * time.Minute
+	DefaultRedisTimeout = 100 * time.Millisecond
+)
+
+// Config configures an Engine. Only Pool is required.
+type Config struct {
+	// Pool is the Postgres pool holding the migrated schema.
+	Pool *pgxpool.Pool
+	// Redis is the cache; nil runs from Postgres alone.
+	Redis redis.UniversalClient
+	// RedisPrefix prefixes every Redis key (default "idem:").
+	RedisPrefix string
+	// RedisTimeout bounds every Redis call on the request path; past it the
+	// engine carries on from Postgres (default 100ms).
+	RedisTimeout time.Duration
+	// LeaseTimeout is how long a claim holds a key without a heartbeat
+	// (default 30s). The engine renews it every third of that while the
+	// handler runs.
+	LeaseTimeout time.Duration
+	// CompletedTTL and FailedTTL are how long keys are kept (24h, 5m).
+	CompletedTTL, FailedTTL time.Duration
+	// MaxCachedBody is the largest response body kept in Redis (8 KiB);
+	// larger ones are replayed from Postgres.
+	MaxCachedBody int
+	// ShouldStore tells which handler statuses are stored and replayed. By
+	// default: every status below 500 except 408, 409, 425 and 429. Others
+	// mark the key failed, so a retry runs the handler again.
+	ShouldStore func(status int) bool
+	// Logger receives the engine's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the engine's Prometheus metrics; nil keeps them
+	// unregistered.
+	Registerer prometheus.Registerer
+}
+
+// Result is what a handler produced: the response that is stored and
+// replayed. Status 0 means 200.
+type Result struct {
+	Status      int
+	ContentType string
+	Body        []byte
+}
+
+// Outcome is the answer for one request.
+type Outcome struct {
+	Result
+	// Replayed is true when Result is the stored answer of an earlier
+	// execution and the handler did not run.
+	Replayed bool
+}
+
+// Handler runs the business logic of a first execution. Its writes go
+// through tx, which commits together with the key's completion, or not at
+// all. Returning an error, a Result with a status that is not stored, or
+// panicking marks the key failed.
+type Handler func(ctx context.Context, tx pgx.Tx) (Result, error)
+
+// Engine makes handlers run once per (scope, key). It is safe for concurrent
+// use; several engines (processes) may share one Postgres and Redis.
+type Engine struct {
+	cfg     Config
+	store   *outbox.Store
+	cache   *cache.Cache // nil without Redis
+	log     *slog.Logger
+	metrics *metrics
+}
+
+// New returns an Engine.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("onceonly: Config.Pool is required")
+	}
+	if cfg.LeaseTimeout <= 0 {
+		cfg.LeaseTimeout = DefaultLeaseTimeout
+	}
+	if cfg.CompletedTTL <= 0 {
+		cfg.CompletedTTL = DefaultCompletedTTL
+	}
+	if cfg.FailedTTL <= 0 {
+		cfg.FailedTTL = DefaultFailedTTL
+	}
+	if cfg.RedisTimeout <= 0 {
+		cfg.RedisTimeout = DefaultRedisTimeout
+	}
+	if cfg.MaxCachedBody <= 0 {
+		cfg.MaxCachedBody = cache.DefaultMaxBody
+	}
+	if cfg.ShouldStore == nil {
+		cfg.ShouldStore = DefaultShouldStore
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("onceonly: register metrics: %w", err)
+	}
+	e := &Engine{
+		cfg:     cfg,
+		store:   outbox.New(outbox.Config{CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL}),
+		log:     cfg.Logger,
+		metrics: m,
+	}
+	if cfg.Redis != nil {
+		e.cache = cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody})
+	}
+	return e, nil
+}
+
+// DefaultShouldStore stores every status below 500 except 408, 409, 425 and
+// 429, which say "try again" rather than give an answer.
+func DefaultShouldStore(status int) bool {
+	switch status {
+	case 408, 409, 425, 429:
+		return false
+	}
+	return status < 500
+}
+
+// Do runs fn once for (scope, key): the first call runs it, later calls get
+// its stored Result with Replayed set. payload identifies the request (a
+// message body); the same key with another payload returns ErrKeyReused.
+// Other errors: *InFlightError, ErrUnavailable, ErrLeaseLost, ErrInvalidKey,
+// ErrInvalidScope, and fn's own error (the key is then failed and retryable).
+func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
+	return e.execute(ctx, scope, key, PayloadFingerprint(payload), fn)
+}
+
+func (e *Engine) execute(ctx context.Context, scope, key, fingerprint string, fn Handler) (out Outcome, err error) {
+	start := time.Now()
+	outcome := outcomeExecuted
+	defer func() {
+		e.metrics.requests.WithLabelValues(outcome).Inc()
+		e.metrics.duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+	}()
+	if err := ValidateKey(key); err != nil {
+		outcome = outcomeInvalid
+		return Outcome{}, err
+	}
+	if err := validateScope(scope); err != nil {
+		outcome = outcomeInvalid
+		return Outcome{}, err
+	}
+	var owner [16]byte
+	_, _ = rand.Read(owner[:])
+
+	out, outcome, done, err := e.checkCache(ctx, scope, key, fingerprint, owner)
+	if done {
+		return out, err
+	}
+
+	claim, err := e.store.Claim(ctx, e.cfg.Pool, scope, key, fingerprint, owner, e.cfg.LeaseTimeout)
+	if err != nil {
+		e.releaseCache(scope, key, owner)
+		outcome = outcomeUnavailable
+		if ctx.Err() != nil {
+			return Outcome{}, ctx.Err()
+		}
+		return Outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if !claim.Claimed {
+		e.applyCache(claim.Key) // read-repair: the cache learns what Postgres holds
+		out, outcome, err = e.answerHeld(claim.Key, fingerprint)
+		return out, err
+	}
+
+	out, outcome, err = e.run(ctx, scope, key, owner, fn)
+	return out, err
+}
+
+// checkCache asks Redis first. done is true when Redis answered the request.
+func (e *Engine) checkCache(ctx context.Context, scope, key, fingerprint string, owner [16]byte) (Outcome, string, bool, error) {
+	if e.cache == nil {
+		return Outcome{}, "", false, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.RedisTimeout)
+	res, err := e.cache.Check(rctx, scope, key, fingerprint, owner, e.cfg.LeaseTimeout)
+	cancel()
+	if err != nil {
+		e.redisFailed(redisOpCheck, err)
+		return Outcome{}, "", false, nil
+	}
+	switch res.Verdict {
+	case cache.Replay:
+		if res.Entry.BodyInPostgres {
+			return Outcome{}, "", false, nil // Postgres answers with the body
+		}
+		r := res.Entry.Response
+		return Outcome{Result: Result{Status: r.Status, ContentType: r.ContentType, Body: r.Body}, Replayed: true},
+			outcomeReplayedCache, true, nil
+	case cache.InFlight:
+		return Outcome{}, outcomeInFlight, true, &InFlightError{RetryAfter: res.RetryAfter}
+	case cache.Mismatch:
+		return Outcome{}, outcomeReused, true, ErrKeyReused
+	}
+	return Outcome{}, "", false, nil
+}
+
+// answerHeld answers from the Postgres row of a key this request could not
+// claim.
+func (e *Engine) answerHeld(k outbox.Key, fingerprint string) (Outcome, string, error) {
+	if k.Fingerprint != fingerprint {
+		return Outcome{}, outcomeReused, ErrKeyReused
+	}
+	switch k.Status {
+	case outbox.StatusCompleted:
+		r := k.Response
+		return Outcome{Result: Result{Status: r.Status, ContentType: r.ContentType, Body: r.Body}, Replayed: true},
+			outcomeReplayedDB, nil
+	case outbox.StatusInProgress:
+		return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: max(k.LeaseRemaining, time.Second)}
+	}
+	// failed between our claim and our read: the next try claims it.
+	return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: time.Second}
+}
+
+// run executes fn under owner's lease and records the result.
+func (e *Engine) run(ctx context.Context, scope, key string, owner [16]byte, fn Handler) (Outcome, string, error) {
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopHeartbeat := e.heartbeat(hctx, cancel, scope, key, owner)
+	defer stopHeartbeat()
+
+	var (
+		res       Result
+		handled   bool
+		handleErr error
+		stored    outbox.Key
+	)
+	txErr := pgx.BeginFunc(hctx, e.cfg.Pool, func(tx pgx.Tx) error {
+		defer func() {
+			if p := recover(); p != nil {
+				// Roll back and fail the key before the panic goes on.
+				_ = tx.Rollback(context.WithoutCancel(hctx))
+				e.fail(scope, key, owner)
+				panic(p)
+			}
+		}()
+		res, handleErr = fn(hctx, tx)
+		handled = true
+		if res.Status == 0 {
+			res.Status = 200
+		}
+		if handleErr != nil || !e.cfg.ShouldStore(res.Status) {
+			return errRollback
+		}
+		var err error
+		stored, err = e.store.Complete(hctx, tx, scope, key, owner, outbox.Response{
+			Status: res.Status, ContentType: res.ContentType, Body: res.Body,
+		})
+		return err
+	})
+	switch {
+	case txErr == nil:
+		e.applyCache(stored)
+		return Outcome{Result: res}, outcomeExecuted, nil
+	case errors.Is(txErr, outbox.ErrLeaseLost) || errors.Is(context.Cause(hctx), outbox.ErrLeaseLost):
+		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
+	}
+	e.fail(scope, key, owner)
+	switch {
+	case handleErr != nil:
+		return Outcome{}, outcomeHandlerError, handleErr
+	case handled && errors.Is(txErr, errRollback):
+		return Outcome{Result: res}, outcomeFailed, nil
+	case ctx.Err() != nil:
+		return Outcome{}, outcomeFailed, ctx.Err()
+	}
+	// The commit (or begin) failed; whether a commit that lost its
+	// connection went through is unknown, so the key is left to the lease
+	// if fail could not run either, and the client retries.
+	return Outcome{}, outcomeUnavailable, fmt.Errorf("%w: %w", ErrUnavailable, txErr)
+}
+
+var errRollback = errors.New("rollback: result not stored")
+
+// heartbeat renews the lease every third of LeaseTimeout until stopped; if
+// the lease is lost it cancels the handler's context with ErrLeaseLost.
+func (e *Engine) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, scope, key string, owner [16]byte) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(e.cfg.LeaseTimeout / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				err := e.store.Heartbeat(ctx, e.cfg.Pool, scope, key, owner, e.cfg.LeaseTimeout)
+				if errors.Is(err, outbox.ErrLeaseLost) {
+					cancel(outbox.ErrLeaseLost)
+					return
+				}
+				if err != nil && ctx.Err() == nil {
+					e.log.Warn("lease heartbeat failed", "scope", scope, "key", key, "err", err)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// fail marks the key failed, on a context of its own: a request canceled by
+// its client must not leave the key claimed.
+func (e *Engine) fail(scope, key string, owner [16]byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	k, err := e.store.Fail(ctx, e.cfg.Pool, scope, key, owner)
+	if err != nil {
+		if !errors.Is(err, outbox.ErrLeaseLost) {
+			e.log.Error("mark key failed; it stays claimed until its lease ends", "scope", scope, "key", key, "err", err)
+		}
+		return
+	}
+	e.applyCache(k)
+}
+
+// applyCache writes a Postgres state through to Redis, best effort: the
+// relay delivers it anyway.
+func (e *Engine) applyCache(k outbox.Key) {
+	if e.cache == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
+	defer cancel()
+	if _, err := e.cache.Apply(ctx, CacheUpdate(k)); err != nil {
+		e.redisFailed(redisOpApply, err)
+	}
+}
+
+// releaseCache drops this request's provisional claim, best effort.
+func (e *Engine) releaseCache(scope, key string, owner [16]byte) {
+	if e.cache == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
+	defer cancel()
+	if _, err := e.cache.Release(ctx, scope, key, owner); err != nil {
+		e.redisFailed(redisOpRelease, err)
+	}
+}
+
+func (e *Engine) redisFailed(op string, err error) {
+	e.metrics.redisFallback.WithLabelValues(op).Inc()
+	e.log.Debug("redis unavailable, carrying on from Postgres", "op", op, "err", err)
+}
+
+// CacheUpdate converts a Postgres row into the cache update that mirrors it.
+func CacheUpdate(k outbox.Key) cache.Update {
+	return cache.Update{
+		Scope: k.Scope, Key: k.Key, Version: k.Version,
+		State: cache.State(k.Status), Fingerprint: k.Fingerprint, TTL: k.ExpiresIn,
+		Owner: k.Owner, LeaseRemaining: k.LeaseRemaining,
+		Response: cache.Response{Status: k.Response.Status, ContentType: k.Response.ContentType, Body: k.Response.Body},
+	}
+}

@@ -1,0 +1,420 @@
+package onceonly_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/testenv"
+)
+
+type testBundle struct {
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	rdb    redis.UniversalClient
+	prefix string
+	engine *onceonly.Engine
+	reg    *prometheus.Registry
+}
+
+type setupOpts struct {
+	rdb     redis.UniversalClient // nil: the shared test Redis
+	lease   time.Duration
+	noRedis bool
+}
+
+func setup(t *testing.T, opts setupOpts) *testBundle {
+	t.Helper()
+	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), reg: prometheus.NewRegistry()}
+	switch {
+	case opts.noRedis:
+	case opts.rdb != nil:
+		b.rdb, b.prefix = opts.rdb, "idem:"
+	default:
+		b.rdb, b.prefix = testenv.Redis(t)
+	}
+	b.engine = b.newEngine(t, opts.lease, b.reg)
+	return b
+}
+
+func (b *testBundle) newEngine(t *testing.T, lease time.Duration, reg prometheus.Registerer) *onceonly.Engine {
+	t.Helper()
+	e, err := onceonly.New(onceonly.Config{
+		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, LeaseTimeout: lease,
+		MaxCachedBody: 1024, Registerer: reg,
+	})
+	require.NoError(t, err)
+	return e
+}
+
+// payment is a handler that records one row per execution.
+func payment(status int, body string) onceonly.Handler {
+	return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		if _, err := tx.Exec(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status)
+			VALUES (gen_random_uuid()::text, 'm', 'k', 100, 'usd', 'c', 'succeeded')`); err != nil {
+			return onceonly.Result{}, err
+		}
+		return onceonly.Result{Status: status, ContentType: "application/json", Body: []byte(body)}, nil
+	}
+}
+
+func (b *testBundle) payments(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM payments`).Scan(&n))
+	return n
+}
+
+func (b *testBundle) keyStatus(t *testing.T, key string) string {
+	t.Helper()
+	var s string
+	err := b.pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE key = $1`, key).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "absent"
+	}
+	require.NoError(t, err)
+	return s
+}
+
+func (b *testBundle) outcomes(outcome string) float64 {
+	mfs, _ := b.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != "onceonly_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func TestDoRunsOnceAndReplays(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	first, err := b.engine.Do(b.ctx, "m", "k1", []byte("p"), payment(201, `{"id":1}`))
+	require.NoError(t, err)
+	require.False(t, first.Replayed)
+	require.Equal(t, 201, first.Status)
+
+	for range 3 {
+		again, err := b.engine.Do(b.ctx, "m", "k1", []byte("p"), payment(201, `{"id":2}`))
+		require.NoError(t, err)
+		require.True(t, again.Replayed)
+		require.Equal(t, first.Result, again.Result)
+	}
+	require.Equal(t, 1, b.payments(t))
+	require.Equal(t, 3.0, b.outcomes("replayed_cache"), "replays come from Redis after the write-through")
+}
+
+func TestDoRefusesReuseWithAnotherPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := b.engine.Do(b.ctx, "m", "k", []byte("p1"), payment(201, `{}`))
+	require.NoError(t, err)
+	ran := false
+	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p2"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
+		ran = true
+		return onceonly.Result{}, nil
+	})
+	require.ErrorIs(t, err, onceonly.ErrKeyReused)
+	require.False(t, ran)
+
+	// Same answer when Redis lost the key: Postgres decides.
+	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
+	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p2"), payment(201, `{}`))
+	require.ErrorIs(t, err, onceonly.ErrKeyReused)
+	require.Equal(t, 1, b.payments(t))
+}
+
+func TestScopesNeverMeet(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for _, scope := range []string{"m1", "m2"} {
+		out, err := b.engine.Do(b.ctx, scope, "k", []byte("p"), payment(201, scope))
+		require.NoError(t, err)
+		require.False(t, out.Replayed)
+	}
+	require.Equal(t, 2, b.payments(t))
+}
+
+func TestInFlightDuplicateGetsRetryAfter(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"Redis", "PostgresOnly"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{noRedis: name == "PostgresOnly", lease: 30 * time.Second})
+			started, release := make(chan struct{}), make(chan struct{})
+			done := make(chan error)
+			go func() {
+				_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+					close(started)
+					<-release
+					return payment(201, "{}")(ctx, tx)
+				})
+				done <- err
+			}()
+			<-started
+			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+			inFlight, ok := onceonly.IsInFlight(err)
+			require.True(t, ok, "got %v", err)
+			require.Greater(t, inFlight.RetryAfter, 20*time.Second)
+			close(release)
+			require.NoError(t, <-done)
+			require.Equal(t, 1, b.payments(t))
+		})
+	}
+}
+
+func TestFailuresAreRetryable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	// A 5xx result is returned but not stored; its writes roll back.
+	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(502, `{"error":"gateway"}`))
+	require.NoError(t, err)
+	require.Equal(t, 502, out.Status)
+	require.Equal(t, 0, b.payments(t))
+	require.Equal(t, "failed", b.keyStatus(t, "k"))
+
+	// A handler error fails the key too.
+	boom := errors.New("boom")
+	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
+		return onceonly.Result{}, boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, "failed", b.keyStatus(t, "k"))
+
+	// So does a panic, which goes on to the caller.
+	require.Panics(t, func() {
+		_, _ = b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			_, _ = payment(201, "{}")(ctx, tx)
+			panic("handler bug")
+		})
+	})
+	require.Equal(t, "failed", b.keyStatus(t, "k"))
+	require.Equal(t, 0, b.payments(t))
+
+	out, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"ok":true}`))
+	require.NoError(t, err)
+	require.False(t, out.Replayed)
+	require.Equal(t, 1, b.payments(t))
+}
+
+func TestDeterministic4xxIsStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(402, `{"error":"declined"}`))
+	require.NoError(t, err)
+	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
+	require.NoError(t, err)
+	require.True(t, out.Replayed)
+	require.Equal(t, 402, out.Status)
+	require.Equal(t, 1, b.payments(t))
+}
+
+func TestLargeBodyIsReplayedFromPostgres(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	large := `{"blob":"` + strings.Repeat("x", 4000) + `"}`
+	_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, large))
+	require.NoError(t, err)
+	raw, err := b.rdb.Get(b.ctx, b.prefix+"m:k").Result()
+	require.NoError(t, err)
+	require.Less(t, len(raw), 64, "Redis keeps only a marker")
+	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
+	require.NoError(t, err)
+	require.True(t, out.Replayed)
+	require.Equal(t, large, string(out.Body))
+	require.Equal(t, 1.0, b.outcomes("replayed_db"))
+}
+
+// TestRedisLossIsHarmless: with the cache flushed, or its server gone, the
+// engine answers from Postgres: no duplicate, same replay.
+func TestRedisLossIsHarmless(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewRedisServer(t)
+	rdb := testenv.RedisClient(t, srv.URL())
+	b := setup(t, setupOpts{rdb: rdb})
+	first, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"n":1}`))
+	require.NoError(t, err)
+
+	require.NoError(t, rdb.FlushAll(b.ctx).Err())
+	again, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"n":2}`))
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, first.Result, again.Result)
+	testenv.Eventually(t, time.Second, "read-repair of the cache", func() bool {
+		e, found, _ := cache.New(rdb, cache.Options{}).Read(b.ctx, "m", "k")
+		return found && e.State == cache.StateCompleted
+	})
+
+	srv.Stop()
+	again, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"n":3}`))
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, first.Result, again.Result)
+	out, err := b.engine.Do(b.ctx, "m", "k2", []byte("p"), payment(201, `{"n":4}`))
+	require.NoError(t, err, "first executions go on without Redis")
+	require.False(t, out.Replayed)
+	require.Equal(t, 2, b.payments(t))
+	require.Positive(t, b.sum(t, "onceonly_redis_fallback_total"))
+}
+
+// sum adds up every series of a counter family.
+func (b *testBundle) sum(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := b.reg.Gather()
+	require.NoError(t, err)
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+// TestCrashedClaimRecoversAfterLease: a claim whose process died (no
+// complete, no fail) blocks its key until the lease ends; then a retry runs
+// exactly once.
+func TestCrashedClaimRecoversAfterLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: 600 * time.Millisecond})
+	// The crashed process: a provisional claim in Redis and a committed claim in
+	// Postgres, then nothing.
+	res, err := b.engine.Do(b.ctx, "m", "warmup", []byte("p"), payment(201, "{}"))
+	require.NoError(t, err)
+	require.False(t, res.Replayed)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
+		VALUES ('m', 'k', 'in_progress', 1, $1, gen_random_uuid(), now() + interval '600 milliseconds', now() + interval '1 hour')`,
+		onceonly.PayloadFingerprint([]byte("p")))
+	require.NoError(t, err)
+
+	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+	_, inFlight := onceonly.IsInFlight(err)
+	require.True(t, inFlight, "got %v", err)
+
+	time.Sleep(700 * time.Millisecond)
+	var wg sync.WaitGroup
+	var executed atomic.Int32
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+			if err == nil && !out.Replayed {
+				executed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), executed.Load())
+	require.Equal(t, 2, b.payments(t))
+	require.Equal(t, "completed", b.keyStatus(t, "k"))
+}
+
+// TestTakenOverWorkerCannotCommit: a slow worker whose lease was taken over
+// (its heartbeat stopped reaching Postgres) has its business write rolled
+// back; only the new owner's commits.
+func TestTakenOverWorkerCannotCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: time.Hour})
+	inside, proceed := make(chan struct{}), make(chan struct{})
+	slow := make(chan error)
+	go func() {
+		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			close(inside)
+			<-proceed
+			return payment(201, `{"who":"slow"}`)(ctx, tx)
+		})
+		slow <- err
+	}()
+	<-inside
+	// The lease ends while the slow worker is stuck; another request takes over.
+	_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s'`)
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
+	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"who":"new"}`))
+	require.NoError(t, err)
+	require.False(t, out.Replayed)
+
+	close(proceed)
+	require.ErrorIs(t, <-slow, onceonly.ErrLeaseLost)
+	require.Equal(t, 1, b.payments(t))
+	out, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
+	require.NoError(t, err)
+	require.Equal(t, `{"who":"new"}`, string(out.Body))
+}
+
+// TestHeartbeatKeepsSlowExecutionAlive: a live execution longer than its
+// lease is never taken over.
+func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: 300 * time.Millisecond})
+	inside := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			close(inside)
+			time.Sleep(time.Second) // more than three leases
+			return payment(201, "{}")(ctx, tx)
+		})
+		done <- err
+	}()
+	<-inside
+	for range 8 {
+		time.Sleep(100 * time.Millisecond)
+		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+		_, inFlight := onceonly.IsInFlight(err)
+		require.True(t, inFlight, "got %v", err)
+	}
+	require.NoError(t, <-done)
+	require.Equal(t, 1, b.payments(t))
+}
+
+func TestCanceledRequestLeavesNothingClaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx, cancel := context.WithCancel(b.ctx)
+	_, err := b.engine.Do(ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		cancel()
+		<-ctx.Done()
+		return onceonly.Result{}, ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, "failed", b.keyStatus(t, "k"))
+	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+	require.NoError(t, err)
+	require.False(t, out.Replayed)
+}
+
+func TestInvalidKeyAndScope(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for _, key := range []string{"", "has space", strings.Repeat("k", 256), "tab\t", "é"} {
+		_, err := b.engine.Do(b.ctx, "m", key, nil, payment(201, "{}"))
+		require.ErrorIs(t, err, onceonly.ErrInvalidKey, "%q", key)
+	}
+	for _, scope := range []string{"", "a:b"} {
+		_, err := b.engine.Do(b.ctx, scope, "k", nil, payment(201, "{}"))
+		require.ErrorIs(t, err, onceonly.ErrInvalidScope, "%q", scope)
+	}
+	require.Equal(t, 0, b.payments(t))
+	require.Equal(t, "absent", b.keyStatus(t, "k"))
+}

@@ -1,0 +1,161 @@
+// Package daemon holds what the three commands share: logging, the Postgres
+// and Redis clients built from configuration, the ops HTTP server (/healthz,
+// /readyz, /metrics) and signal handling.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/migrations"
+)
+
+// Logger returns a slog logger writing to w in format ("json" or "text") at
+// level ("debug", "info", "warn", "error").
+func Logger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("bad configuration: LOG_LEVEL=%q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch strings.ToLower(format) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("bad configuration: LOG_FORMAT=%q: use json or text", format)
+}
+
+// SignalContext returns a context canceled on SIGINT or SIGTERM.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// ParsePostgres validates a DATABASE_URL without connecting.
+func ParsePostgres(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("bad configuration: DATABASE_URL: %w", err)
+	}
+	return cfg, nil
+}
+
+// OpenPostgres connects a pool and checks that the schema is current, so a
+// daemon on an outdated schema refuses to start and says how to fix it.
+func OpenPostgres(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to Postgres: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to Postgres: %w", err)
+	}
+	if err := migrations.EnsureCurrent(pctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// RedisOptions validates REDIS_URL / REDIS_CLUSTER_URL (exactly one) and
+// returns universal client options.
+func RedisOptions(url, clusterURL string) (*redis.UniversalOptions, error) {
+	switch {
+	case url != "" && clusterURL != "":
+		return nil, errors.New("bad configuration: set REDIS_URL or REDIS_CLUSTER_URL, not both")
+	case clusterURL != "":
+		o, err := redis.ParseClusterURL(clusterURL)
+		if err != nil {
+			return nil, fmt.Errorf("bad configuration: REDIS_CLUSTER_URL: %w", err)
+		}
+		return &redis.UniversalOptions{
+			Addrs: o.Addrs, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig,
+			IsClusterMode: true, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
+		}, nil
+	case url != "":
+		o, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("bad configuration: REDIS_URL: %w", err)
+		}
+		return &redis.UniversalOptions{
+			Addrs: []string{o.Addr}, Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLSConfig,
+			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: o.PoolSize,
+		}, nil
+	}
+	return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL) is required")
+}
+
+// Registry returns a Prometheus registry with the Go and process collectors.
+func Registry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Check is one readiness check.
+type Check func(ctx context.Context) error
+
+// OpsHandler serves /healthz (the process is up), /readyz (every check
+// passes) and /metrics, on mux.
+func OpsHandler(mux *http.ServeMux, reg *prometheus.Registry, checks map[string]Check) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		status, code := "ready", http.StatusOK
+		var parts []string
+		for name, check := range checks {
+			if err := check(ctx); err != nil {
+				status, code = "not_ready", http.StatusServiceUnavailable
+				parts = append(parts, fmt.Sprintf("%q:%q", name, err.Error()))
+			} else {
+				parts = append(parts, fmt.Sprintf("%q:\"ok\"", name))
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_, _ = fmt.Fprintf(w, `{"status":%q,"checks":{%s}}`+"\n", status, strings.Join(parts, ","))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+}
+
+// Serve runs srv until ctx ends, then shuts it down gracefully, giving
+// in-flight requests up to grace to finish.
+func Serve(ctx context.Context, srv *http.Server, log *slog.Logger, grace time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", srv.Addr, err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "addr", srv.Addr)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shut down %s: %w", srv.Addr, err)
+	}
+	return nil
+}

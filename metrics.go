@@ -1,0 +1,55 @@
+package onceonly
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome labels of onceonly_requests_total.
+const (
+	outcomeExecuted      = "executed"
+	outcomeReplayedCache = "replayed_cache"
+	outcomeReplayedDB    = "replayed_db"
+	outcomeInFlight      = "in_flight"
+	outcomeReused        = "reused"
+	outcomeFailed        = "failed"
+	outcomeLeaseLost     = "lease_lost"
+	outcomeUnavailable   = "unavailable"
+	outcomeInvalid       = "invalid"
+	outcomeHandlerError  = "handler_error"
+	redisOpCheck         = "check"
+	redisOpApply         = "apply"
+	redisOpRelease       = "release"
+)
+
+type metrics struct {
+	requests      *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	redisFallback *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceonly_requests_total",
+			Help: "Idempotent requests by outcome.",
+		}, []string{"outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "onceonly_request_duration_seconds",
+			Help:    "Time spent in the engine per request, handler included, by outcome.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"outcome"}),
+		redisFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceonly_redis_fallback_total",
+			Help: "Redis calls that failed or timed out; the engine carried on from Postgres.",
+		}, []string{"op"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.redisFallback} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

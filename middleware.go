@@ -1,0 +1,215 @@
+package onceonly
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// HeaderKey is the request header carrying the idempotency key.
+const HeaderKey = "Idempotency-Key"
+
+// HeaderReplayed is set to "true" on replayed responses.
+const HeaderReplayed = "Idempotent-Replayed"
+
+// DefaultMaxBody is the largest request body the middleware reads (64 KiB).
+const DefaultMaxBody = 64 << 10
+
+// MiddlewareOptions configures Middleware.
+type MiddlewareOptions struct {
+	// Scope returns the scope of a request (the tenant, merchant or user
+	// whose keys must never meet another's). Required.
+	Scope func(r *http.Request) (string, error)
+	// MaxBody is the largest request body accepted (DefaultMaxBody).
+	MaxBody int64
+}
+
+type txKey struct{}
+
+// Tx returns the transaction of the current first execution: the wrapped
+// handler writes its business rows through it, and they commit together with
+// the key's completion. ok is false outside the middleware.
+func Tx(ctx context.Context) (tx pgx.Tx, ok bool) {
+	tx, ok = ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+// Middleware makes the wrapped handler run once per (scope, Idempotency-Key).
+// The first request runs it inside a transaction (see Tx) and stores the
+// status, Content-Type and body it writes; retries get them back
+// byte-identical with Idempotent-Replayed: true. Errors are JSON:
+// 400 for a missing or invalid key or a body that is not JSON, 409 with
+// Retry-After while another request holds the key, 413 for a body over
+// MaxBody, 422 for a key reused with another payload, 503 with Retry-After
+// when Postgres is unreachable.
+func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Handler {
+	if opts.MaxBody <= 0 {
+		opts.MaxBody = DefaultMaxBody
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key, present := r.Header[http.CanonicalHeaderKey(HeaderKey)]
+			if !present {
+				WriteError(w, http.StatusBadRequest, "idempotency_key_missing", "The Idempotency-Key header is required.", HeaderKey)
+				return
+			}
+			if len(key) != 1 || ValidateKey(key[0]) != nil {
+				WriteError(w, http.StatusBadRequest, "idempotency_key_invalid", ErrInvalidKey.Error()+".", HeaderKey)
+				return
+			}
+			scope, err := opts.Scope(r)
+			if err != nil || validateScope(scope) != nil {
+				WriteError(w, http.StatusUnauthorized, "unauthorized", "The request has no valid scope.", "")
+				return
+			}
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBody))
+			if err != nil {
+				var tooLarge *http.MaxBytesError
+				if errors.As(err, &tooLarge) {
+					WriteError(w, http.StatusRequestEntityTooLarge, "request_too_large",
+						"The request body is larger than "+strconv.FormatInt(opts.MaxBody, 10)+" bytes.", "")
+					return
+				}
+				WriteError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
+				return
+			}
+			fingerprint, err := requestFingerprint(r, body)
+			if err != nil {
+				WriteError(w, http.StatusBadRequest, "invalid_json", "The request body is not valid JSON.", "")
+				return
+			}
+			out, err := e.execute(r.Context(), scope, key[0], fingerprint, func(ctx context.Context, tx pgx.Tx) (Result, error) {
+				rec := &recorder{header: http.Header{}}
+				inner := r.WithContext(context.WithValue(ctx, txKey{}, tx))
+				inner.Body = io.NopCloser(bytes.NewReader(body))
+				next.ServeHTTP(rec, inner)
+				return rec.result(), nil
+			})
+			if err != nil {
+				writeEngineError(w, err)
+				return
+			}
+			if out.Replayed {
+				w.Header().Set(HeaderReplayed, "true")
+			}
+			WriteResult(w, out.Result)
+		})
+	}
+}
+
+// requestFingerprint canonicalizes JSON bodies and hashes others as they are.
+func requestFingerprint(r *http.Request, body []byte) (string, error) {
+	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if mediaType == "application/json" || len(body) == 0 {
+		return Fingerprint(r.Method, r.URL.Path, body)
+	}
+	return fingerprintOf(r.Method, r.URL.Path, body), nil
+}
+
+// WriteResult writes a stored or fresh result.
+func WriteResult(w http.ResponseWriter, res Result) {
+	if res.ContentType != "" {
+		w.Header().Set("Content-Type", res.ContentType)
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(res.Body)))
+	w.WriteHeader(res.Status)
+	_, _ = w.Write(res.Body)
+}
+
+func writeEngineError(w http.ResponseWriter, err error) {
+	if inFlight, ok := IsInFlight(err); ok {
+		writeRetryAfter(w, inFlight.RetryAfter.Seconds())
+		WriteError(w, http.StatusConflict, "idempotency_key_in_use",
+			"A request with this Idempotency-Key is already in progress; retry later.", "")
+		return
+	}
+	switch {
+	case errors.Is(err, ErrKeyReused):
+		WriteError(w, http.StatusUnprocessableEntity, "idempotency_key_reused",
+			"This Idempotency-Key was already used with a different request.", "")
+	case errors.Is(err, ErrLeaseLost):
+		writeRetryAfter(w, 1)
+		WriteError(w, http.StatusConflict, "idempotency_key_in_use",
+			"Another request took this Idempotency-Key over; retry later.", "")
+	case errors.Is(err, context.Canceled):
+		// The client is gone; nothing it could read.
+		w.WriteHeader(499)
+	default:
+		writeRetryAfter(w, 1)
+		WriteError(w, http.StatusServiceUnavailable, "service_unavailable",
+			"The service is temporarily unavailable; retry later.", "")
+	}
+}
+
+func writeRetryAfter(w http.ResponseWriter, seconds float64) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(seconds)))))
+}
+
+// WriteError writes the API's JSON error:
+// {"error":{"type":…,"code":…,"message":…,"param":…}}.
+func WriteError(w http.ResponseWriter, status int, code, message, param string) {
+	type apiError struct {
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Param   string `json:"param,omitempty"`
+	}
+	body, _ := json.Marshal(struct {
+		Error apiError `json:"error"`
+	}{apiError{Type: errorType(status), Code: code, Message: message, Param: param}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+func errorType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusPaymentRequired:
+		return "card_error"
+	case status == http.StatusConflict || status == http.StatusUnprocessableEntity:
+		return "idempotency_error"
+	case status >= 500:
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+// recorder captures what the wrapped handler writes.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(b)
+}
+
+func (r *recorder) result() Result {
+	status := r.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	return Result{Status: status, ContentType: r.header.Get("Content-Type"), Body: r.body.Bytes()}
+}

@@ -1,0 +1,138 @@
+package payments
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Sources the simulated gateway understands.
+const (
+	SourceVisa         = "tok_visa"
+	SourceDeclined     = "tok_chargeDeclined"
+	SourceGatewayError = "tok_gatewayError"
+	SourceSlow         = "tok_slow"
+)
+
+// CreateRequest is a validated POST /v1/payments body.
+type CreateRequest struct {
+	Amount      int64   `json:"amount"`
+	Currency    string  `json:"currency"`
+	Customer    string  `json:"customer"`
+	Source      string  `json:"source"`
+	Description *string `json:"description"`
+}
+
+// fieldError is a validation failure of one field.
+type fieldError struct {
+	param, message string
+}
+
+func (e *fieldError) Error() string { return e.message }
+
+// errNotJSON marks a body that does not parse as JSON.
+type errNotJSON struct{ err error }
+
+func (e errNotJSON) Error() string { return e.err.Error() }
+
+// parseCreate parses and validates a create body.
+func parseCreate(body []byte) (CreateRequest, error) {
+	var fields map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&fields); err != nil {
+		if bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || !json.Valid(body) {
+			return CreateRequest{}, errNotJSON{err}
+		}
+		return CreateRequest{}, &fieldError{message: "The request body must be a JSON object."}
+	}
+	if dec.More() {
+		return CreateRequest{}, errNotJSON{fmt.Errorf("trailing data after the JSON object")}
+	}
+	if fields == nil {
+		return CreateRequest{}, &fieldError{message: "The request body must be a JSON object."}
+	}
+	var req CreateRequest
+	for name := range fields {
+		switch name {
+		case "amount", "currency", "customer", "source", "description":
+		default:
+			return req, &fieldError{param: name, message: "Unknown parameter: " + name + "."}
+		}
+	}
+	amount, ok := fields["amount"]
+	if !ok {
+		return req, &fieldError{"amount", "Missing required parameter: amount."}
+	}
+	n, err := strconv.ParseInt(string(amount), 10, 64)
+	if err != nil || n < 1 || n > 99999999 {
+		return req, &fieldError{"amount", "amount must be an integer from 1 to 99999999 (minor units)."}
+	}
+	req.Amount = n
+
+	if req.Currency, err = stringField(fields, "currency", true); err != nil {
+		return req, err
+	}
+	if !isCurrency(req.Currency) {
+		return req, &fieldError{"currency", "currency must be a lowercase ISO 4217 code such as usd."}
+	}
+	if req.Customer, err = stringField(fields, "customer", true); err != nil {
+		return req, err
+	}
+	if l := utf8.RuneCountInString(req.Customer); l < 1 || l > 255 {
+		return req, &fieldError{"customer", "customer must be 1 to 255 characters."}
+	}
+	if req.Source, err = stringField(fields, "source", true); err != nil {
+		return req, err
+	}
+	switch req.Source {
+	case SourceVisa, SourceDeclined, SourceGatewayError, SourceSlow:
+	default:
+		return req, &fieldError{"source", "source must be one of tok_visa, tok_chargeDeclined, tok_gatewayError, tok_slow."}
+	}
+	if raw, ok := fields["description"]; ok && string(raw) != "null" {
+		d, err := stringField(fields, "description", false)
+		if err != nil {
+			return req, err
+		}
+		if utf8.RuneCountInString(d) > 1000 {
+			return req, &fieldError{"description", "description must be at most 1000 characters."}
+		}
+		req.Description = &d
+	}
+	return req, nil
+}
+
+func stringField(fields map[string]json.RawMessage, name string, required bool) (string, error) {
+	raw, ok := fields[name]
+	if !ok {
+		if required {
+			return "", &fieldError{name, "Missing required parameter: " + name + "."}
+		}
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", &fieldError{name, name + " must be a string."}
+	}
+	return s, nil
+}
+
+// isoCurrencies lists the active ISO 4217 codes.
+var isoCurrencies = func() map[string]bool {
+	m := map[string]bool{}
+	for _, c := range strings.Fields(`aed afn all amd ang aoa ars aud awg azn bam bbd bdt bgn bhd bif bmd bnd bob
+		brl bsd btn bwp byn bzd cad cdf chf clp cny cop crc cuc cup cve czk djf dkk dop dzd egp ern etb eur fjd
+		fkp gbp gel ghs gip gmd gnf gtq gyd hkd hnl htg huf idr ils inr iqd irr isk jmd jod jpy kes kgs khr kmf
+		kpw krw kwd kyd kzt lak lbp lkr lrd lsl lyd mad mdl mga mkd mmk mnt mop mru mur mvr mwk mxn myr mzn nad
+		ngn nio nok npr nzd omr pab pen pgk php pkr pln pyg qar ron rsd rub rwf sar sbd scr sdg sek sgd shp sle
+		sll sos srd ssp stn svc syp szl thb tjs tmt tnd top try ttd twd tzs uah ugx usd uyu uzs ves vnd vuv wst
+		xaf xcd xof xpf yer zar zmw zwl`) {
+		m[c] = true
+	}
+	return m
+}()
+
+func isCurrency(c string) bool { return isoCurrencies[c] }
