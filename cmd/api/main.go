@@ -34,7 +34,7 @@ func main() {
 // settings is the api's configuration.
 type settings struct {
 	databaseURL, redisURL, redisClusterURL, redisPrefix, httpAddr, apiKeys, logLevel, logFormat *string
-	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay                   *time.Duration
+	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay                     *time.Duration
 }
 
 func define(s *config.Set) *settings {

@@ -1,0 +1,28 @@
+# onceonly — the commands that matter. See README.md.
+.PHONY: test run services services-stop build fuzz lint
+
+# Runs every test with -race on local Postgres and Redis (started and
+# installed as needed).
+test:
+	scripts/test.sh
+
+# Runs the whole system on local Postgres and Redis: migrations, then the api
+# on :8080 (and the relay and reconciler, once built).
+run:
+	scripts/run.sh
+
+# Starts the local development servers only (Postgres :5432, Redis :6379).
+services:
+	scripts/services.sh start .data/dev $${PG_PORT:-5432} $${REDIS_PORT:-6379}
+
+services-stop:
+	scripts/services.sh stop .data/dev
+
+build:
+	mkdir -p bin
+	go build -o bin/ ./cmd/...
+
+# Longer fuzzing than the seed-corpus runs the tests do.
+fuzz:
+	go test -run XXX -fuzz FuzzCanonicalJSON -fuzztime 60s .
+	go test -run XXX -fuzz FuzzValidateKey -fuzztime 30s .

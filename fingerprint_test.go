@@ -1,0 +1,106 @@
+package onceonly_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly"
+)
+
+func TestCanonicalJSON(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ in, want string }{
+		{`{"b":1,"a":2}`, `{"a":2,"b":1}`},
+		{" {\n\"a\" : [ 1 , {\"d\":null,\"c\":true} ] }\t", `{"a":[1,{"c":true,"d":null}]}`},
+		{`{"n":1.0}`, `{"n":1}`},
+		{`{"n":1e2}`, `{"n":100}`},
+		{`{"n":-0}`, `{"n":0}`},
+		{`{"n":0.1}`, `{"n":0.1}`},
+		{`{"n":123456789012345678901234567890}`, `{"n":123456789012345678901234567890}`},
+		{`{"s":"<\u00e9>"}`, `{"s":"<é>"}`},
+		{``, ``},
+	}
+	for _, tc := range cases {
+		got, err := onceonly.CanonicalJSON([]byte(tc.in))
+		require.NoError(t, err, tc.in)
+		require.Equal(t, tc.want, string(got), tc.in)
+	}
+	for _, bad := range []string{`{`, `{"a":1}{}`, `{"a":1e999}`, `nul`} {
+		_, err := onceonly.CanonicalJSON([]byte(bad))
+		require.Error(t, err, bad)
+	}
+}
+
+func TestFingerprint(t *testing.T) {
+	t.Parallel()
+	a, err := onceonly.Fingerprint("POST", "/v1/payments", []byte(`{"a":1,"b":2}`))
+	require.NoError(t, err)
+	b, err := onceonly.Fingerprint("POST", "/v1/payments", []byte(`{ "b":2, "a":1 }`))
+	require.NoError(t, err)
+	require.Equal(t, a, b)
+	require.True(t, strings.HasPrefix(a, "v1:"))
+	for _, other := range [][3]string{
+		{"PUT", "/v1/payments", `{"a":1,"b":2}`},
+		{"POST", "/v1/refunds", `{"a":1,"b":2}`},
+		{"POST", "/v1/payments", `{"a":1,"b":3}`},
+	} {
+		c, err := onceonly.Fingerprint(other[0], other[1], []byte(other[2]))
+		require.NoError(t, err)
+		require.NotEqual(t, a, c, other)
+	}
+}
+
+func TestValidateKey(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, onceonly.ValidateKey("a"))
+	require.NoError(t, onceonly.ValidateKey(strings.Repeat("~", 255)))
+	require.NoError(t, onceonly.ValidateKey("550e8400-e29b-41d4-a716-446655440000"))
+	for _, bad := range []string{"", " ", "a b", strings.Repeat("k", 256), "\x7f", "\x00", "é"} {
+		require.ErrorIs(t, onceonly.ValidateKey(bad), onceonly.ErrInvalidKey, "%q", bad)
+	}
+}
+
+// FuzzValidateKey: a key is valid exactly when it is 1..255 bytes of 0x21..0x7E.
+func FuzzValidateKey(f *testing.F) {
+	for _, seed := range []string{"a", "", "a b", "key-1", "\x7f", "é", strings.Repeat("k", 256)} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		want := len(key) >= 1 && len(key) <= 255
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x21 || key[i] > 0x7e {
+				want = false
+			}
+		}
+		if got := onceonly.ValidateKey(key) == nil; got != want {
+			t.Fatalf("ValidateKey(%q) valid=%v, want %v", key, got, want)
+		}
+	})
+}
+
+// FuzzCanonicalJSON: canonicalization is idempotent, yields valid JSON equal
+// in meaning to the input, and never panics.
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, seed := range []string{`{"b":1,"a":[1,2,{"c":null}]}`, `1.5e3`, `"\u00e9"`, `[]`, `{`, `{"a":1}{}`, ` `} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		canon, err := onceonly.CanonicalJSON(doc)
+		if err != nil {
+			return
+		}
+		if len(canon) == 0 {
+			return
+		}
+		if !json.Valid(canon) {
+			t.Fatalf("canonical form of %q is not JSON: %q", doc, canon)
+		}
+		again, err := onceonly.CanonicalJSON(canon)
+		if err != nil || string(again) != string(canon) {
+			t.Fatalf("not idempotent: %q -> %q -> %q (%v)", doc, canon, again, err)
+		}
+	})
+}

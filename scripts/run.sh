@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs the whole system on this machine: local Postgres and Redis (installed
+# and started as needed, data under .data/dev), migrations, then the api on
+# HTTP_ADDR (:8080) with the relay and reconciler beside it when present.
+# Logs are interleaved on stderr, each line labelled. Ctrl-C stops everything.
+#
+# With DATABASE_URL and REDIS_URL set, it uses those servers and starts none.
+# Ports: PG_PORT (5432), REDIS_PORT (6379).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+started=
+if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}" ]; then
+	pg_port=${PG_PORT:-5432}
+	redis_port=${REDIS_PORT:-6379}
+	scripts/services.sh start .data/dev "$pg_port" "$redis_port"
+	started=1
+	psql -h 127.0.0.1 -p "$pg_port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'onceonly'" | grep -q 1 ||
+		psql -h 127.0.0.1 -p "$pg_port" -U postgres -qc "CREATE DATABASE onceonly"
+	export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/onceonly?sslmode=disable"
+	export REDIS_URL="redis://127.0.0.1:$redis_port/0"
+fi
+export LOG_FORMAT=${LOG_FORMAT:-text}
+
+mkdir -p bin
+go build -o bin/ ./cmd/...
+bin/api migrate up
+
+pids=()
+stop_all() {
+	trap - INT TERM EXIT
+	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	wait || true
+	if [ -n "$started" ]; then scripts/services.sh stop .data/dev; fi
+}
+trap stop_all INT TERM EXIT
+
+label() { sed -u "s/^/[$1] /" >&2; }
+start() {
+	local name=$1
+	shift
+	"$@" > >(label "$name") 2>&1 &
+	pids+=($!)
+}
+start api bin/api
+[ -x bin/relay ] && start relay bin/relay
+[ -x bin/reconciler ] && start reconciler bin/reconciler
+echo "onceonly: api on ${HTTP_ADDR:-:8080} (Ctrl-C stops everything)" >&2
+wait -n || true

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the whole test suite with -race on real Postgres and Redis.
+#
+# Unless TEST_DATABASE_URL and TEST_REDIS_URL are set, it installs what is
+# missing (Debian packages), starts a Postgres 15 and a Redis of its own under
+# .data/test on ports 55432 and 56379 (TEST_PG_PORT, TEST_REDIS_PORT), and
+# stops them afterwards. Extra arguments go to `go test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+started=
+if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
+	pg_port=${TEST_PG_PORT:-55432}
+	redis_port=${TEST_REDIS_PORT:-56379}
+	scripts/services.sh start .data/test "$pg_port" "$redis_port" test
+	started=1
+	export TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres?sslmode=disable"
+	export TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0"
+fi
+cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
+trap cleanup EXIT
+
+go vet ./...
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+	echo "gofmt needed on: $unformatted" >&2
+	exit 1
+fi
+go test -race -count=1 -timeout 15m "$@" ./...
