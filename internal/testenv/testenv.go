@@ -78,27 +78,67 @@ func AdminDatabaseURL(tb testing.TB) string {
 // its URL; the database is dropped when the test ends.
 func DatabaseURL(tb testing.TB) string {
 	tb.Helper()
-	ctx := context.Background()
 	admin := AdminDatabaseURL(tb)
 	tmpl := template(tb, admin)
-	name := "onceonly_test_" + RandomSuffix(12)
-	conn := connect(tb, admin)
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+tmpl); err != nil {
-		tb.Fatalf("create test database: %v", err)
+	url, drop, err := newDatabase(admin, tmpl)
+	if err != nil {
+		tb.Fatalf("%v", err)
 	}
 	tb.Cleanup(func() {
+		if err := drop(); err != nil {
+			tb.Logf("%v", err)
+		}
+	})
+	return url
+}
+
+// ExampleDatabaseURL is DatabaseURL for runnable examples, which have no
+// testing.TB: it panics when no server is reachable, and the returned
+// function drops the database.
+func ExampleDatabaseURL() (url string, drop func() error) {
+	admin := os.Getenv("TEST_DATABASE_URL")
+	if admin == "" {
+		panic("examples need TEST_DATABASE_URL: " + howToStart)
+	}
+	templateOnce.Do(func() { templateName, templateErr = buildTemplate(admin) })
+	if templateErr != nil {
+		panic(templateErr)
+	}
+	url, drop, err := newDatabase(admin, templateName)
+	if err != nil {
+		panic(err)
+	}
+	return url, drop
+}
+
+func newDatabase(admin, tmpl string) (string, func() error, error) {
+	ctx := context.Background()
+	name := "onceonly_test_" + RandomSuffix(12)
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return "", nil, fmt.Errorf("connect to Postgres (%s): %w\n%s", redact(admin), err, howToStart)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+tmpl); err != nil {
+		return "", nil, fmt.Errorf("create test database: %w", err)
+	}
+	drop := func() error {
 		conn, err := pgx.Connect(context.Background(), admin)
 		if err != nil {
-			tb.Logf("drop test database: %v", err)
-			return
+			return fmt.Errorf("drop test database: %w", err)
 		}
 		defer conn.Close(context.Background())
 		if _, err := conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			tb.Logf("drop test database: %v", err)
+			return fmt.Errorf("drop test database: %w", err)
 		}
-	})
-	return withDatabase(tb, admin, name)
+		return nil
+	}
+	u, err := url.Parse(admin)
+	if err != nil {
+		return "", nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	u.Path = "/" + name
+	return u.String(), drop, nil
 }
 
 // DB returns a pool on a fresh, migrated database of the test's own.
@@ -125,16 +165,6 @@ func connect(tb testing.TB, url string) *pgx.Conn {
 		tb.Fatalf("connect to Postgres (%s): %v\n%s", redact(url), err, howToStart)
 	}
 	return conn
-}
-
-func withDatabase(tb testing.TB, raw, name string) string {
-	tb.Helper()
-	u, err := url.Parse(raw)
-	if err != nil {
-		tb.Fatalf("parse database URL: %v", err)
-	}
-	u.Path = "/" + name
-	return u.String()
 }
 
 func redact(raw string) string {
