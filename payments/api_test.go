@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -417,4 +418,7 @@ func TestPostgresDownIs503(t *testing.T) {
 	require.Equal(t, http.StatusCreated, res.status, "the provisional claim was released: "+res.body)
 }
 
-func dbName(url string) string { return url[strings.LastIndex(url, "/")+1:] }
+func dbName(raw string) string {
+	u, _ := url.Parse(raw)
+	return strings.TrimPrefix(u.Path, "/")
+}
