@@ -58,7 +58,7 @@ func define(s *config.Set) *settings {
 func run(args []string, stdout, stderr io.Writer) int {
 	set := config.NewSet("api", stderr)
 	set.FlagSet().Usage = func() {
-		fmt.Fprintln(stderr, "usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n\nflags:")
+		fmt.Fprintln(set.FlagSet().Output(), "usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n\nflags:")
 		set.FlagSet().PrintDefaults()
 	}
 	sub := ""
@@ -101,18 +101,52 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
-	if migrateCmd != "" {
+	if migrateCmd == "" {
+		// Everything is validated before the first log line or connection.
+		deps, err := validate(s)
+		if err != nil {
+			fmt.Fprintln(stderr, "api:", err)
+			return 2
+		}
+		if err := serve(ctx, s, deps, pgCfg, log); err != nil {
+			fmt.Fprintln(stderr, "api:", err)
+			return 1
+		}
+		return 0
+	}
+	{
 		if err := migrate(ctx, pgCfg, migrateCmd, stdout); err != nil {
 			fmt.Fprintln(stderr, "api migrate:", err)
 			return 1
 		}
 		return 0
 	}
-	if err := serve(ctx, s, pgCfg, log); err != nil {
-		fmt.Fprintln(stderr, "api:", err)
-		return 1
+}
+
+// validated is the configuration that needs more than a flag parse.
+type validated struct {
+	apiKeys   map[string]string
+	demoKeys  bool
+	redisOpts *redis.UniversalOptions // nil: Postgres only
+}
+
+func validate(s *settings) (validated, error) {
+	var v validated
+	raw := *s.apiKeys
+	if raw == "" {
+		raw, v.demoKeys = demoAPIKeys, true
 	}
-	return 0
+	keys, err := parseAPIKeys(raw)
+	if err != nil {
+		return v, err
+	}
+	v.apiKeys = keys
+	if *s.redisURL != "" || *s.redisClusterURL != "" {
+		if v.redisOpts, err = daemon.RedisOptions(*s.redisURL, *s.redisClusterURL); err != nil {
+			return v, err
+		}
+	}
+	return v, nil
 }
 
 func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.Writer) error {
@@ -183,23 +217,13 @@ func parseAPIKeys(raw string) (map[string]string, error) {
 	return keys, nil
 }
 
-func serve(ctx context.Context, s *settings, pgCfg *pgxpool.Config, log *slog.Logger) error {
-	rawKeys := *s.apiKeys
-	if rawKeys == "" {
-		rawKeys = demoAPIKeys
+func serve(ctx context.Context, s *settings, v validated, pgCfg *pgxpool.Config, log *slog.Logger) error {
+	if v.demoKeys {
 		log.Warn("API_KEYS is unset: accepting the demo key only", "api_key", "sk_test_demo", "merchant", "acct_demo")
 	}
-	apiKeys, err := parseAPIKeys(rawKeys)
-	if err != nil {
-		return err
-	}
 	var rdb redis.UniversalClient
-	if *s.redisURL != "" || *s.redisClusterURL != "" {
-		opts, err := daemon.RedisOptions(*s.redisURL, *s.redisClusterURL)
-		if err != nil {
-			return err
-		}
-		rdb = redis.NewUniversalClient(opts)
+	if v.redisOpts != nil {
+		rdb = redis.NewUniversalClient(v.redisOpts)
 		defer rdb.Close()
 	} else {
 		log.Warn("REDIS_URL is unset: serving from Postgres alone")
@@ -227,7 +251,7 @@ func serve(ctx context.Context, s *settings, pgCfg *pgxpool.Config, log *slog.Lo
 	mux := http.NewServeMux()
 	daemon.OpsHandler(mux, reg, checks)
 	mux.Handle("/", payments.NewHandler(payments.Config{
-		Engine: engine, Pool: pool, APIKeys: apiKeys,
+		Engine: engine, Pool: pool, APIKeys: v.apiKeys,
 		GatewayLatency: *s.gatewayLatency, SlowGatewayDelay: *s.slowGatewayDelay, Logger: log,
 	}))
 	srv := &http.Server{

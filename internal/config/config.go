@@ -17,6 +17,7 @@ import (
 // Set is a flag set whose flags fall back to environment variables.
 type Set struct {
 	fs   *flag.FlagSet
+	out  io.Writer
 	errs []error
 	envs map[string]string // flag name -> env var
 }
@@ -24,8 +25,10 @@ type Set struct {
 // NewSet returns a Set for the named command; usage goes to out.
 func NewSet(command string, out io.Writer) *Set {
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
-	fs.SetOutput(out)
-	return &Set{fs: fs, envs: map[string]string{}}
+	// Parse errors are reported by the caller as one line; usage is printed
+	// only for -h.
+	fs.SetOutput(io.Discard)
+	return &Set{fs: fs, out: out, envs: map[string]string{}}
 }
 
 // FlagSet returns the underlying flag set (for boolean switches and the like).
@@ -74,6 +77,8 @@ func (s *Set) Int(name, env string, def int, text string) *int {
 func (s *Set) Parse(args []string) error {
 	if err := s.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			s.fs.SetOutput(s.out)
+			s.fs.Usage()
 			return err
 		}
 		return fmt.Errorf("bad flag: %w", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 
 	"github.com/onceonly/onceonly/migrations"
 )
@@ -158,4 +159,10 @@ func Serve(ctx context.Context, srv *http.Server, log *slog.Logger, grace time.D
 		return fmt.Errorf("shut down %s: %w", srv.Addr, err)
 	}
 	return nil
+}
+
+func init() {
+	// go-redis logs dial failures through the standard log package, outside
+	// slog; the daemons count and log Redis failures themselves.
+	logging.Disable()
 }

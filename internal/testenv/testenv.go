@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 
 	"github.com/onceonly/onceonly/migrations"
 )
@@ -89,6 +90,18 @@ func DatabaseURL(tb testing.TB) string {
 			tb.Logf("%v", err)
 		}
 	})
+	return url
+}
+
+// EmptyDatabaseURL creates a database without the schema (no migration
+// applied), dropped when the test ends.
+func EmptyDatabaseURL(tb testing.TB) string {
+	tb.Helper()
+	url, drop, err := newDatabase(AdminDatabaseURL(tb), "template0")
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(func() { _ = drop() })
 	return url
 }
 
@@ -306,4 +319,9 @@ func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func init() {
+	// Tests stop Redis on purpose; go-redis's own dial-failure lines are noise.
+	logging.Disable()
 }

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+)
+
+func runAPI(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var out, errOut bytes.Buffer
+	code = run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestBadConfiguration(t *testing.T) {
+	cases := []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{map[string]string{"DATABASE_URL": ""}, nil, "DATABASE_URL (or -database-url) is required"},
+		{map[string]string{"DATABASE_URL": "postgres://x", "LEASE_TIMEOUT": "ten"}, nil, `LEASE_TIMEOUT="ten": not a duration`},
+		{map[string]string{"DATABASE_URL": "postgres://x", "LOG_LEVEL": "loud"}, nil, `LOG_LEVEL="loud"`},
+		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"-lease-timeout", "-1s"}, "must not be negative"},
+		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"-nope"}, "flag provided but not defined"},
+		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"migrate"}, "say up, down, status or version"},
+		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"migrate", "sideways"}, `unknown command "sideways"`},
+		{map[string]string{"DATABASE_URL": "postgres://x", "API_KEYS": "nokey"}, nil, "API_KEYS"},
+		{map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "http://x"}, nil, "REDIS_URL"},
+		{map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://a", "REDIS_CLUSTER_URL": "redis://b"}, nil, "not both"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.want, func(t *testing.T) {
+			for _, k := range []string{"REDIS_URL", "REDIS_CLUSTER_URL", "API_KEYS", "LEASE_TIMEOUT", "LOG_LEVEL"} {
+				t.Setenv(k, "")
+				os.Unsetenv(k)
+			}
+			code, stdout, stderr := runAPI(t, tc.env, tc.args...)
+			require.NotZero(t, code)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tc.want)
+			require.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "one line: %s", stderr)
+		})
+	}
+}
+
+func TestMigrateAndSchemaCheck(t *testing.T) {
+	url := testenv.EmptyDatabaseURL(t)
+	env := map[string]string{"DATABASE_URL": url, "HTTP_ADDR": "127.0.0.1:0"}
+
+	code, _, stderr := runAPI(t, env)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "api migrate up", "a daemon on an outdated schema names the fix")
+
+	code, stdout, _ := runAPI(t, env, "migrate", "version")
+	require.Equal(t, 0, code)
+	require.Equal(t, "0\n", stdout)
+
+	code, stdout, stderr = runAPI(t, env, "migrate", "up")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "applied 2 migration(s); schema at version 2")
+
+	code, stdout, _ = runAPI(t, env, "migrate", "status")
+	require.Equal(t, 0, code)
+	require.Equal(t, 2, strings.Count(stdout, "applied"))
+
+	code, stdout, _ = runAPI(t, env, "migrate", "down")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "00002_payments.sql")
+	code, stdout, _ = runAPI(t, env, "migrate", "up")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "applied 1 migration(s)")
+}
+
+// TestGracefulShutdown: SIGTERM during a request lets it finish, leaves no
+// key claimed, and the process exits 0 well within 10 s.
+func TestGracefulShutdown(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "api")
+	build := exec.Command("go", "build", "-race", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run())
+
+	dbURL := testenv.DatabaseURL(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
+		"REDIS_PREFIX=shutdown"+testenv.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "SLOW_GATEWAY_DELAY=1s", "LOG_FORMAT=text")
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	testenv.Eventually(t, 10*time.Second, "api ready", func() bool {
+		res, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == 200
+	})
+
+	type result struct {
+		status int
+		err    error
+	}
+	done := make(chan result)
+	go func() {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/payments",
+			strings.NewReader(`{"amount":5,"currency":"eur","customer":"c","source":"tok_slow"}`))
+		req.Header.Set("Authorization", "Bearer sk_test_demo")
+		req.Header.Set("Idempotency-Key", "shutdown-1")
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		res.Body.Close()
+		done <- result{status: res.StatusCode}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	res := <-done
+	require.NoError(t, res.err)
+	require.Equal(t, http.StatusCreated, res.status, "the in-flight request finished")
+	require.NoError(t, cmd.Wait(), logs.String())
+	require.Less(t, time.Since(start), 10*time.Second)
+
+	pool := testenv.Pool(t, dbURL)
+	var claimed, paid int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'in_progress'), count(*) FROM idempotency_keys`).Scan(&claimed, &paid))
+	require.Equal(t, 0, claimed, "nothing left claimed")
+	require.Equal(t, 1, paid)
+	require.Contains(t, logs.String(), "shutting down", fmt.Sprint(logs.String()))
+}
