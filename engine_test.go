@@ -330,34 +330,53 @@ func TestCrashedClaimRecoversAfterLease(t *testing.T) {
 }
 
 // TestTakenOverWorkerCannotCommit: a slow worker whose lease was taken over
-// (its heartbeat stopped reaching Postgres) has its business write rolled
-// back; only the new owner's commits.
+// (its heartbeat stopped reaching Postgres) tries to commit while the new
+// owner is still running: its business write is rolled back, and only the
+// new owner's commits.
 func TestTakenOverWorkerCannotCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{lease: time.Hour})
-	inside, proceed := make(chan struct{}), make(chan struct{})
-	slow := make(chan error)
-	go func() {
-		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+	// blocking runs a payment once released, telling when it is inside.
+	blocking := func(who string) (onceonly.Handler, chan struct{}, func()) {
+		inside, proceed := make(chan struct{}), make(chan struct{})
+		release := sync.OnceFunc(func() { close(proceed) })
+		t.Cleanup(release) // a failing assertion must not leave a handler hanging
+		return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 			close(inside)
 			<-proceed
-			return payment(201, `{"who":"slow"}`)(ctx, tx)
-		})
+			return payment(201, `{"who":"`+who+`"}`)(ctx, tx)
+		}, inside, release
+	}
+	slowHandler, slowInside, slowProceed := blocking("slow")
+	slow := make(chan error)
+	go func() {
+		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), slowHandler)
 		slow <- err
 	}()
-	<-inside
+	<-slowInside
+
 	// The lease ends while the slow worker is stuck; another request takes over.
 	_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s'`)
 	require.NoError(t, err)
 	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
-	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"who":"new"}`))
-	require.NoError(t, err)
-	require.False(t, out.Replayed)
+	newHandler, newInside, newProceed := blocking("new")
+	fresh := make(chan error)
+	go func() {
+		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), newHandler)
+		if err == nil && out.Replayed {
+			err = errors.New("the takeover was answered with a replay")
+		}
+		fresh <- err
+	}()
+	<-newInside
 
-	close(proceed)
-	require.ErrorIs(t, <-slow, onceonly.ErrLeaseLost)
+	slowProceed()
+	require.ErrorIs(t, <-slow, onceonly.ErrLeaseLost, "the old owner commits while the new one runs")
+	require.Equal(t, 0, b.payments(t))
+	newProceed()
+	require.NoError(t, <-fresh)
 	require.Equal(t, 1, b.payments(t))
-	out, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
+	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
 	require.NoError(t, err)
 	require.Equal(t, `{"who":"new"}`, string(out.Body))
 }
