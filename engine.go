@@ -350,7 +350,7 @@ func (e *Engine) applyCache(k outbox.Key) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
 	defer cancel()
-	if _, err := e.cache.Apply(ctx, CacheUpdate(k)); err != nil {
+	if _, err := e.cache.Apply(ctx, k.CacheUpdate()); err != nil {
 		e.redisFailed(redisOpApply, err)
 	}
 }
@@ -370,14 +370,4 @@ func (e *Engine) releaseCache(scope, key string, owner [16]byte) {
 func (e *Engine) redisFailed(op string, err error) {
 	e.metrics.redisFallback.WithLabelValues(op).Inc()
 	e.log.Debug("redis unavailable, carrying on from Postgres", "op", op, "err", err)
-}
-
-// CacheUpdate converts a Postgres row into the cache update that mirrors it.
-func CacheUpdate(k outbox.Key) cache.Update {
-	return cache.Update{
-		Scope: k.Scope, Key: k.Key, Version: k.Version,
-		State: cache.State(k.Status), Fingerprint: k.Fingerprint, TTL: k.ExpiresIn,
-		Owner: k.Owner, LeaseRemaining: k.LeaseRemaining,
-		Response: cache.Response{Status: k.Response.Status, ContentType: k.Response.ContentType, Body: k.Response.Body},
-	}
 }

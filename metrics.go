@@ -2,6 +2,8 @@ package onceonly
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceonly/onceonly/internal/promutil"
 )
 
 // Outcome labels of onceonly_requests_total.
@@ -43,13 +45,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Redis calls that failed or timed out; the engine carried on from Postgres.",
 		}, []string{"op"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.redisFallback} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
+	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceonly/onceonly/cache"
 )
 
 // NotifyChannel is the LISTEN/NOTIFY channel woken by every outbox write.
@@ -61,24 +63,34 @@ type Key struct {
 	// Owner and LeaseRemaining are set while the key is in progress.
 	Owner          [16]byte
 	LeaseRemaining time.Duration
-	// Response is set once the key is completed.
-	Response Response
+	// Response is set once the key is completed. BodyOmitted means the
+	// reader skipped a body larger than the cache keeps (Response.Body is
+	// nil then).
+	Response    Response
+	BodyOmitted bool
 	// ExpiresIn is the time left until the row may be deleted.
 	ExpiresIn time.Duration
 }
 
 // keyColumns is the projection scanned by scanKey, over a row aliased k.
-const keyColumns = `k.scope, k.key, k.status, k.version, k.fingerprint,
+var keyColumns = projection(`k.response_body`, `false`)
+
+// projection returns the columns scanned by scanKey, with body and
+// bodyOmitted as the expressions of the response body and of whether it was
+// left out.
+func projection(body, bodyOmitted string) string {
+	return `k.scope, k.key, k.status, k.version, k.fingerprint,
 	coalesce(k.owner, '00000000-0000-0000-0000-000000000000'::uuid),
 	coalesce((extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint, 0),
-	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), k.response_body,
+	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), ` + body + `, ` + bodyOmitted + `,
 	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint`
+}
 
 func scanKey(row pgx.Row, extra ...any) (Key, error) {
 	var k Key
 	var leaseMs, expiresMs int64
 	dest := append([]any{&k.Scope, &k.Key, &k.Status, &k.Version, &k.Fingerprint, &k.Owner,
-		&leaseMs, &k.Response.Status, &k.Response.ContentType, &k.Response.Body, &expiresMs}, extra...)
+		&leaseMs, &k.Response.Status, &k.Response.ContentType, &k.Response.Body, &k.BodyOmitted, &expiresMs}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Key{}, err
 	}
@@ -123,7 +135,7 @@ type ClaimResult struct {
 // claimSQL inserts the key, or takes it over when it failed, its lease ran
 // out, or the row is past its expiry (a new lifecycle that keeps counting
 // versions). A takeover needs the same fingerprint unless the row expired.
-const claimSQL = `
+var claimSQL = `
 WITH claimed AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
@@ -179,7 +191,7 @@ func (s *Store) Get(ctx context.Context, db DB, scope, key string) (Key, bool, e
 }
 
 // finishSQL moves an in_progress key held by owner ($3) to a final status.
-const finishSQL = `
+var finishSQL = `
 WITH done AS (
 	UPDATE idempotency_keys AS k SET
 		status = $4, version = k.version + 1, owner = NULL, lease_expires_at = NULL,
@@ -236,4 +248,15 @@ func (s *Store) Heartbeat(ctx context.Context, db DB, scope, key string, owner [
 		return ErrLeaseLost
 	}
 	return nil
+}
+
+// CacheUpdate returns the cache update that mirrors the row.
+func (k Key) CacheUpdate() cache.Update {
+	return cache.Update{
+		Scope: k.Scope, Key: k.Key, Version: k.Version,
+		State: cache.State(k.Status), Fingerprint: k.Fingerprint, TTL: k.ExpiresIn,
+		Owner: k.Owner, LeaseRemaining: k.LeaseRemaining,
+		Response:    cache.Response{Status: k.Response.Status, ContentType: k.Response.ContentType, Body: k.Response.Body},
+		BodyOmitted: k.BodyOmitted,
+	}
 }

@@ -1,0 +1,145 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Event is one outbox row: the key (Scope, Key) reached Version.
+type Event struct {
+	ID         int64
+	Scope, Key string
+	Version    int64
+	// CreatedAt is when the transition was written (Postgres clock).
+	CreatedAt time.Time
+	// Attempts counts earlier deliveries that failed.
+	Attempts int
+}
+
+// Ref names an idempotency key.
+type Ref struct{ Scope, Key string }
+
+// Ref returns the key the event is about.
+func (e Event) Ref() Ref { return Ref{e.Scope, e.Key} }
+
+// takeEventsSQL deletes the oldest unparked events that no other transaction
+// holds. The ids are materialized first so the LIMIT and the row locks apply
+// once, whatever plan the DELETE gets.
+const takeEventsSQL = `
+WITH ids AS MATERIALIZED (
+	SELECT id FROM outbox WHERE parked_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox o USING ids WHERE o.id = ids.id
+RETURNING o.id, o.scope, o.key, o.version, o.created_at, o.attempts`
+
+// TakeEvents deletes up to limit unparked events, oldest first, skipping
+// rows other transactions hold, and returns them ordered by id. The deletes
+// belong to tx: the caller commits only once the events are delivered, and a
+// rollback (or a crash) puts them back for the next relay. Any number of
+// relays may take events at once; none gets another's.
+func (s *Store) TakeEvents(ctx context.Context, tx DB, limit int) ([]Event, error) {
+	rows, err := tx.Query(ctx, takeEventsSQL, limit)
+	if err != nil {
+		return nil, fmt.Errorf("take outbox events: %w", err)
+	}
+	defer rows.Close()
+	events := make([]Event, 0, limit)
+	for rows.Next() {
+		var e Event
+		if err := rows.Scan(&e.ID, &e.Scope, &e.Key, &e.Version, &e.CreatedAt, &e.Attempts); err != nil {
+			return nil, fmt.Errorf("take outbox events: %w", err)
+		}
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("take outbox events: %w", err)
+	}
+	slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.ID, b.ID) })
+	return events, nil
+}
+
+// CurrentKeys reads the current row of every key in refs. Bodies longer
+// than maxBody bytes are not read (Key.BodyOmitted). A key missing from the
+// result is gone from Postgres.
+func (s *Store) CurrentKeys(ctx context.Context, db DB, refs []Ref, maxBody int) (map[Ref]Key, error) {
+	scopes := make([]string, len(refs))
+	keys := make([]string, len(refs))
+	for i, r := range refs {
+		scopes[i], keys[i] = r.Scope, r.Key
+	}
+	query := `SELECT ` + projection(
+		`CASE WHEN octet_length(k.response_body) <= $3 THEN k.response_body END`,
+		`coalesce(octet_length(k.response_body) > $3, false)`) + `
+		FROM unnest($1::text[], $2::text[]) AS r(scope, key)
+		JOIN idempotency_keys k ON k.scope = r.scope AND k.key = r.key`
+	rows, err := db.Query(ctx, query, scopes, keys, maxBody)
+	if err != nil {
+		return nil, fmt.Errorf("read current keys: %w", err)
+	}
+	defer rows.Close()
+	current := make(map[Ref]Key, len(refs))
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("read current keys: %w", err)
+		}
+		current[Ref{k.Scope, k.Key}] = k
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read current keys: %w", err)
+	}
+	return current, nil
+}
+
+// FailedEvent is an event whose delivery failed, with the reason.
+type FailedEvent struct {
+	Event
+	Err error
+}
+
+// Requeue writes back events taken by TakeEvents that could not be
+// delivered, one attempt more, behind everything pending so they never
+// block the rest. An event that reaches maxAttempts is parked: the relay no
+// longer takes it, and last_error says why. It returns how many it parked.
+func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAttempts int) (parked int, err error) {
+	if len(failed) == 0 {
+		return 0, nil
+	}
+	n := len(failed)
+	scopes, keys, errs := make([]string, n), make([]string, n), make([]string, n)
+	versions, attempts := make([]int64, n), make([]int32, n)
+	created := make([]time.Time, n)
+	for i, f := range failed {
+		scopes[i], keys[i], versions[i], created[i] = f.Scope, f.Key, f.Version, f.CreatedAt
+		attempts[i] = int32(f.Attempts + 1)
+		errs[i] = f.Err.Error()
+		if f.Attempts+1 >= maxAttempts {
+			parked++
+		}
+	}
+	_, err = db.Exec(ctx, `
+		INSERT INTO outbox (scope, key, version, created_at, attempts, last_error, parked_at)
+		SELECT scope, key, version, created_at, attempts, last_error,
+			CASE WHEN attempts >= $7 THEN clock_timestamp() END
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::int[], $6::text[])
+			AS f(scope, key, version, created_at, attempts, last_error)`,
+		scopes, keys, versions, created, attempts, errs, maxAttempts)
+	if err != nil {
+		return 0, fmt.Errorf("requeue outbox events: %w", err)
+	}
+	return parked, nil
+}
+
+// CountEvents returns the number of events waiting for delivery and of
+// parked ones.
+func (s *Store) CountEvents(ctx context.Context, db DB) (pending, parked int64, err error) {
+	err = db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE parked_at IS NULL),
+		count(*) FILTER (WHERE parked_at IS NOT NULL) FROM outbox`).Scan(&pending, &parked)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count outbox events: %w", err)
+	}
+	return pending, parked, nil
+}

@@ -1,0 +1,450 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+type bundle struct {
+	ctx   context.Context
+	pool  *pgxpool.Pool
+	rdb   redis.UniversalClient
+	cache *cache.Cache
+	store *outbox.Store
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	return setupWith(t, rdb, prefix)
+}
+
+func setupWith(t *testing.T, rdb redis.UniversalClient, prefix string) *bundle {
+	t.Helper()
+	return &bundle{
+		ctx:   testenv.Context(t),
+		pool:  testenv.DB(t),
+		rdb:   rdb,
+		cache: cache.New(rdb, cache.Options{Prefix: prefix}),
+		store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
+	}
+}
+
+func (b *bundle) relay(t *testing.T, cfg Config) *Relay {
+	t.Helper()
+	cfg.Pool, cfg.Cache = b.pool, b.cache
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	r, err := New(cfg)
+	require.NoError(t, err)
+	return r
+}
+
+// run starts r.Run and stops it when the test ends, failing the test if
+// it does not stop within 10s.
+func run(t *testing.T, ctx context.Context, r *Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Error("relay did not stop within 10s")
+		}
+	})
+}
+
+var owner = [16]byte{7}
+
+// complete runs a key through claim and complete (two events).
+func (b *bundle) complete(t *testing.T, scope, key, body string) {
+	t.Helper()
+	_, err := b.store.Claim(b.ctx, b.pool, scope, key, "v1:fp", owner, time.Minute)
+	require.NoError(t, err)
+	_, err = b.store.Complete(b.ctx, b.pool, scope, key, owner, outbox.Response{Status: 201, Body: []byte(body)})
+	require.NoError(t, err)
+}
+
+// churn moves a key one transition on: claim it (failed or new) or finish it.
+func (b *bundle) churn(ctx context.Context, scope, key string) error {
+	k, found, err := b.store.Get(ctx, b.pool, scope, key)
+	if err != nil {
+		return err
+	}
+	if !found || k.Status == outbox.StatusFailed {
+		_, err = b.store.Claim(ctx, b.pool, scope, key, "v1:fp", owner, time.Minute)
+		return err
+	}
+	if k.Status == outbox.StatusInProgress {
+		// Another writer may have failed it first.
+		if _, err = b.store.Fail(ctx, b.pool, scope, key, owner); errors.Is(err, outbox.ErrLeaseLost) {
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+func (b *bundle) outboxLen(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+	return n
+}
+
+// requireConverged checks that Redis holds every Postgres key at its state
+// and version.
+func (b *bundle) requireConverged(t *testing.T) {
+	t.Helper()
+	b.requireConvergedLike(t, "%")
+}
+
+// requireConvergedLike checks the keys that match the SQL LIKE pattern.
+func (b *bundle) requireConvergedLike(t *testing.T, pattern string) {
+	t.Helper()
+	for _, d := range b.drift(t, pattern) {
+		t.Error(d)
+	}
+}
+
+func (b *bundle) drift(t *testing.T, pattern string) []string {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT scope, key, status, version FROM idempotency_keys WHERE key LIKE $1 ORDER BY 1, 2`, pattern)
+	require.NoError(t, err)
+	defer rows.Close()
+	var drift []string
+	for rows.Next() {
+		var scope, key, status string
+		var version int64
+		require.NoError(t, rows.Scan(&scope, &key, &status, &version))
+		e, found, err := b.cache.Read(b.ctx, scope, key)
+		require.NoError(t, err)
+		if !found || string(e.State) != status || e.Version != version {
+			drift = append(drift, fmt.Sprintf("%s:%s: Postgres %s v%d, Redis %s v%d (found %v)",
+				scope, key, status, version, e.State, e.Version, found))
+		}
+	}
+	require.NoError(t, rows.Err())
+	return drift
+}
+
+func TestDrainDeliversCurrentState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 20 {
+		b.complete(t, "s", fmt.Sprintf("k%d", i), `{"ok":true}`)
+	}
+	large := strings.Repeat("x", cache.DefaultMaxBody+1)
+	b.complete(t, "s", "large", large)
+	_, err := b.store.Claim(b.ctx, b.pool, "s", "running", "v1:fp", owner, time.Minute)
+	require.NoError(t, err)
+	// An event whose key is gone from Postgres deletes the Redis copy.
+	_, err = b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "gone", Version: 1, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s', 'gone', 2)`)
+	require.NoError(t, err)
+
+	r := b.relay(t, Config{BatchSize: 7})
+	n, err := r.Drain(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2*21+1+1, n)
+	require.Zero(t, b.outboxLen(t))
+	b.requireConverged(t)
+
+	e, _, err := b.cache.Read(b.ctx, "s", "k3")
+	require.NoError(t, err)
+	require.Equal(t, `{"ok":true}`, string(e.Response.Body))
+	e, _, err = b.cache.Read(b.ctx, "s", "large")
+	require.NoError(t, err)
+	require.True(t, e.BodyInPostgres, "a large body stays in Postgres")
+	e, _, err = b.cache.Read(b.ctx, "s", "running")
+	require.NoError(t, err)
+	require.Equal(t, cache.StateInProgress, e.State)
+	require.Equal(t, owner, e.Owner)
+	_, found, err := b.cache.Read(b.ctx, "s", "gone")
+	require.NoError(t, err)
+	require.False(t, found, "a key deleted from Postgres is deleted from Redis")
+
+	n, err = r.Drain(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.complete(t, "s", "k", "{}") // Postgres at version 2
+	// Redis already holds a newer version than any pending event.
+	_, err := b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 9, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+	require.NoError(t, err)
+	// The same events again, out of order.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s','k',2), ('s','k',1), ('s','k',2)`)
+	require.NoError(t, err)
+	r := b.relay(t, Config{BatchSize: 2})
+	_, err = r.Drain(b.ctx)
+	require.NoError(t, err)
+	e, _, err := b.cache.Read(b.ctx, "s", "k")
+	require.NoError(t, err)
+	require.EqualValues(t, 9, e.Version)
+	require.Equal(t, cache.StateFailed, e.State)
+	require.Zero(t, b.outboxLen(t))
+}
+
+// TestRelaysUnderChurnNeverRegress runs two relays while writers move a few
+// hot keys through transitions and a watcher checks that no key's version
+// in Redis ever goes down; at the end Redis equals Postgres.
+func TestRelaysUnderChurnNeverRegress(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, r := range []*Relay{b.relay(t, Config{BatchSize: 3}), b.relay(t, Config{BatchSize: 5})} {
+		run(t, b.ctx, r)
+	}
+	const keys = 8
+	ctx, stop := context.WithTimeout(b.ctx, 2*time.Second)
+	defer stop()
+	var wg sync.WaitGroup
+	var writes atomic.Int64
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if err := b.churn(ctx, "s", fmt.Sprintf("hot%d", (w+rand.IntN(keys))%keys)); err != nil && ctx.Err() == nil {
+					t.Error(err)
+					return
+				}
+				writes.Add(1)
+			}
+		}()
+	}
+	seen := map[string]int64{}
+	for ctx.Err() == nil {
+		for i := range keys {
+			key := fmt.Sprintf("hot%d", i)
+			e, found, err := b.cache.Read(b.ctx, "s", key)
+			require.NoError(t, err)
+			if found {
+				require.GreaterOrEqual(t, e.Version, seen[key], "version of %s went down", key)
+				seen[key] = e.Version
+			}
+		}
+	}
+	wg.Wait()
+	require.Greater(t, writes.Load(), int64(50))
+	testenv.Eventually(t, 10*time.Second, "outbox drained", func() bool { return b.outboxLen(t) == 0 })
+	b.requireConverged(t)
+}
+
+func TestTwoRelaysDeliverEveryEventOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const keys = 1000
+	_, err := b.pool.Exec(b.ctx, `
+		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
+		SELECT 's', 'k' || i, 'completed', 3, 'v1:fp', 201, '{}', now() + interval '1 hour' FROM generate_series(1, $1) i`, keys)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version)
+		SELECT 's', 'k' || i, v FROM generate_series(1, $1) i, generate_series(1, 3) v ORDER BY random()`, keys)
+	require.NoError(t, err)
+
+	relays := []*Relay{b.relay(t, Config{BatchSize: 50}), b.relay(t, Config{BatchSize: 50})}
+	counts := make([]int, len(relays))
+	var wg sync.WaitGroup
+	for i, r := range relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := r.Drain(b.ctx)
+			require.NoError(t, err)
+			counts[i] = n
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 3*keys, counts[0]+counts[1], "every event published exactly once")
+	require.Zero(t, b.outboxLen(t))
+	b.requireConverged(t)
+	for i, r := range relays {
+		require.EqualValues(t, counts[i], testutil.ToFloat64(r.metrics.published))
+	}
+}
+
+func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewRedisServer(t)
+	b := setupWith(t, testenv.RedisClient(t, srv.URL()), "r:")
+	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond})
+	run(t, b.ctx, r)
+
+	for i := range 20 {
+		b.complete(t, "s", fmt.Sprintf("before%d", i), "{}")
+	}
+	testenv.Eventually(t, 10*time.Second, "first events delivered", func() bool { return b.outboxLen(t) == 0 })
+
+	srv.Stop()
+	for i := range 20 {
+		b.complete(t, "s", fmt.Sprintf("during%d", i), "{}")
+	}
+	testenv.Eventually(t, 10*time.Second, "a failed push", func() bool {
+		return testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageRedis)) > 0
+	})
+	require.Equal(t, 40, b.outboxLen(t), "events wait in Postgres while Redis is down")
+
+	srv.Start()
+	testenv.Eventually(t, 15*time.Second, "backlog drained after Redis returned", func() bool { return b.outboxLen(t) == 0 })
+	// The restarted Redis lost the earlier keys (repairing that is the
+	// reconciler's job); every event written while it was down arrived.
+	b.requireConvergedLike(t, "during%")
+}
+
+func TestCrashAfterPushBeforeDeleteIsHarmless(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 10 {
+		b.complete(t, "s", fmt.Sprintf("k%d", i), "{}")
+	}
+	r := b.relay(t, Config{})
+	crash := errors.New("killed after the Redis push")
+	r.afterPush = func() error { return crash }
+	_, err := r.Drain(b.ctx)
+	require.ErrorIs(t, err, crash)
+	require.Equal(t, 20, b.outboxLen(t), "the events are still in the outbox")
+	b.requireConverged(t) // Redis got them before the crash
+
+	r.afterPush = nil
+	n, err := r.Drain(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 20, n)
+	require.Zero(t, b.outboxLen(t))
+	b.requireConverged(t)
+}
+
+func TestLostNotificationIsCoveredByThePoll(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.relay(t, Config{PollInterval: 100 * time.Millisecond})
+	run(t, b.ctx, r)
+	// A transition written without its NOTIFY, as if the notification was lost.
+	_, err := b.pool.Exec(b.ctx, `
+		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, expires_at)
+			VALUES ('s', 'quiet', 'failed', 1, 'v1:fp', now() + interval '1 hour');
+		INSERT INTO outbox (scope, key, version) VALUES ('s', 'quiet', 1)`)
+	require.NoError(t, err)
+	testenv.Eventually(t, 5*time.Second, "the poll delivers the event", func() bool { return b.outboxLen(t) == 0 })
+	b.requireConverged(t)
+}
+
+// TestNotificationWakesTheRelayAfterReconnect uses a poll interval far
+// longer than the test, so only notifications can deliver; it kills the
+// relay's LISTEN connection and checks the relay listens again.
+func TestNotificationWakesTheRelayAfterReconnect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.relay(t, Config{PollInterval: time.Hour})
+	run(t, b.ctx, r)
+	time.Sleep(100 * time.Millisecond) // the first wake-up after LISTEN passes
+
+	b.complete(t, "s", "first", "{}")
+	testenv.Eventually(t, 5*time.Second, "notified delivery", func() bool { return b.outboxLen(t) == 0 })
+
+	var killed int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&killed))
+	require.Equal(t, 1, killed)
+	testenv.Eventually(t, 5*time.Second, "relay reconnected", func() bool {
+		return testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageListen)) >= 1
+	})
+	// Keep writing until a notification gets through the new connection.
+	testenv.Eventually(t, 10*time.Second, "notified delivery after reconnect", func() bool {
+		b.complete(t, "s", "after"+testenv.RandomSuffix(6), "{}")
+		time.Sleep(50 * time.Millisecond)
+		return b.outboxLen(t) == 0
+	})
+	b.requireConverged(t)
+}
+
+func TestPoisonEventIsParkedAndDoesNotBlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// A row the cache cannot encode: a response status out of range.
+	_, err := b.pool.Exec(b.ctx, `
+		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
+			VALUES ('s', 'poison', 'completed', 2, 'v1:fp', 1000, '{}', now() + interval '1 hour');
+		INSERT INTO outbox (scope, key, version) VALUES ('s', 'poison', 2)`)
+	require.NoError(t, err)
+	for i := range 5 {
+		b.complete(t, "s", fmt.Sprintf("k%d", i), "{}")
+	}
+	r := b.relay(t, Config{MaxAttempts: 3})
+	n, err := r.Drain(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+
+	var attempts int
+	var lastError string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT attempts, last_error FROM outbox WHERE key = 'poison' AND parked_at IS NOT NULL`).
+		Scan(&attempts, &lastError))
+	require.Equal(t, 3, attempts)
+	require.Contains(t, lastError, "out of range")
+	require.Equal(t, 1, b.outboxLen(t))
+	require.EqualValues(t, 1, testutil.ToFloat64(r.metrics.parked))
+	require.EqualValues(t, 3, testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageEvent)))
+
+	n, err = r.Drain(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a parked event is not taken again")
+}
+
+func TestShutdownLeavesNoEventBehind(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.relay(t, Config{BatchSize: 10})
+	ctx, cancel := context.WithCancel(b.ctx)
+	entered := make(chan struct{})
+	var once sync.Once
+	r.afterPush = func() error {
+		once.Do(func() { close(entered); cancel() }) // SIGTERM while a batch is in flight
+		return nil
+	}
+	for i := range 50 {
+		b.complete(t, "s", fmt.Sprintf("k%d", i), "{}")
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-entered
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay did not stop")
+	}
+	// The batch in flight committed; nothing else was taken.
+	require.Equal(t, 90, b.outboxLen(t))
+	require.EqualValues(t, 10, testutil.ToFloat64(r.metrics.published))
+}
