@@ -4,11 +4,8 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -18,7 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
 	"github.com/onceonly/onceonly/migrations"
@@ -33,20 +29,15 @@ func main() {
 
 // settings is the api's configuration.
 type settings struct {
-	databaseURL, redisURL, redisClusterURL, redisPrefix, httpAddr, apiKeys, logLevel, logFormat *string
-	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay                     *time.Duration
+	*daemon.Common
+	apiKeys                                                                 *string
+	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay *time.Duration
 }
 
 func define(s *config.Set) *settings {
 	return &settings{
-		databaseURL:      s.String("database-url", "DATABASE_URL", "", "Postgres URL (required)"),
-		redisURL:         s.String("redis-url", "REDIS_URL", "", "Redis URL, redis:// or rediss://; unset with no cluster URL: Postgres only"),
-		redisClusterURL:  s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster URL (go-redis form)"),
-		redisPrefix:      s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
-		httpAddr:         s.String("http-addr", "HTTP_ADDR", ":8080", "listen address of the API, /healthz, /readyz and /metrics"),
+		Common:           daemon.DefineCommon(s, ":8080", "Redis URL, redis:// or rediss://; unset with no cluster URL: Postgres only"),
 		apiKeys:          s.String("api-keys", "API_KEYS", "", "API keys as key=merchant,... (unset: "+demoAPIKeys+", with a warning)"),
-		logLevel:         s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
-		logFormat:        s.String("log-format", "LOG_FORMAT", "json", "json or text"),
 		leaseTimeout:     s.Duration("lease-timeout", "LEASE_TIMEOUT", onceonly.DefaultLeaseTimeout, "how long a claim holds a key without a heartbeat"),
 		completedTTL:     s.Duration("completed-ttl", "COMPLETED_TTL", onceonly.DefaultCompletedTTL, "how long completed keys are kept"),
 		failedTTL:        s.Duration("failed-ttl", "FAILED_TTL", onceonly.DefaultFailedTTL, "how long failed keys are kept"),
@@ -74,27 +65,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		migrateCmd, args = args[0], args[1:]
 	}
 	s := define(set)
-	if err := set.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "api:", err)
-		return 2
+	if code, ok := daemon.ParseArgs(set, "api", args, stderr); !ok {
+		return code
 	}
-	if len(set.Args()) > 0 {
-		fmt.Fprintf(stderr, "api: unexpected argument %q\n", set.Args()[0])
-		return 2
-	}
-	if err := set.Require(map[string]*string{"database-url": s.databaseURL}); err != nil {
-		fmt.Fprintln(stderr, "api:", err)
-		return 2
-	}
-	log, err := daemon.Logger(stderr, *s.logLevel, *s.logFormat)
-	if err != nil {
-		fmt.Fprintln(stderr, "api:", err)
-		return 2
-	}
-	pgCfg, err := daemon.ParsePostgres(*s.databaseURL)
+	setup, err := s.Validate(stderr, set, false)
 	if err != nil {
 		fmt.Fprintln(stderr, "api:", err)
 		return 2
@@ -108,26 +82,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "api:", err)
 			return 2
 		}
-		if err := serve(ctx, s, deps, pgCfg, log); err != nil {
+		if err := serve(ctx, s, deps, setup); err != nil {
 			fmt.Fprintln(stderr, "api:", err)
 			return 1
 		}
 		return 0
 	}
-	{
-		if err := migrate(ctx, pgCfg, migrateCmd, stdout); err != nil {
-			fmt.Fprintln(stderr, "api migrate:", err)
-			return 1
-		}
-		return 0
+	if err := migrate(ctx, setup.Postgres, migrateCmd, stdout); err != nil {
+		fmt.Fprintln(stderr, "api migrate:", err)
+		return 1
 	}
+	return 0
 }
 
-// validated is the configuration that needs more than a flag parse.
+// validated is the api's own configuration that needs more than a flag
+// parse.
 type validated struct {
-	apiKeys   map[string]string
-	demoKeys  bool
-	redisOpts *redis.UniversalOptions // nil: Postgres only
+	apiKeys  map[string]string
+	demoKeys bool
 }
 
 func validate(s *settings) (validated, error) {
@@ -141,11 +113,6 @@ func validate(s *settings) (validated, error) {
 		return v, err
 	}
 	v.apiKeys = keys
-	if *s.redisURL != "" || *s.redisClusterURL != "" {
-		if v.redisOpts, err = daemon.RedisOptions(*s.redisURL, *s.redisClusterURL); err != nil {
-			return v, err
-		}
-	}
 	return v, nil
 }
 
@@ -217,13 +184,14 @@ func parseAPIKeys(raw string) (map[string]string, error) {
 	return keys, nil
 }
 
-func serve(ctx context.Context, s *settings, v validated, pgCfg *pgxpool.Config, log *slog.Logger) error {
+func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) error {
+	log, pgCfg := setup.Log, setup.Postgres
 	if v.demoKeys {
 		log.Warn("API_KEYS is unset: accepting the demo key only", "api_key", "sk_test_demo", "merchant", "acct_demo")
 	}
 	var rdb redis.UniversalClient
-	if v.redisOpts != nil {
-		rdb = redis.NewUniversalClient(v.redisOpts)
+	if setup.Redis != nil {
+		rdb = redis.NewUniversalClient(setup.Redis)
 		defer rdb.Close()
 	} else {
 		log.Warn("REDIS_URL is unset: serving from Postgres alone")
@@ -237,7 +205,7 @@ func serve(ctx context.Context, s *settings, v validated, pgCfg *pgxpool.Config,
 
 	reg := daemon.Registry()
 	engine, err := onceonly.New(onceonly.Config{
-		Pool: pool, Redis: rdb, RedisPrefix: *s.redisPrefix,
+		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix,
 		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
 		Logger: log, Registerer: reg,
 	})
@@ -255,12 +223,12 @@ func serve(ctx context.Context, s *settings, v validated, pgCfg *pgxpool.Config,
 		GatewayLatency: *s.gatewayLatency, SlowGatewayDelay: *s.slowGatewayDelay, Logger: log,
 	}))
 	srv := &http.Server{
-		Addr:              *s.httpAddr,
+		Addr:              *s.HTTPAddr,
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	log.Info("api listening", "addr", *s.httpAddr, "redis", rdb != nil)
+	log.Info("api listening", "addr", *s.HTTPAddr, "redis", rdb != nil)
 	return daemon.Serve(ctx, srv, log, 9*time.Second)
 }

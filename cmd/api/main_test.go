@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,12 +19,7 @@ import (
 
 func runAPI(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	for k, v := range env {
-		t.Setenv(k, v)
-	}
-	var out, errOut bytes.Buffer
-	code = run(args, &out, &errOut)
-	return code, out.String(), errOut.String()
+	return testenv.RunMain(t, run, env, args...)
 }
 
 func TestBadConfiguration(t *testing.T) {
@@ -48,15 +41,8 @@ func TestBadConfiguration(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.want, func(t *testing.T) {
-			for _, k := range []string{"REDIS_URL", "REDIS_CLUSTER_URL", "API_KEYS", "LEASE_TIMEOUT", "LOG_LEVEL"} {
-				t.Setenv(k, "")
-				os.Unsetenv(k)
-			}
 			code, stdout, stderr := runAPI(t, tc.env, tc.args...)
-			require.NotZero(t, code)
-			require.Empty(t, stdout)
-			require.Contains(t, stderr, tc.want)
-			require.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "one line: %s", stderr)
+			testenv.RequireOneLineError(t, code, stdout, stderr, tc.want)
 		})
 	}
 }
@@ -92,16 +78,9 @@ func TestMigrateAndSchemaCheck(t *testing.T) {
 // TestGracefulShutdown: SIGTERM during a request lets it finish, leaves no
 // key claimed, and the process exits 0 well within 10 s.
 func TestGracefulShutdown(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "api")
-	build := exec.Command("go", "build", "-race", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run())
-
+	bin := testenv.BuildBinary(t, ".")
 	dbURL := testenv.DatabaseURL(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	l.Close()
+	addr := testenv.FreeAddr(t)
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
 		"REDIS_PREFIX=shutdown"+testenv.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "SLOW_GATEWAY_DELAY=1s", "LOG_FORMAT=text")
@@ -109,14 +88,7 @@ func TestGracefulShutdown(t *testing.T) {
 	cmd.Stderr = &logs
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	testenv.Eventually(t, 10*time.Second, "api ready", func() bool {
-		res, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == 200
-	})
+	testenv.WaitReady(t, addr)
 
 	type result struct {
 		status int

@@ -6,6 +6,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +24,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/logging"
 
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/migrations"
 )
 
@@ -165,4 +168,90 @@ func init() {
 	// go-redis logs dial failures through the standard log package, outside
 	// slog; the daemons count and log Redis failures themselves.
 	logging.Disable()
+}
+
+// Common is the configuration every daemon shares.
+type Common struct {
+	DatabaseURL, RedisURL, RedisClusterURL, RedisPrefix, HTTPAddr, LogLevel, LogFormat *string
+}
+
+// DefineCommon defines the shared settings on s; httpAddr is the daemon's
+// default listen address.
+func DefineCommon(s *config.Set, httpAddr, redisURLText string) *Common {
+	return &Common{
+		DatabaseURL:     s.String("database-url", "DATABASE_URL", "", "Postgres URL (required)"),
+		RedisURL:        s.String("redis-url", "REDIS_URL", "", redisURLText),
+		RedisClusterURL: s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster URL (go-redis form)"),
+		RedisPrefix:     s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
+		HTTPAddr:        s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics"),
+		LogLevel:        s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
+		LogFormat:       s.String("log-format", "LOG_FORMAT", "json", "json or text"),
+	}
+}
+
+// Setup is the shared configuration, validated.
+type Setup struct {
+	Log      *slog.Logger
+	Postgres *pgxpool.Config
+	// Redis is nil when neither REDIS_URL nor REDIS_CLUSTER_URL is set.
+	Redis *redis.UniversalOptions
+}
+
+// Validate checks the shared settings without connecting anywhere; logs go
+// to stderr.
+func (c *Common) Validate(stderr io.Writer, set *config.Set, redisRequired bool) (Setup, error) {
+	if err := set.Require(map[string]*string{"database-url": c.DatabaseURL}); err != nil {
+		return Setup{}, err
+	}
+	var s Setup
+	var err error
+	if s.Log, err = Logger(stderr, *c.LogLevel, *c.LogFormat); err != nil {
+		return Setup{}, err
+	}
+	if s.Postgres, err = ParsePostgres(*c.DatabaseURL); err != nil {
+		return Setup{}, err
+	}
+	if redisRequired || *c.RedisURL != "" || *c.RedisClusterURL != "" {
+		if s.Redis, err = RedisOptions(*c.RedisURL, *c.RedisClusterURL); err != nil {
+			return Setup{}, err
+		}
+	}
+	return s, nil
+}
+
+// ParseArgs parses args on set and reports how to go on: ok false means
+// return code (0 after -h).
+func ParseArgs(set *config.Set, command string, args []string, stderr io.Writer) (code int, ok bool) {
+	if err := set.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		fmt.Fprintf(stderr, "%s: %v\n", command, err)
+		return 2, false
+	}
+	if len(set.Args()) > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", command, set.Args()[0])
+		return 2, false
+	}
+	return 0, true
+}
+
+// RunWithOps runs work and the ops server srv side by side until ctx ends.
+// When ctx ends, work is expected to return (finishing what it holds) and
+// the server shuts down gracefully. If the server cannot listen, work is
+// stopped and the error returned.
+func RunWithOps(ctx context.Context, srv *http.Server, log *slog.Logger, work func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	serveErr := make(chan error, 1)
+	go func() {
+		serveErr <- Serve(ctx, srv, log, 5*time.Second)
+		cancel()
+	}()
+	workErr := work(ctx)
+	cancel()
+	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return workErr
 }

@@ -1,0 +1,112 @@
+// Command relay carries outbox events from Postgres to the Redis cache.
+//
+//	relay            run until SIGTERM, serving /healthz, /readyz, /metrics
+//	relay --once     drain what is pending, print {"published":N,"duration_ms":N}, exit
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/config"
+	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/relay"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// settings is the relay's configuration.
+type settings struct {
+	*daemon.Common
+	batch, maxAttempts *int
+	pollInterval       *time.Duration
+	once               *bool
+}
+
+func define(s *config.Set) *settings {
+	return &settings{
+		Common:       daemon.DefineCommon(s, ":8081", "Redis URL, redis:// or rediss:// (this or REDIS_CLUSTER_URL is required)"),
+		batch:        s.Int("batch", "RELAY_BATCH", relay.DefaultBatchSize, "most events per batch"),
+		maxAttempts:  s.Int("max-attempts", "RELAY_MAX_ATTEMPTS", relay.DefaultMaxAttempts, "attempts before an event that cannot be applied is parked"),
+		pollInterval: s.Duration("poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, "how often to look for events without a notification"),
+		once:         s.FlagSet().Bool("once", false, "drain what is pending, print a JSON summary on stdout and exit"),
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	set := config.NewSet("relay", stderr)
+	set.FlagSet().Usage = func() {
+		fmt.Fprintln(set.FlagSet().Output(), "usage: relay [--once] [flags]\n\nflags:")
+		set.FlagSet().PrintDefaults()
+	}
+	s := define(set)
+	if code, ok := daemon.ParseArgs(set, "relay", args, stderr); !ok {
+		return code
+	}
+	setup, err := s.Validate(stderr, set, true)
+	if err != nil {
+		fmt.Fprintln(stderr, "relay:", err)
+		return 2
+	}
+	if *s.pollInterval <= 0 {
+		fmt.Fprintln(stderr, "relay: bad configuration: RELAY_POLL_INTERVAL must be positive")
+		return 2
+	}
+	ctx, stop := daemon.SignalContext()
+	defer stop()
+	if err := start(ctx, s, setup, stdout); err != nil {
+		fmt.Fprintln(stderr, "relay:", err)
+		return 1
+	}
+	return 0
+}
+
+func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Writer) error {
+	log := setup.Log
+	rdb := redis.NewUniversalClient(setup.Redis)
+	defer rdb.Close()
+	pool, err := daemon.OpenPostgres(ctx, setup.Postgres)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	reg := daemon.Registry()
+	r, err := relay.New(relay.Config{
+		Pool: pool, Cache: cache.New(rdb, cache.Options{Prefix: *s.RedisPrefix}),
+		BatchSize: *s.batch, PollInterval: *s.pollInterval, MaxAttempts: *s.maxAttempts,
+		Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	if *s.once {
+		began := time.Now()
+		n, err := r.Drain(ctx)
+		if err != nil {
+			return fmt.Errorf("drain: %w (published %d before the failure)", err, n)
+		}
+		return json.NewEncoder(stdout).Encode(map[string]int64{
+			"published": int64(n), "duration_ms": time.Since(began).Milliseconds(),
+		})
+	}
+
+	mux := http.NewServeMux()
+	daemon.OpsHandler(mux, reg, map[string]daemon.Check{
+		"postgres": pool.Ping,
+		"redis":    func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+	})
+	srv := &http.Server{Addr: *s.HTTPAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "poll_interval", s.pollInterval.String())
+	return daemon.RunWithOps(ctx, srv, log, r.Run)
+}

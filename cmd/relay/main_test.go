@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+func TestBadConfiguration(t *testing.T) {
+	db := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
+	with := func(k, v string) map[string]string {
+		env := map[string]string{k: v}
+		for dk, dv := range db {
+			if dk != k {
+				env[dk] = dv
+			}
+		}
+		return env
+	}
+	cases := []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{with("DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
+		{with("REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{with("REDIS_URL", "http://x"), nil, "REDIS_URL"},
+		{with("RELAY_BATCH", "0"), nil, `RELAY_BATCH="0": must be a positive integer`},
+		{with("RELAY_POLL_INTERVAL", "soon"), nil, `RELAY_POLL_INTERVAL="soon": not a duration`},
+		{with("RELAY_POLL_INTERVAL", "0s"), nil, "RELAY_POLL_INTERVAL must be positive"},
+		{with("RELAY_MAX_ATTEMPTS", "-3"), nil, "RELAY_MAX_ATTEMPTS"},
+		{db, []string{"--nope"}, "flag provided but not defined"},
+		{db, []string{"now"}, `unexpected argument "now"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.want, func(t *testing.T) {
+			code, stdout, stderr := testenv.RunMain(t, run, tc.env, tc.args...)
+			testenv.RequireOneLineError(t, code, stdout, stderr, tc.want)
+		})
+	}
+}
+
+func TestRefusesAnOutdatedSchema(t *testing.T) {
+	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{
+		"DATABASE_URL": testenv.EmptyDatabaseURL(t), "REDIS_URL": testenv.RedisURL(t),
+	}, "--once")
+	testenv.RequireOneLineError(t, code, stdout, stderr, "api migrate up")
+}
+
+func TestOncePrintsASummary(t *testing.T) {
+	dbURL := testenv.DatabaseURL(t)
+	rdb, prefix := testenv.Redis(t)
+	pool := testenv.Pool(t, dbURL)
+	ctx := testenv.Context(t)
+	store := outbox.New(outbox.Config{})
+	owner := [16]byte{1}
+	for _, key := range []string{"a", "b", "c"} {
+		_, err := store.Claim(ctx, pool, "s", key, "v1:fp", owner, time.Minute)
+		require.NoError(t, err)
+	}
+	env := map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL(t), "REDIS_PREFIX": prefix}
+
+	code, stdout, stderr := testenv.RunMain(t, run, env, "--once")
+	require.Equal(t, 0, code, stderr)
+	var summary map[string]int64
+	require.NoError(t, json.Unmarshal([]byte(stdout), &summary), "stdout is one JSON line: %q", stdout)
+	require.EqualValues(t, 3, summary["published"])
+	require.Contains(t, summary, "duration_ms")
+	require.Equal(t, 1, strings.Count(stdout, "\n"))
+
+	e, found, err := cache.New(rdb, cache.Options{Prefix: prefix}).Read(ctx, "s", "b")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, cache.StateInProgress, e.State)
+
+	code, stdout, _ = testenv.RunMain(t, run, env, "--once")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, `"published":0`)
+}
+
+// TestDaemon runs the relay binary: it delivers, serves its metrics, and
+// exits 0 soon after SIGTERM.
+func TestDaemon(t *testing.T) {
+	bin := testenv.BuildBinary(t, ".")
+	dbURL := testenv.DatabaseURL(t)
+	rdb, prefix := testenv.Redis(t)
+	addr := testenv.FreeAddr(t)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
+		"REDIS_PREFIX="+prefix, "HTTP_ADDR="+addr, "LOG_FORMAT=text")
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	testenv.WaitReady(t, addr)
+
+	ctx := testenv.Context(t)
+	pool := testenv.Pool(t, dbURL)
+	_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, "s", "k", "v1:fp", [16]byte{1}, time.Minute)
+	require.NoError(t, err)
+	c := cache.New(rdb, cache.Options{Prefix: prefix})
+	testenv.Eventually(t, 5*time.Second, "event delivered", func() bool {
+		_, found, _ := c.Read(ctx, "s", "k")
+		return found
+	})
+
+	res, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, metric := range []string{"onceonly_relay_events_published_total 1", "onceonly_relay_lag_seconds_bucket",
+		"onceonly_relay_batch_size_bucket", "onceonly_relay_pending_events", "onceonly_relay_errors_total"} {
+		require.Contains(t, string(body), metric)
+	}
+
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), logs.String())
+	require.Less(t, time.Since(start), 10*time.Second)
+	var left int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&left))
+	require.Zero(t, left)
+}
