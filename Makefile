@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz lint
+.PHONY: test run services services-stop build fuzz bench-relay
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -26,3 +26,8 @@ build:
 fuzz:
 	go test -run XXX -fuzz FuzzCanonicalJSON -fuzztime 60s .
 	go test -run XXX -fuzz FuzzValidateKey -fuzztime 30s .
+
+# Relay drain rate and commit→Redis lag beside redis-benchmark and pgbench
+# baselines, on durable servers (see docs/BENCHMARKS.md).
+bench-relay:
+	bench/relay.sh

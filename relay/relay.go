@@ -72,6 +72,8 @@ type Relay struct {
 	// and before its deletion commits; an error aborts the batch as a crash
 	// at that point would.
 	afterPush func() error
+	// delivered, when set (benchmarks), sees every committed batch.
+	delivered func(events []outbox.Event, failed []outbox.FailedEvent, ackedAt time.Time)
 }
 
 // New returns a Relay.
@@ -226,6 +228,9 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 		return batchResult{}, fmt.Errorf("deliver batch: %w", err)
 	}
 	r.observe(res, events, failed, ackedAt)
+	if r.delivered != nil && res.taken > 0 {
+		r.delivered(events, failed, ackedAt)
+	}
 	return res, nil
 }
 

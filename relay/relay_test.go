@@ -32,13 +32,13 @@ type bundle struct {
 	store *outbox.Store
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t testing.TB) *bundle {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	return setupWith(t, rdb, prefix)
 }
 
-func setupWith(t *testing.T, rdb redis.UniversalClient, prefix string) *bundle {
+func setupWith(t testing.TB, rdb redis.UniversalClient, prefix string) *bundle {
 	t.Helper()
 	return &bundle{
 		ctx:   testenv.Context(t),
@@ -49,7 +49,7 @@ func setupWith(t *testing.T, rdb redis.UniversalClient, prefix string) *bundle {
 	}
 }
 
-func (b *bundle) relay(t *testing.T, cfg Config) *Relay {
+func (b *bundle) relay(t testing.TB, cfg Config) *Relay {
 	t.Helper()
 	cfg.Pool, cfg.Cache = b.pool, b.cache
 	if cfg.Logger == nil {

@@ -1,0 +1,150 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceonly/onceonly/outbox"
+)
+
+// The relay benchmarks run on the servers of TEST_DATABASE_URL and
+// TEST_REDIS_URL; bench/relay.sh runs them on durable servers beside the
+// redis-benchmark and pgbench baselines. See docs/BENCHMARKS.md.
+
+// benchEnvInt reads a benchmark size from the environment.
+func benchEnvInt(b *testing.B, name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			b.Fatalf("%s=%q: %v", name, v, err)
+		}
+		return n
+	}
+	return def
+}
+
+// seedBacklog writes n completed keys with a 200-byte body and one outbox
+// event each.
+func seedBacklog(b *testing.B, bd *bundle, n int) {
+	b.Helper()
+	body := fmt.Sprintf(`{"id":"pay_%0182d"}`, 0)
+	if _, err := bd.pool.Exec(bd.ctx, `
+		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
+		SELECT 'bench', 'key-' || i, 'completed', 2, 'v1:' || md5(i::text), 201, convert_to($2, 'UTF8'), now() + interval '1 day'
+		FROM generate_series(1, $1) i`, n, body); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := bd.pool.Exec(bd.ctx, `INSERT INTO outbox (scope, key, version)
+		SELECT 'bench', 'key-' || i, 2 FROM generate_series(1, $1) i`, n); err != nil {
+		b.Fatal(err)
+	}
+	for _, table := range []string{"outbox", "idempotency_keys"} {
+		if _, err := bd.pool.Exec(bd.ctx, "VACUUM ANALYZE "+table); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDrain measures how fast one relay drains a backlog of
+// BENCH_EVENTS (default 200k) events, batch BENCH_BATCH (default 500).
+func BenchmarkDrain(b *testing.B) {
+	events := benchEnvInt(b, "BENCH_EVENTS", 200_000)
+	batch := benchEnvInt(b, "BENCH_BATCH", DefaultBatchSize)
+	var total time.Duration
+	for range b.N {
+		b.StopTimer()
+		bd := setup(b)
+		seedBacklog(b, bd, events)
+		r := bd.relay(b, Config{BatchSize: batch})
+		b.StartTimer()
+		began := time.Now()
+		n, err := r.Drain(bd.ctx)
+		total += time.Since(began)
+		if err != nil || n != events {
+			b.Fatalf("drained %d of %d: %v", n, events, err)
+		}
+	}
+	b.ReportMetric(float64(events*b.N)/total.Seconds(), "events/s")
+}
+
+// BenchmarkLag writes BENCH_RATE (default 1000) transitions per second for
+// BENCH_SECONDS (default 10) through the store, each committed with its
+// NOTIFY, while a relay runs, and reports the commit→Redis lag.
+func BenchmarkLag(b *testing.B) {
+	rate := benchEnvInt(b, "BENCH_RATE", 1000)
+	seconds := benchEnvInt(b, "BENCH_SECONDS", 10)
+	const writers = 8
+	for range b.N {
+		bd := setup(b)
+		r := bd.relay(b, Config{})
+		var mu sync.Mutex
+		var lags []time.Duration
+		r.delivered = func(events []outbox.Event, failed []outbox.FailedEvent, ackedAt time.Time) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, e := range events {
+				lags = append(lags, ackedAt.Sub(e.CreatedAt))
+			}
+		}
+		ctx, cancel := context.WithCancel(bd.ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		time.Sleep(200 * time.Millisecond) // LISTEN is up
+
+		total := rate * seconds
+		interval := time.Second / time.Duration(rate)
+		began := time.Now()
+		var wg sync.WaitGroup
+		for w := range writers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < total; i += writers {
+					time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
+					_, err := bd.store.Claim(bd.ctx, bd.pool, "bench", "lag-"+strconv.Itoa(i), "v1:fp", owner, time.Minute)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		achieved := float64(total) / time.Since(began).Seconds()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			n := len(lags)
+			mu.Unlock()
+			if n >= total || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		mu.Lock()
+		slices.Sort(lags)
+		if len(lags) != total {
+			b.Fatalf("delivered %d of %d events", len(lags), total)
+		}
+		b.ReportMetric(achieved, "events/s")
+		b.ReportMetric(float64(percentile(lags, 0.50).Microseconds())/1000, "p50_ms")
+		b.ReportMetric(float64(percentile(lags, 0.99).Microseconds())/1000, "p99_ms")
+		b.ReportMetric(float64(lags[len(lags)-1].Microseconds())/1000, "max_ms")
+		mu.Unlock()
+	}
+}
+
+// percentile returns the p-th quantile of sorted durations.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	return sorted[int(float64(len(sorted)-1)*p)]
+}
