@@ -5,7 +5,8 @@
 # Logs are interleaved on stderr, each line labelled. Ctrl-C stops everything.
 #
 # With DATABASE_URL and REDIS_URL set, it uses those servers and starts none.
-# Ports: PG_PORT (5432), REDIS_PORT (6379).
+# Ports: PG_PORT (5432), REDIS_PORT (6379), HTTP_ADDR (:8080),
+# RELAY_HTTP_ADDR (:8081), RECONCILER_HTTP_ADDR (:8082).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,8 +43,9 @@ start() {
 	"$@" > >(label "$name") 2>&1 &
 	pids+=($!)
 }
-start api bin/api
-[ -x bin/relay ] && start relay bin/relay
-[ -x bin/reconciler ] && start reconciler bin/reconciler
+# Each daemon serves its ops endpoints on its own port.
+start api env HTTP_ADDR="${HTTP_ADDR:-:8080}" bin/api
+[ -x bin/relay ] && start relay env HTTP_ADDR="${RELAY_HTTP_ADDR:-:8081}" bin/relay
+[ -x bin/reconciler ] && start reconciler env HTTP_ADDR="${RECONCILER_HTTP_ADDR:-:8082}" bin/reconciler
 echo "onceonly: api on ${HTTP_ADDR:-:8080} (Ctrl-C stops everything)" >&2
 wait -n || true
