@@ -171,13 +171,18 @@ type Update struct {
 	// the body because it is larger than the cache keeps.
 	Response    Response
 	BodyOmitted bool
+	// Expect turns the write into the reconciler's compare-and-set: it
+	// applies only if the held value still starts with Expect (a Header the
+	// caller read) or, for ExpectAbsent, only if there is no value; versions
+	// are not compared. A live provisional claim is never overwritten.
+	Expect string
 }
 
 // args returns the apply script's ARGV for u.
 func (c *Cache) args(u Update) ([]any, error) {
 	ttl := u.TTL.Milliseconds()
 	if u.Deleted {
-		return []any{u.Version, "", 0, "", ""}, nil
+		return []any{u.Version, "", 0, "", "", u.Expect}, nil
 	}
 	if ttl < 1 {
 		ttl = 0 // expired: apply.lua deletes it
@@ -189,15 +194,15 @@ func (c *Cache) args(u Update) ([]any, error) {
 		if lease < 0 {
 			lease = 0
 		}
-		return []any{u.Version, head(nil, StateInProgress, u.Version, flagConfirmed, digest), ttl, lease, u.Owner[:]}, nil
+		return []any{u.Version, head(nil, StateInProgress, u.Version, flagConfirmed, digest), ttl, lease, u.Owner[:], u.Expect}, nil
 	case StateCompleted:
 		if u.Response.Status < 100 || u.Response.Status > 999 {
 			return nil, fmt.Errorf("apply %s:%s: response status %d out of range", u.Scope, u.Key, u.Response.Status)
 		}
 		large := u.BodyOmitted || len(u.Response.Body) > c.maxBody
-		return []any{u.Version, encodeCompleted(u.Version, digest, u.Response, large), ttl, "", ""}, nil
+		return []any{u.Version, encodeCompleted(u.Version, digest, u.Response, large), ttl, "", "", u.Expect}, nil
 	case StateFailed:
-		return []any{u.Version, head(nil, StateFailed, u.Version, flagConfirmed, digest), ttl, "", ""}, nil
+		return []any{u.Version, head(nil, StateFailed, u.Version, flagConfirmed, digest), ttl, "", "", u.Expect}, nil
 	}
 	return nil, fmt.Errorf("apply %s:%s: unknown state %q", u.Scope, u.Key, u.State)
 }

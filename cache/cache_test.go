@@ -431,3 +431,83 @@ func TestKeyNames(t *testing.T) {
 		require.False(t, ok, bad)
 	}
 }
+
+// header reads the header of one key of the test's scope.
+func (b *testBundle) header(t *testing.T, key string) cache.Header {
+	t.Helper()
+	h, err := b.cache.ReadHeaders(b.ctx, []string{b.cache.Key("s", key)})
+	require.NoError(t, err)
+	return h[0]
+}
+
+func TestCompareAndSetApply(t *testing.T) {
+	t.Parallel()
+
+	t.Run("MatchWritesWhateverTheVersion", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.apply(t, completed("k", 9, fp1, "wrong"))
+		h := b.header(t, "k")
+		require.Equal(t, cache.StateCompleted, h.State)
+		require.EqualValues(t, 9, h.Version)
+		u := cache.Update{Key: "k", Version: 3, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}
+		require.True(t, b.apply(t, u), "the reconciler may lower a version Postgres never had")
+		require.EqualValues(t, 3, b.read(t, "k").Version)
+	})
+
+	t.Run("MismatchIsRefused", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.apply(t, completed("k", 4, fp1, "seen"))
+		h := b.header(t, "k")
+		b.apply(t, completed("k", 5, fp1, "written meanwhile"))
+		require.False(t, b.apply(t, cache.Update{Key: "k", Version: 4, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+		require.EqualValues(t, 5, b.read(t, "k").Version)
+		require.False(t, b.apply(t, cache.Update{Key: "k", Version: 5, Deleted: true, Expect: h.Expect()}))
+		require.EqualValues(t, 5, b.read(t, "k").Version)
+	})
+
+	t.Run("ExpectAbsent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		h := b.header(t, "k")
+		require.False(t, h.Found)
+		require.Equal(t, cache.ExpectAbsent, h.Expect())
+		b.apply(t, completed("k", 1, fp1, "raced"))
+		require.False(t, b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+		require.True(t, b.apply(t, cache.Update{Key: "new", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: cache.ExpectAbsent}))
+	})
+
+	t.Run("NeverClobbersALiveProvisionalClaim", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		_, err := b.cache.Check(b.ctx, "s", "live", fp1, ownerA, time.Minute)
+		require.NoError(t, err)
+		h := b.header(t, "live")
+		require.True(t, h.Provisional)
+		require.False(t, b.apply(t, cache.Update{Key: "live", Deleted: true, Expect: h.Expect()}))
+		require.True(t, b.read(t, "live").Provisional)
+
+		_, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerA, 5*time.Millisecond)
+		require.NoError(t, err)
+		h = b.header(t, "dead")
+		// The claim's PX is its lease, so give it a longer TTL to see the
+		// expired-lease branch rather than the key vanishing.
+		require.NoError(t, b.rdb.PExpire(b.ctx, b.cache.Key("s", "dead"), time.Minute).Err())
+		time.Sleep(20 * time.Millisecond)
+		require.True(t, b.apply(t, cache.Update{Key: "dead", Deleted: true, Expect: h.Expect()}), "an expired provisional claim is an orphan")
+	})
+
+	t.Run("CorruptAndForeignValues", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key("s", "junk"), "not ours", 0).Err())
+		require.NoError(t, b.rdb.HSet(b.ctx, b.cache.Key("s", "hash"), "state", "completed").Err())
+		for _, key := range []string{"junk", "hash"} {
+			h := b.header(t, key)
+			require.True(t, h.Found && h.Corrupt, key)
+			require.True(t, b.apply(t, cache.Update{Key: key, Version: 2, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+			require.EqualValues(t, 2, b.read(t, key).Version)
+		}
+	})
+}

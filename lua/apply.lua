@@ -10,13 +10,26 @@
 -- ARGV[3] -> time to live in milliseconds (from the Postgres expiry)
 -- ARGV[4] -> in_progress only: lease remaining in milliseconds
 -- ARGV[5] -> in_progress only: owner token (16 bytes)
+-- ARGV[6] -> optional, the reconciler's compare-and-set: the value is written
+--            only if the held value still starts with these bytes (what the
+--            reconciler saw), or, for '!absent', only if there is no key;
+--            versions are not compared then. A provisional claim under a
+--            live lease (a request in flight) is never overwritten this way.
 -- Returns:
 --   1 applied (written or deleted)
---   0 ignored: the cache holds this version or a newer one
+--   0 ignored: the cache holds this version or a newer one, or the
+--     compare-and-set did not match
 local key, version, value, ttl = KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local expect = ARGV[6] or ''
 
-local state, held_version, flag = decode(get(key))
-if state ~= nil then
+local held = get(key)
+local state, held_version, flag, _, tail = decode(held)
+if expect == '!absent' then
+  if redis.call('EXISTS', key) == 1 then return 0 end
+elseif expect ~= '' then
+  if held == nil or string.sub(held, 1, #expect) ~= expect then return 0 end
+  if flag == 'p' and lease_until(tail) > redis_now_ms() then return 0 end
+elseif state ~= nil then
   if held_version > version then return 0 end
   if held_version == version and flag ~= 'p' then return 0 end
 end
