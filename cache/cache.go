@@ -231,22 +231,33 @@ type ApplyResult struct {
 // is loaded first). The returned error covers the pipeline as a whole (Redis
 // unreachable); per-update failures are in the results.
 func (c *Cache) ApplyBatch(ctx context.Context, updates []Update) ([]ApplyResult, error) {
-	results := make([]ApplyResult, len(updates))
-	if len(updates) == 0 {
+	return c.applyNamed(ctx, len(updates), func(i int) (string, []any, error) {
+		args, err := c.args(updates[i])
+		return c.Key(updates[i].Scope, updates[i].Key), args, err
+	})
+}
+
+// applyNamed runs n apply calls in one pipeline; call i gets its key name
+// and ARGV from argsOf.
+func (c *Cache) applyNamed(ctx context.Context, n int, argsOf func(i int) (string, []any, error)) ([]ApplyResult, error) {
+	results := make([]ApplyResult, n)
+	if n == 0 {
 		return results, nil
 	}
 	if err := c.apply.Load(ctx, c.rdb).Err(); err != nil {
 		return nil, fmt.Errorf("apply batch: load script: %w", err)
 	}
-	cmds := make([]*redis.Cmd, len(updates))
+	cmds := make([]*redis.Cmd, n)
+	names := make([]string, n)
 	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, u := range updates {
-			args, err := c.args(u)
+		for i := range n {
+			name, args, err := argsOf(i)
+			names[i] = name
 			if err != nil {
 				results[i].Err = err
 				continue
 			}
-			cmds[i] = c.apply.EvalSha(ctx, p, []string{c.Key(u.Scope, u.Key)}, args...)
+			cmds[i] = c.apply.EvalSha(ctx, p, []string{name}, args...)
 		}
 		return nil
 	})
@@ -254,15 +265,15 @@ func (c *Cache) ApplyBatch(ctx context.Context, updates []Update) ([]ApplyResult
 		if cmd == nil {
 			continue
 		}
-		n, cerr := cmd.Int()
+		applied, cerr := cmd.Int()
 		if cerr != nil {
 			if isConnectionError(cerr) {
 				return nil, fmt.Errorf("apply batch: %w", cerr)
 			}
-			results[i].Err = fmt.Errorf("apply %s:%s: %w", updates[i].Scope, updates[i].Key, cerr)
+			results[i].Err = fmt.Errorf("apply %s: %w", names[i], cerr)
 			continue
 		}
-		results[i].Applied = n == 1
+		results[i].Applied = applied == 1
 	}
 	if err != nil && allFailed(results, cmds) {
 		return nil, fmt.Errorf("apply batch: %w", err)

@@ -30,6 +30,9 @@ type Header struct {
 	State       State
 	Version     int64
 	Provisional bool
+	// LeaseUntilMs is the lease deadline of an in_progress value, in Redis
+	// time (see RedisTimeMs); 0 if not read.
+	LeaseUntilMs int64
 }
 
 // Expect returns the Update.Expect that applies only if the value is still
@@ -44,28 +47,38 @@ func (h Header) Expect() string {
 	return h.Raw
 }
 
-// ParseHeader decodes the start of a cache value.
-func ParseHeader(raw []byte) (state State, version int64, flag byte, err error) {
+// ParseHeader decodes the start of a cache value (at least the state,
+// version, flag and digest; the lease deadline of an in_progress value if
+// present). Raw and Found are set; a value out of the layout is Corrupt.
+func ParseHeader(raw []byte) Header {
+	h := Header{Raw: string(raw), Found: true, Corrupt: true}
 	a := bytes.IndexByte(raw, ':')
 	if a < 0 {
-		return "", 0, 0, ErrCorrupt
+		return h
 	}
 	b := bytes.IndexByte(raw[a+1:], ':')
 	if b < 0 {
-		return "", 0, 0, ErrCorrupt
+		return h
 	}
 	b += a + 1
-	state = State(raw[:a])
+	state := State(raw[:a])
 	switch state {
 	case StateInProgress, StateCompleted, StateFailed:
 	default:
-		return "", 0, 0, ErrCorrupt
+		return h
 	}
-	version, err = strconv.ParseInt(string(raw[a+1:b]), 10, 64)
-	if err != nil || version < 0 || len(raw) < b+1+1+digestLen {
-		return "", 0, 0, ErrCorrupt
+	version, err := strconv.ParseInt(string(raw[a+1:b]), 10, 64)
+	tail := b + 2 + digestLen
+	if err != nil || version < 0 || len(raw) < tail {
+		return h
 	}
-	return state, version, raw[b+1], nil
+	h.Corrupt, h.State, h.Version, h.Provisional = false, state, version, raw[b+1] == flagProvisional
+	if state == StateInProgress {
+		if c := bytes.IndexByte(raw[tail:], ':'); c > 0 {
+			h.LeaseUntilMs, _ = strconv.ParseInt(string(raw[tail:tail+c]), 10, 64)
+		}
+	}
+	return h
 }
 
 // ReadHeaders reads the start of the values of keys (full Redis key names)
@@ -94,14 +107,26 @@ func (c *Cache) ReadHeaders(ctx context.Context, keys []string) ([]Header, error
 		if raw == "" {
 			continue // absent (GETRANGE of a missing key is empty)
 		}
-		h := Header{Raw: raw, Found: true}
-		state, version, flag, perr := ParseHeader([]byte(raw))
-		if perr != nil {
-			h.Corrupt = true
-		} else {
-			h.State, h.Version, h.Provisional = state, version, flag == flagProvisional
-		}
-		headers[i] = h
+		headers[i] = ParseHeader([]byte(raw))
 	}
 	return headers, nil
+}
+
+// RedisTimeMs returns the clock of the Redis server c in milliseconds, the
+// clock leases in Redis are measured by.
+func RedisTimeMs(ctx context.Context, c redis.Cmdable) (int64, error) {
+	t, err := c.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("read Redis time: %w", err)
+	}
+	return t.UnixMilli(), nil
+}
+
+// DeleteBatch deletes the values of names (full Redis key names) in one
+// pipeline, each only if it still starts with the matching expect (see
+// Update.Expect; a live provisional claim is never deleted).
+func (c *Cache) DeleteBatch(ctx context.Context, names, expect []string) ([]ApplyResult, error) {
+	return c.applyNamed(ctx, len(names), func(i int) (string, []any, error) {
+		return names[i], []any{0, "", 0, "", "", expect[i]}, nil
+	})
 }

@@ -22,6 +22,15 @@ type Event struct {
 // Ref names an idempotency key.
 type Ref struct{ Scope, Key string }
 
+// refColumns splits refs into the two arrays a query unnests.
+func refColumns(refs []Ref) (scopes, keys []string) {
+	scopes, keys = make([]string, len(refs)), make([]string, len(refs))
+	for i, r := range refs {
+		scopes[i], keys[i] = r.Scope, r.Key
+	}
+	return scopes, keys
+}
+
 // Ref returns the key the event is about.
 func (e Event) Ref() Ref { return Ref{e.Scope, e.Key} }
 
@@ -65,11 +74,7 @@ func (s *Store) TakeEvents(ctx context.Context, tx DB, limit int) ([]Event, erro
 // than maxBody bytes are not read (Key.BodyOmitted). A key missing from the
 // result is gone from Postgres.
 func (s *Store) CurrentKeys(ctx context.Context, db DB, refs []Ref, maxBody int) (map[Ref]Key, error) {
-	scopes := make([]string, len(refs))
-	keys := make([]string, len(refs))
-	for i, r := range refs {
-		scopes[i], keys[i] = r.Scope, r.Key
-	}
+	scopes, keys := refColumns(refs)
 	query := `SELECT ` + projection(
 		`CASE WHEN octet_length(k.response_body) <= $3 THEN k.response_body END`,
 		`coalesce(octet_length(k.response_body) > $3, false)`) + `

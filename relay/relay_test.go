@@ -119,40 +119,11 @@ func (b *bundle) outboxLen(t *testing.T) int {
 	return n
 }
 
-// requireConverged checks that Redis holds every Postgres key at its state
-// and version.
+// requireConverged checks that Redis holds every live Postgres key at its
+// state and version.
 func (b *bundle) requireConverged(t *testing.T) {
 	t.Helper()
-	b.requireConvergedLike(t, "%")
-}
-
-// requireConvergedLike checks the keys that match the SQL LIKE pattern.
-func (b *bundle) requireConvergedLike(t *testing.T, pattern string) {
-	t.Helper()
-	for _, d := range b.drift(t, pattern) {
-		t.Error(d)
-	}
-}
-
-func (b *bundle) drift(t *testing.T, pattern string) []string {
-	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT scope, key, status, version FROM idempotency_keys WHERE key LIKE $1 ORDER BY 1, 2`, pattern)
-	require.NoError(t, err)
-	defer rows.Close()
-	var drift []string
-	for rows.Next() {
-		var scope, key, status string
-		var version int64
-		require.NoError(t, rows.Scan(&scope, &key, &status, &version))
-		e, found, err := b.cache.Read(b.ctx, scope, key)
-		require.NoError(t, err)
-		if !found || string(e.State) != status || e.Version != version {
-			drift = append(drift, fmt.Sprintf("%s:%s: Postgres %s v%d, Redis %s v%d (found %v)",
-				scope, key, status, version, e.State, e.Version, found))
-		}
-	}
-	require.NoError(t, rows.Err())
-	return drift
+	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "%")
 }
 
 func TestDrainDeliversCurrentState(t *testing.T) {
@@ -320,7 +291,7 @@ func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "backlog drained after Redis returned", func() bool { return b.outboxLen(t) == 0 })
 	// The restarted Redis lost the earlier keys (repairing that is the
 	// reconciler's job); every event written while it was down arrived.
-	b.requireConvergedLike(t, "during%")
+	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "during%")
 }
 
 func TestCrashAfterPushBeforeDeleteIsHarmless(t *testing.T) {

@@ -1,0 +1,511 @@
+// Package reconcile finds and repairs every difference between the Postgres
+// truth and the Redis cache, reaps the leases of dead workers and deletes
+// expired keys.
+//
+// A pass runs under a Postgres advisory lock, so one runs at a time across
+// all instances. It streams both sides in pages: a keyset scan of
+// idempotency_keys with a pipelined read of each page's Redis headers, then a
+// SCAN of the Redis keyspace (every master of a cluster) with one Postgres
+// lookup per page. Memory does not grow with the number of keys.
+//
+// Repairs are compare-and-set writes of the key's current Postgres row: a
+// repair applies only if the Redis value is still the one the pass saw, so a
+// pass never undoes a newer write by the api or the relay, and never touches
+// a provisional claim under a live lease (a request in flight).
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+// Defaults of Config.
+const (
+	DefaultReapGrace   = time.Second
+	DefaultPageSize    = 1000
+	DefaultPassTimeout = 10 * time.Minute
+)
+
+// lockKey is the advisory lock that admits one pass at a time.
+const lockKey = 0x6f6e63656f6e6c79 // "onceonly"
+
+// Config configures a Reconciler.
+type Config struct {
+	// Pool is the Postgres pool (required).
+	Pool *pgxpool.Pool
+	// Cache is the Redis cache (required).
+	Cache *cache.Cache
+	// ReapGrace is how long after its lease ran out an in_progress key is
+	// marked failed (REAP_GRACE).
+	ReapGrace time.Duration
+	// FailedTTL is how long a reaped key is kept (FAILED_TTL).
+	FailedTTL time.Duration
+	// PageSize is how many keys each page of the scans holds.
+	PageSize int
+	// PassTimeout bounds one pass.
+	PassTimeout time.Duration
+	// MaxCachedBody is the largest response body copied into Redis; it must
+	// match the engine's (cache.DefaultMaxBody when zero).
+	MaxCachedBody int
+	// Logger receives one line per pass (slog.Default when nil).
+	Logger *slog.Logger
+	// Registerer receives the metrics; nil keeps them private.
+	Registerer prometheus.Registerer
+}
+
+// Report is what one pass found and did. Its JSON form is the line
+// `reconciler --once` prints.
+type Report struct {
+	// Scanned counts the live Postgres keys compared with Redis.
+	Scanned int64 `json:"scanned"`
+	InSync  int64 `json:"in_sync"`
+	// Drift by kind: no Redis value; another version; the same version in
+	// another state; a value that does not decode; a Redis value with no
+	// live Postgres row.
+	Missing    int64 `json:"missing"`
+	Stale      int64 `json:"stale"`
+	WrongState int64 `json:"wrong_state"`
+	Corrupt    int64 `json:"corrupt"`
+	Orphaned   int64 `json:"orphaned"`
+	// InFlight counts provisional claims left alone: requests in flight.
+	InFlight int64 `json:"in_flight"`
+	// RedisScanned counts the Redis keys the orphan scan saw.
+	RedisScanned int64 `json:"redis_scanned"`
+	// Repaired counts the drifted keys written or deleted.
+	Repaired       int64 `json:"repaired"`
+	LeasesReaped   int64 `json:"leases_reaped"`
+	ExpiredDeleted int64 `json:"expired_deleted"`
+	DurationMs     int64 `json:"duration_ms"`
+	DryRun         bool  `json:"dry_run"`
+	// Skipped is true when another instance held the pass lock.
+	Skipped bool `json:"skipped"`
+}
+
+// Drift returns the number of drifted keys found.
+func (r Report) Drift() int64 {
+	return r.Missing + r.Stale + r.WrongState + r.Corrupt + r.Orphaned
+}
+
+// Reconciler runs passes.
+type Reconciler struct {
+	cfg     Config
+	store   *outbox.Store
+	log     *slog.Logger
+	metrics *metrics
+	mu      sync.Mutex
+	// inPass, when set (tests), runs at the start of every pass, under the
+	// pass lock.
+	inPass func()
+}
+
+// New returns a Reconciler.
+func New(cfg Config) (*Reconciler, error) {
+	if cfg.Pool == nil || cfg.Cache == nil {
+		return nil, errors.New("reconcile: Pool and Cache are required")
+	}
+	if cfg.ReapGrace <= 0 {
+		cfg.ReapGrace = DefaultReapGrace
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = DefaultPageSize
+	}
+	if cfg.PassTimeout <= 0 {
+		cfg.PassTimeout = DefaultPassTimeout
+	}
+	if cfg.MaxCachedBody <= 0 {
+		cfg.MaxCachedBody = cache.DefaultMaxBody
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return &Reconciler{
+		cfg:     cfg,
+		store:   outbox.New(outbox.Config{FailedTTL: cfg.FailedTTL}),
+		log:     cfg.Logger,
+		metrics: m,
+	}, nil
+}
+
+// Pass runs one pass: reap dead leases, delete expired keys, compare every
+// live key with Redis, then look for Redis keys with no live row. With
+// dryRun it counts everything and changes nothing. When another instance is
+// running a pass, it returns at once with Report.Skipped set.
+func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (Report, error) {
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PassTimeout)
+	defer cancel()
+	rep := Report{DryRun: dryRun}
+
+	conn, err := r.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return rep, r.failed(fmt.Errorf("reconcile: acquire connection: %w", err))
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(lockKey)).Scan(&locked); err != nil {
+		return rep, r.failed(fmt.Errorf("reconcile: take pass lock: %w", err))
+	}
+	if !locked {
+		rep.Skipped = true
+		r.metrics.passes.WithLabelValues(resultSkipped).Inc()
+		r.log.Info("reconcile pass skipped: another instance is running one")
+		return rep, nil
+	}
+	defer func() {
+		// A lost connection releases the lock with the session.
+		_, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(lockKey))
+	}()
+
+	err = r.pass(ctx, &rep)
+	rep.DurationMs = time.Since(began).Milliseconds()
+	if err != nil {
+		return rep, r.failed(fmt.Errorf("reconcile: %w", err))
+	}
+	r.record(rep, time.Since(began))
+	return rep, nil
+}
+
+func (r *Reconciler) pass(ctx context.Context, rep *Report) error {
+	if r.inPass != nil {
+		r.inPass()
+	}
+	if err := r.reap(ctx, rep); err != nil {
+		return err
+	}
+	if err := r.expire(ctx, rep); err != nil {
+		return err
+	}
+	if err := r.scanPostgres(ctx, rep); err != nil {
+		return err
+	}
+	return r.scanRedis(ctx, rep)
+}
+
+// reap marks keys whose lease expired more than ReapGrace ago failed.
+func (r *Reconciler) reap(ctx context.Context, rep *Report) error {
+	if rep.DryRun {
+		n, err := r.store.CountReapable(ctx, r.cfg.Pool, r.cfg.ReapGrace)
+		rep.LeasesReaped = int64(n)
+		return err
+	}
+	for {
+		n, err := r.store.ReapLeases(ctx, r.cfg.Pool, r.cfg.ReapGrace, r.cfg.PageSize)
+		rep.LeasesReaped += int64(n)
+		if err != nil || n < r.cfg.PageSize {
+			return err
+		}
+	}
+}
+
+// expire deletes expired keys in bounded batches.
+func (r *Reconciler) expire(ctx context.Context, rep *Report) error {
+	if rep.DryRun {
+		n, err := r.store.CountExpired(ctx, r.cfg.Pool)
+		rep.ExpiredDeleted = int64(n)
+		return err
+	}
+	for {
+		n, err := r.store.DeleteExpired(ctx, r.cfg.Pool, r.cfg.PageSize)
+		rep.ExpiredDeleted += int64(n)
+		if err != nil || n < r.cfg.PageSize {
+			return err
+		}
+	}
+}
+
+// scanPostgres compares every live key with its Redis header, page by page,
+// and repairs the drifted ones.
+func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
+	var after outbox.Ref
+	names := make([]string, 0, r.cfg.PageSize)
+	for {
+		page, err := r.store.ScanLive(ctx, r.cfg.Pool, after, r.cfg.PageSize)
+		if err != nil || len(page) == 0 {
+			return err
+		}
+		after = page[len(page)-1].Ref
+		names = names[:0]
+		for _, k := range page {
+			names = append(names, r.cfg.Cache.Key(k.Scope, k.Key))
+		}
+		headers, err := r.cfg.Cache.ReadHeaders(ctx, names)
+		if err != nil {
+			return err
+		}
+		var drifted []drift
+		for i, k := range page {
+			rep.Scanned++
+			kind := compare(k, headers[i])
+			switch kind {
+			case kindInSync:
+				rep.InSync++
+				continue
+			case kindInFlight:
+				rep.InFlight++
+				continue
+			}
+			rep.count(kind)
+			drifted = append(drifted, drift{ref: k.Ref, kind: kind, header: headers[i]})
+		}
+		if err := r.repair(ctx, rep, drifted); err != nil {
+			return err
+		}
+		if len(page) < r.cfg.PageSize {
+			return nil
+		}
+	}
+}
+
+// The kinds of drift, and the two verdicts that are not drift.
+const (
+	kindInSync     = "in_sync"
+	kindInFlight   = "in_flight"
+	kindMissing    = "missing"
+	kindStale      = "stale"
+	kindWrongState = "wrong_state"
+	kindCorrupt    = "corrupt"
+	kindOrphaned   = "orphaned"
+)
+
+var driftKinds = []string{kindMissing, kindStale, kindWrongState, kindCorrupt, kindOrphaned}
+
+// compare classifies a live Postgres key against its Redis header.
+func compare(k outbox.KeyVersion, h cache.Header) string {
+	switch {
+	case !h.Found:
+		return kindMissing
+	case h.Corrupt:
+		return kindCorrupt
+	case h.Provisional && h.Version == k.Version:
+		// A request re-claiming a failed key: Postgres hears of it next.
+		return kindInFlight
+	case h.Version != k.Version:
+		return kindStale
+	case string(h.State) != string(k.Status):
+		return kindWrongState
+	}
+	return kindInSync
+}
+
+func (rep *Report) count(kind string) {
+	switch kind {
+	case kindMissing:
+		rep.Missing++
+	case kindStale:
+		rep.Stale++
+	case kindWrongState:
+		rep.WrongState++
+	case kindCorrupt:
+		rep.Corrupt++
+	case kindOrphaned:
+		rep.Orphaned++
+	}
+}
+
+// drift is a key found out of step, with the Redis header the pass saw.
+type drift struct {
+	ref    outbox.Ref
+	kind   string
+	header cache.Header
+}
+
+// repair writes the current Postgres row of each drifted key into Redis, or
+// deletes the Redis value of a key Postgres no longer has, each as a
+// compare-and-set against the header the pass saw.
+func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) error {
+	if rep.DryRun || len(drifted) == 0 {
+		return nil // a dry run counts in its report only
+	}
+	for _, d := range drifted {
+		r.metrics.drift.WithLabelValues(d.kind).Inc()
+	}
+	refs := make([]outbox.Ref, len(drifted))
+	for i, d := range drifted {
+		refs[i] = d.ref
+	}
+	current, err := r.store.CurrentKeys(ctx, r.cfg.Pool, refs, r.cfg.MaxCachedBody)
+	if err != nil {
+		return err
+	}
+	updates := make([]cache.Update, len(drifted))
+	for i, d := range drifted {
+		if k, ok := current[d.ref]; ok && k.ExpiresIn > 0 {
+			updates[i] = k.CacheUpdate()
+		} else {
+			updates[i] = cache.Update{Scope: d.ref.Scope, Key: d.ref.Key, Deleted: true}
+		}
+		updates[i].Expect = d.header.Expect()
+	}
+	results, err := r.cfg.Cache.ApplyBatch(ctx, updates)
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(drifted))
+	for i, d := range drifted {
+		names[i] = r.cfg.Cache.Key(d.ref.Scope, d.ref.Key)
+	}
+	r.countRepairs(rep, names, results)
+	return nil
+}
+
+// scanRedis walks the Redis keyspace under the prefix (every master of a
+// cluster, one after the other) and deletes values whose key has no live
+// Postgres row.
+func (r *Reconciler) scanRedis(ctx context.Context, rep *Report) error {
+	scan := func(ctx context.Context, node redis.UniversalClient) error {
+		match := escapeGlob(r.cfg.Cache.Prefix()) + "*"
+		iter := node.Scan(ctx, 0, match, int64(r.cfg.PageSize)).Iterator()
+		page := make([]string, 0, r.cfg.PageSize)
+		for iter.Next(ctx) {
+			page = append(page, iter.Val())
+			if len(page) == r.cfg.PageSize {
+				if err := r.checkOrphans(ctx, rep, node, page); err != nil {
+					return err
+				}
+				page = page[:0]
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return fmt.Errorf("scan Redis: %w", err)
+		}
+		return r.checkOrphans(ctx, rep, node, page)
+	}
+	if cluster, ok := r.cfg.Cache.Client().(*redis.ClusterClient); ok {
+		var masters []*redis.Client
+		err := cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			masters = append(masters, c)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("list Redis masters: %w", err)
+		}
+		for _, m := range masters {
+			if err := scan(ctx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return scan(ctx, r.cfg.Cache.Client())
+}
+
+// checkOrphans finds the values among page (Redis key names, all on node)
+// whose key has no live Postgres row, and deletes them unless they are
+// provisional claims under a live lease.
+func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.Cmdable, page []string) error {
+	if len(page) == 0 {
+		return nil
+	}
+	rep.RedisScanned += int64(len(page))
+	headers, err := r.cfg.Cache.ReadHeaders(ctx, page)
+	if err != nil {
+		return err
+	}
+	nowMs, err := cache.RedisTimeMs(ctx, node)
+	if err != nil {
+		return err
+	}
+	refs := make([]outbox.Ref, 0, len(page))
+	for _, name := range page {
+		if scope, key, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name); ok {
+			refs = append(refs, outbox.Ref{Scope: scope, Key: key})
+		}
+	}
+	live, err := r.store.Live(ctx, r.cfg.Pool, refs)
+	if err != nil {
+		return err
+	}
+	var names, expect []string
+	for i, name := range page {
+		h := headers[i]
+		if !h.Found {
+			continue // expired since the SCAN
+		}
+		if scope, key, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name); ok && live[outbox.Ref{Scope: scope, Key: key}] {
+			continue
+		}
+		if h.Provisional && h.LeaseUntilMs > nowMs {
+			rep.InFlight++ // a request on its way to Postgres
+			continue
+		}
+		rep.Orphaned++
+		names, expect = append(names, name), append(expect, h.Expect())
+	}
+	if rep.DryRun || len(names) == 0 {
+		return nil
+	}
+	r.metrics.drift.WithLabelValues(kindOrphaned).Add(float64(len(names)))
+	results, err := r.cfg.Cache.DeleteBatch(ctx, names, expect)
+	if err != nil {
+		return err
+	}
+	r.countRepairs(rep, names, results)
+	return nil
+}
+
+// countRepairs counts the applied results and logs the failed ones.
+func (r *Reconciler) countRepairs(rep *Report, names []string, results []cache.ApplyResult) {
+	for i, res := range results {
+		switch {
+		case res.Err != nil:
+			r.metrics.repairErrors.Inc()
+			r.log.Warn("reconcile repair failed", "key", names[i], "err", res.Err)
+		case res.Applied:
+			rep.Repaired++
+			r.metrics.repaired.Inc()
+		}
+	}
+}
+
+// escapeGlob escapes the SCAN MATCH metacharacters in s.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`*?[]\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// failed counts a failed pass and returns err.
+func (r *Reconciler) failed(err error) error {
+	r.metrics.passes.WithLabelValues(resultFailed).Inc()
+	r.log.Error("reconcile pass failed", "err", err)
+	return err
+}
+
+// record logs a finished pass (one line) and updates the metrics.
+func (r *Reconciler) record(rep Report, took time.Duration) {
+	r.metrics.passes.WithLabelValues(resultOK).Inc()
+	r.metrics.duration.Observe(took.Seconds())
+	if !rep.DryRun {
+		r.metrics.reaped.Add(float64(rep.LeasesReaped))
+		r.metrics.expired.Add(float64(rep.ExpiredDeleted))
+		r.metrics.lastSuccess.SetToCurrentTime()
+	}
+	r.log.Info("reconcile pass", "dry_run", rep.DryRun, "scanned", rep.Scanned, "in_sync", rep.InSync,
+		"missing", rep.Missing, "stale", rep.Stale, "wrong_state", rep.WrongState, "corrupt", rep.Corrupt,
+		"orphaned", rep.Orphaned, "in_flight", rep.InFlight, "redis_scanned", rep.RedisScanned,
+		"repaired", rep.Repaired, "leases_reaped", rep.LeasesReaped, "expired_deleted", rep.ExpiredDeleted,
+		"duration_ms", rep.DurationMs)
+}
