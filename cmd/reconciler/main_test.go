@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+func TestBadConfiguration(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
+	with := func(k, v string) map[string]string {
+		env := map[string]string{k: v}
+		for bk, bv := range base {
+			if bk != k {
+				env[bk] = bv
+			}
+		}
+		return env
+	}
+	cases := []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{with("DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
+		{with("REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{with("RECONCILE_SCHEDULE", "every minute"), nil, `RECONCILE_SCHEDULE="every minute"`},
+		{with("RECONCILE_SCHEDULE", "@every soon"), nil, `RECONCILE_SCHEDULE="@every soon"`},
+		{with("REAP_GRACE", "1 second"), nil, `REAP_GRACE="1 second": not a duration`},
+		{with("FAILED_TTL", "0s"), nil, "FAILED_TTL must be positive"},
+		{with("RECONCILE_PAGE_SIZE", "many"), nil, "RECONCILE_PAGE_SIZE"},
+		{base, []string{"--dry-run"}, "--dry-run needs --once"},
+		{base, []string{"--once", "extra"}, `unexpected argument "extra"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.want, func(t *testing.T) {
+			code, stdout, stderr := testenv.RunMain(t, run, tc.env, tc.args...)
+			testenv.RequireOneLineError(t, code, stdout, stderr, tc.want)
+		})
+	}
+}
+
+func TestRefusesAnOutdatedSchema(t *testing.T) {
+	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{
+		"DATABASE_URL": testenv.EmptyDatabaseURL(t), "REDIS_URL": testenv.RedisURL(t),
+	}, "--once")
+	testenv.RequireOneLineError(t, code, stdout, stderr, "api migrate up")
+}
+
+// seed writes n completed keys in Postgres only.
+func seed(t *testing.T, dbURL string, n int) {
+	t.Helper()
+	ctx := testenv.Context(t)
+	pool := testenv.Pool(t, dbURL)
+	store := outbox.New(outbox.Config{})
+	owner := [16]byte{3}
+	for i := range n {
+		key := "k" + string(rune('a'+i))
+		_, err := store.Claim(ctx, pool, "s", key, "v1:fp", owner, time.Minute)
+		require.NoError(t, err)
+		_, err = store.Complete(ctx, pool, "s", key, owner, outbox.Response{Status: 201, Body: []byte("{}")})
+		require.NoError(t, err)
+	}
+}
+
+func TestOncePrintsTheReport(t *testing.T) {
+	dbURL := testenv.DatabaseURL(t)
+	_, prefix := testenv.Redis(t)
+	seed(t, dbURL, 4)
+	env := map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL(t), "REDIS_PREFIX": prefix}
+
+	for _, tc := range []struct {
+		args            []string
+		missing, repair int
+	}{
+		{[]string{"--once", "--dry-run"}, 4, 0},
+		{[]string{"--once"}, 4, 4},
+		{[]string{"--once"}, 0, 0},
+	} {
+		code, stdout, stderr := testenv.RunMain(t, run, env, tc.args...)
+		require.Equal(t, 0, code, stderr)
+		var rep map[string]any
+		require.NoError(t, json.Unmarshal([]byte(stdout), &rep), "one JSON line: %q", stdout)
+		for _, field := range []string{"scanned", "in_sync", "missing", "stale", "orphaned", "repaired",
+			"leases_reaped", "expired_deleted", "duration_ms"} {
+			require.Contains(t, rep, field)
+		}
+		require.EqualValues(t, 4, rep["scanned"])
+		require.EqualValues(t, tc.missing, rep["missing"], tc.args)
+		require.EqualValues(t, tc.repair, rep["repaired"], tc.args)
+	}
+}
+
+// TestDaemon runs the reconciler binary on a short schedule: it repairs a
+// deleted Redis key on its own and exits 0 soon after SIGTERM.
+func TestDaemon(t *testing.T) {
+	bin := testenv.BuildBinary(t, ".")
+	dbURL := testenv.DatabaseURL(t)
+	rdb, prefix := testenv.Redis(t)
+	seed(t, dbURL, 3)
+	addr := testenv.FreeAddr(t)
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
+		"REDIS_PREFIX="+prefix, "HTTP_ADDR="+addr, "RECONCILE_SCHEDULE=@every 200ms", "LOG_FORMAT=text")
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	testenv.WaitReady(t, addr)
+
+	ctx := testenv.Context(t)
+	c := cache.New(rdb, cache.Options{Prefix: prefix})
+	testenv.Eventually(t, 10*time.Second, "keys repaired by a scheduled pass", func() bool {
+		_, found, _ := c.Read(ctx, "s", "kb")
+		return found
+	})
+	require.NoError(t, rdb.Del(ctx, c.Key("s", "kb")).Err())
+	testenv.Eventually(t, 10*time.Second, "a deleted key repaired again", func() bool {
+		_, found, _ := c.Read(ctx, "s", "kb")
+		return found
+	})
+
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), logs.String())
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.Contains(t, logs.String(), "reconcile pass")
+}
