@@ -191,10 +191,41 @@ func (r *Reconciler) pass(ctx context.Context, rep *Report) error {
 	if err := r.expire(ctx, rep); err != nil {
 		return err
 	}
-	if err := r.scanPostgres(ctx, rep); err != nil {
-		return err
+	// The two scans are independent: run them side by side, so Postgres and
+	// Redis work overlap.
+	pgSide, redisSide := Report{DryRun: rep.DryRun}, Report{DryRun: rep.DryRun}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		err := r.scanRedis(ctx, &redisSide)
+		if err != nil {
+			cancel()
+		}
+		errc <- err
+	}()
+	pgErr := r.scanPostgres(ctx, &pgSide)
+	if pgErr != nil {
+		cancel()
 	}
-	return r.scanRedis(ctx, rep)
+	redisErr := <-errc
+	rep.add(pgSide)
+	rep.add(redisSide)
+	return errors.Join(pgErr, redisErr)
+}
+
+// add adds the scan counts of o to rep.
+func (rep *Report) add(o Report) {
+	rep.Scanned += o.Scanned
+	rep.InSync += o.InSync
+	rep.Missing += o.Missing
+	rep.Stale += o.Stale
+	rep.WrongState += o.WrongState
+	rep.Corrupt += o.Corrupt
+	rep.Orphaned += o.Orphaned
+	rep.InFlight += o.InFlight
+	rep.RedisScanned += o.RedisScanned
+	rep.Repaired += o.Repaired
 }
 
 // reap marks keys whose lease expired more than ReapGrace ago failed.
@@ -230,16 +261,33 @@ func (r *Reconciler) expire(ctx context.Context, rep *Report) error {
 }
 
 // scanPostgres compares every live key with its Redis header, page by page,
-// and repairs the drifted ones.
+// and repairs the drifted ones. The next page is read from Postgres while
+// the current one is checked in Redis.
 func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
-	var after outbox.Ref
+	type result struct {
+		page []outbox.KeyVersion
+		err  error
+	}
+	fetch := func(after outbox.Ref) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			page, err := r.store.ScanLive(ctx, r.cfg.Pool, after, r.cfg.PageSize)
+			ch <- result{page, err}
+		}()
+		return ch
+	}
+	next := fetch(outbox.Ref{})
 	names := make([]string, 0, r.cfg.PageSize)
-	for {
-		page, err := r.store.ScanLive(ctx, r.cfg.Pool, after, r.cfg.PageSize)
-		if err != nil || len(page) == 0 {
-			return err
+	for next != nil {
+		res := <-next
+		if res.err != nil {
+			return res.err
 		}
-		after = page[len(page)-1].Ref
+		page := res.page
+		next = nil
+		if len(page) == r.cfg.PageSize {
+			next = fetch(page[len(page)-1].Ref)
+		}
 		names = names[:0]
 		for _, k := range page {
 			names = append(names, r.cfg.Cache.Key(k.Scope, k.Key))
@@ -266,10 +314,8 @@ func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
 		if err := r.repair(ctx, rep, drifted); err != nil {
 			return err
 		}
-		if len(page) < r.cfg.PageSize {
-			return nil
-		}
 	}
+	return nil
 }
 
 // The kinds of drift, and the two verdicts that are not drift.
@@ -415,7 +461,22 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 		return nil
 	}
 	rep.RedisScanned += int64(len(page))
-	headers, err := r.cfg.Cache.ReadHeaders(ctx, page)
+	live, err := r.store.Live(ctx, r.cfg.Pool, refsOf(r.cfg.Cache.Prefix(), page))
+	if err != nil {
+		return err
+	}
+	// Only keys with no live row are candidates; read just their headers.
+	var candidates []string
+	for _, name := range page {
+		scope, key, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name)
+		if !ok || !live[outbox.Ref{Scope: scope, Key: key}] {
+			candidates = append(candidates, name)
+		}
+	}
+	if len(candidates) == 0 {
+		return nil
+	}
+	headers, err := r.cfg.Cache.ReadHeaders(ctx, candidates)
 	if err != nil {
 		return err
 	}
@@ -423,18 +484,14 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 	if err != nil {
 		return err
 	}
-	refs := make([]outbox.Ref, 0, len(page))
-	for _, name := range page {
-		if scope, key, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name); ok {
-			refs = append(refs, outbox.Ref{Scope: scope, Key: key})
-		}
-	}
-	live, err := r.store.Live(ctx, r.cfg.Pool, refs)
-	if err != nil {
+	// Look again now that the headers are read: a key written since the
+	// first look is live now, and any later write changes the header, so the
+	// compare-and-set delete below cannot remove it.
+	if live, err = r.store.Live(ctx, r.cfg.Pool, refsOf(r.cfg.Cache.Prefix(), candidates)); err != nil {
 		return err
 	}
 	var names, expect []string
-	for i, name := range page {
+	for i, name := range candidates {
 		h := headers[i]
 		if !h.Found {
 			continue // expired since the SCAN
@@ -459,6 +516,17 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 	}
 	r.countRepairs(rep, names, results)
 	return nil
+}
+
+// refsOf returns the idempotency keys of the Redis key names that parse.
+func refsOf(prefix string, names []string) []outbox.Ref {
+	refs := make([]outbox.Ref, 0, len(names))
+	for _, name := range names {
+		if scope, key, ok := cache.SplitKeyName(prefix, name); ok {
+			refs = append(refs, outbox.Ref{Scope: scope, Key: key})
+		}
+	}
+	return refs
 }
 
 // countRepairs counts the applied results and logs the failed ones.
