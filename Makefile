@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench-relay
+.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -31,3 +31,7 @@ fuzz:
 # baselines, on durable servers (see docs/BENCHMARKS.md).
 bench-relay:
 	bench/relay.sh
+
+# A reconcile pass over 100k and 1M keys beside a bare SCAN, with peak RSS.
+bench-reconcile:
+	bench/reconcile.sh

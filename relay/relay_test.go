@@ -419,3 +419,53 @@ func TestShutdownLeavesNoEventBehind(t *testing.T) {
 	require.Equal(t, 90, b.outboxLen(t))
 	require.EqualValues(t, 10, testutil.ToFloat64(r.metrics.published))
 }
+
+// TestPostgresConnectionsKilledMidStreamLoseNothing cuts every connection
+// the relay holds (its pool and its LISTEN), again and again, while events
+// are written, as a Postgres restart or failover would.
+func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond, BatchSize: 5})
+	run(t, b.ctx, r)
+	url := b.pool.Config().ConnString()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	writer := testenv.Pool(t, url+sep+"application_name=writer")
+
+	ctx, stop := context.WithTimeout(b.ctx, 2*time.Second)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ctx.Err() == nil; i++ {
+			key := fmt.Sprintf("k%d", i)
+			if _, err := b.store.Claim(ctx, writer, "s", key, "v1:fp", owner, time.Minute); err != nil && ctx.Err() == nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var kills int
+	for ctx.Err() == nil {
+		time.Sleep(150 * time.Millisecond)
+		var n int
+		// Every backend of this database except the writer's and this one.
+		err := writer.QueryRow(b.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()
+			  AND application_name <> 'writer'`).Scan(&n)
+		require.NoError(t, err)
+		kills += n
+	}
+	wg.Wait()
+	require.Positive(t, kills)
+	testenv.Eventually(t, 15*time.Second, "outbox drained after the cuts", func() bool {
+		var n int
+		return writer.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
+	})
+	testenv.RequireConverged(t, b.ctx, writer, b.cache, "%")
+	require.Positive(t, testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageListen)))
+}
