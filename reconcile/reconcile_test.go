@@ -1,57 +1,40 @@
 package reconcile
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/outbox"
 )
 
-type bundle struct {
-	ctx   context.Context
-	pool  *pgxpool.Pool
-	rdb   redis.UniversalClient
-	cache *cache.Cache
-	store *outbox.Store
-}
+// bundle is a test's stack.
+type bundle struct{ *testenv.Stack }
 
 func setup(t testing.TB) *bundle {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
-	return setupWith(t, rdb, prefix)
+	return &bundle{testenv.NewStack(t)}
 }
 
 func setupWith(t testing.TB, rdb redis.UniversalClient, prefix string) *bundle {
 	t.Helper()
-	return &bundle{
-		ctx:   testenv.Context(t),
-		pool:  testenv.DB(t),
-		rdb:   rdb,
-		cache: cache.New(rdb, cache.Options{Prefix: prefix}),
-		store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
-	}
+	return &bundle{testenv.NewStackOn(t, rdb, prefix)}
 }
 
 func (b *bundle) reconciler(t testing.TB, cfg Config) *Reconciler {
 	t.Helper()
-	cfg.Pool, cfg.Cache = b.pool, b.cache
+	cfg.Pool, cfg.Cache = b.Pool, b.Cache
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = testenv.QuietLogger()
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
@@ -66,32 +49,30 @@ func (b *bundle) reconciler(t testing.TB, cfg Config) *Reconciler {
 
 func (b *bundle) pass(t *testing.T, r *Reconciler, dryRun bool) Report {
 	t.Helper()
-	rep, err := r.Pass(b.ctx, dryRun)
+	rep, err := r.Pass(b.Ctx, dryRun)
 	require.NoError(t, err)
 	return rep
 }
 
 var owner = [16]byte{9}
 
-// complete runs a key through claim and complete in Postgres only.
+// complete runs a key through claim and complete in Postgres only; its
+// stored body names the key.
 func (b *bundle) complete(t *testing.T, key string) {
 	t.Helper()
-	_, err := b.store.Claim(b.ctx, b.pool, "s", key, "v1:fp", owner, time.Minute)
-	require.NoError(t, err)
-	_, err = b.store.Complete(b.ctx, b.pool, "s", key, owner, outbox.Response{Status: 201, Body: []byte(`{"key":"` + key + `"}`)})
-	require.NoError(t, err)
+	b.Complete(t, "s", key, `{"key":"`+key+`"}`)
 }
 
 func (b *bundle) raw(t *testing.T, key string) string {
 	t.Helper()
-	v, err := b.rdb.Get(b.ctx, b.cache.Key("s", key)).Result()
+	v, err := b.Redis.Get(b.Ctx, b.Cache.Key("s", key)).Result()
 	require.NoError(t, err)
 	return v
 }
 
 func (b *bundle) set(t *testing.T, name, value string) {
 	t.Helper()
-	require.NoError(t, b.rdb.Set(b.ctx, name, value, time.Hour).Err())
+	require.NoError(t, b.Redis.Set(b.Ctx, name, value, time.Hour).Err())
 }
 
 // TestEveryDriftKindIsFoundAndRepaired injects each kind of drift and checks
@@ -109,24 +90,24 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 	require.EqualValues(t, 8, rep.Scanned)
 	require.EqualValues(t, 8, rep.Missing)
 	require.EqualValues(t, 8, rep.Repaired)
-	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "%")
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 
 	// Inject one of each kind.
-	require.NoError(t, b.rdb.Del(b.ctx, b.cache.Key("s", "k0")).Err())      // missing
+	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k0")).Err())    // missing
 	v := b.raw(t, "k1")                                                     // completed:2:c...
-	b.set(t, b.cache.Key("s", "k1"), strings.Replace(v, ":2:", ":1:", 1))   // stale (lower)
-	b.set(t, b.cache.Key("s", "k2"), strings.Replace(v, ":2:", ":7:", 1))   // stale (higher)
-	b.set(t, b.cache.Key("s", "k3"), "failed:2:c"+v[len("completed:2:c"):]) // wrong state
-	b.set(t, b.cache.Key("s", "k4"), "not a onceonly value")                // corrupt
-	require.NoError(t, b.rdb.Del(b.ctx, b.cache.Key("s", "k5")).Err())
-	require.NoError(t, b.rdb.HSet(b.ctx, b.cache.Key("s", "k5"), "state", "completed").Err()) // corrupt (a hash)
-	b.set(t, b.cache.Key("s", "ghost"), v)                                                    // orphan: no Postgres row
-	b.set(t, b.cache.Prefix()+"no-scope-separator", "x")                                      // orphan: not a key name
-	_, err := b.cache.Check(b.ctx, "s", "inflight", "v1:fp", owner, time.Minute)
+	b.set(t, b.Cache.Key("s", "k1"), strings.Replace(v, ":2:", ":1:", 1))   // stale (lower)
+	b.set(t, b.Cache.Key("s", "k2"), strings.Replace(v, ":2:", ":7:", 1))   // stale (higher)
+	b.set(t, b.Cache.Key("s", "k3"), "failed:2:c"+v[len("completed:2:c"):]) // wrong state
+	b.set(t, b.Cache.Key("s", "k4"), "not a onceonly value")                // corrupt
+	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k5")).Err())
+	require.NoError(t, b.Redis.HSet(b.Ctx, b.Cache.Key("s", "k5"), "state", "completed").Err()) // corrupt (a hash)
+	b.set(t, b.Cache.Key("s", "ghost"), v)                                                      // orphan: no Postgres row
+	b.set(t, b.Cache.Prefix()+"no-scope-separator", "x")                                        // orphan: not a key name
+	_, err := b.Cache.Check(b.Ctx, "s", "inflight", "v1:fp", owner, time.Minute)
 	require.NoError(t, err) // live provisional claim: left alone
-	_, err = b.cache.Check(b.ctx, "s", "abandoned", "v1:fp", owner, 5*time.Millisecond)
+	_, err = b.Cache.Check(b.Ctx, "s", "abandoned", "v1:fp", owner, 5*time.Millisecond)
 	require.NoError(t, err)
-	require.NoError(t, b.rdb.PExpire(b.ctx, b.cache.Key("s", "abandoned"), time.Hour).Err())
+	require.NoError(t, b.Redis.PExpire(b.Ctx, b.Cache.Key("s", "abandoned"), time.Hour).Err())
 	time.Sleep(20 * time.Millisecond) // its lease is over: an orphan
 
 	dry := b.pass(t, r, true)
@@ -145,14 +126,14 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 	require.True(t, dry.DryRun)
 	require.EqualValues(t, 9, rep.Repaired)
 
-	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "%")
-	for _, name := range []string{b.cache.Key("s", "ghost"), b.cache.Key("s", "abandoned"), b.cache.Prefix() + "no-scope-separator"} {
-		require.Zero(t, b.rdb.Exists(b.ctx, name).Val(), "%s deleted", name)
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+	for _, name := range []string{b.Cache.Key("s", "ghost"), b.Cache.Key("s", "abandoned"), b.Cache.Prefix() + "no-scope-separator"} {
+		require.Zero(t, b.Redis.Exists(b.Ctx, name).Val(), "%s deleted", name)
 	}
-	e, found, err := b.cache.Read(b.ctx, "s", "inflight")
+	e, found, err := b.Cache.Read(b.Ctx, "s", "inflight")
 	require.NoError(t, err)
 	require.True(t, found && e.Provisional, "the request in flight keeps its claim")
-	e, _, err = b.cache.Read(b.ctx, "s", "k1")
+	e, _, err = b.Cache.Read(b.Ctx, "s", "k1")
 	require.NoError(t, err)
 	require.Equal(t, `{"key":"k1"}`, string(e.Response.Body), "a repair copies the stored response")
 
@@ -173,44 +154,44 @@ func TestFlushedRedisIsRefilled(t *testing.T) {
 	}
 	r := b.reconciler(t, Config{PageSize: 10})
 	b.pass(t, r, false)
-	require.NoError(t, b.rdb.FlushAll(b.ctx).Err())
+	require.NoError(t, b.Redis.FlushAll(b.Ctx).Err())
 	rep := b.pass(t, r, false)
 	require.EqualValues(t, 25, rep.Missing)
 	require.EqualValues(t, 25, rep.Repaired)
-	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "%")
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 }
 
 func TestDeadLeasesAreReaped(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.store.Claim(b.ctx, b.pool, "s", "dead", "v1:fp", owner, time.Millisecond)
+	_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "dead", "v1:fp", owner, time.Millisecond)
 	require.NoError(t, err)
-	_, err = b.store.Claim(b.ctx, b.pool, "s", "alive", "v1:fp", owner, time.Hour)
+	_, err = b.Store.Claim(b.Ctx, b.Pool, "s", "alive", "v1:fp", owner, time.Hour)
 	require.NoError(t, err)
 	time.Sleep(50 * time.Millisecond)
 	r := b.reconciler(t, Config{ReapGrace: 10 * time.Millisecond})
 
 	dry := b.pass(t, r, true)
 	require.EqualValues(t, 1, dry.LeasesReaped)
-	k, _, err := b.store.Get(b.ctx, b.pool, "s", "dead")
+	k, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "dead")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusInProgress, k.Status, "a dry run reaps nothing")
 
 	rep := b.pass(t, r, false)
 	require.EqualValues(t, 1, rep.LeasesReaped)
-	k, _, err = b.store.Get(b.ctx, b.pool, "s", "dead")
+	k, _, err = b.Store.Get(b.Ctx, b.Pool, "s", "dead")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusFailed, k.Status)
 	require.EqualValues(t, 2, k.Version)
 	var events int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox WHERE key = 'dead' AND version = 2`).Scan(&events))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox WHERE key = 'dead' AND version = 2`).Scan(&events))
 	require.Equal(t, 1, events, "the reap is an outbox event like any transition")
 	// The same pass repaired Redis after reaping.
-	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "%")
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 	// The dead worker can no longer complete.
-	_, err = b.store.Complete(b.ctx, b.pool, "s", "dead", owner, outbox.Response{Status: 201})
+	_, err = b.Store.Complete(b.Ctx, b.Pool, "s", "dead", owner, outbox.Response{Status: 201})
 	require.ErrorIs(t, err, outbox.ErrLeaseLost)
-	alive, _, err := b.store.Get(b.ctx, b.pool, "s", "alive")
+	alive, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "alive")
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatusInProgress, alive.Status)
 }
@@ -222,7 +203,7 @@ func TestExpiredKeysAreDeletedInBatches(t *testing.T) {
 		b.complete(t, fmt.Sprintf("old%d", i))
 	}
 	b.complete(t, "fresh")
-	_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s' WHERE key LIKE 'old%'`)
+	_, err := b.Pool.Exec(b.Ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s' WHERE key LIKE 'old%'`)
 	require.NoError(t, err)
 	r := b.reconciler(t, Config{PageSize: 3})
 	require.EqualValues(t, 7, b.pass(t, r, true).ExpiredDeleted)
@@ -230,7 +211,7 @@ func TestExpiredKeysAreDeletedInBatches(t *testing.T) {
 	require.EqualValues(t, 7, rep.ExpiredDeleted)
 	require.EqualValues(t, 1, rep.Scanned)
 	var left int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&left))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&left))
 	require.Equal(t, 1, left)
 }
 
@@ -241,16 +222,16 @@ func TestOnePassAtATime(t *testing.T) {
 		b.complete(t, fmt.Sprintf("k%d", i))
 	}
 	// Hold the pass lock as another instance would.
-	conn, err := b.pool.Acquire(b.ctx)
+	conn, err := b.Pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_lock($1)`, int64(lockKey))
+	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, int64(lockKey))
 	require.NoError(t, err)
 	r := b.reconciler(t, Config{})
 	rep := b.pass(t, r, false)
 	require.True(t, rep.Skipped)
 	require.Zero(t, rep.Scanned)
-	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_unlock($1)`, int64(lockKey))
+	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_unlock($1)`, int64(lockKey))
 	require.NoError(t, err)
 
 	// Two reconcilers racing: the passes never overlap, and every run pass
@@ -270,7 +251,7 @@ func TestOnePassAtATime(t *testing.T) {
 				time.Sleep(30 * time.Millisecond)
 				active.Add(-1)
 			}
-			rep, err := rr.Pass(b.ctx, false)
+			rep, err := rr.Pass(b.Ctx, false)
 			require.NoError(t, err)
 			reports[i] = rep
 		}()
@@ -288,5 +269,5 @@ func TestOnePassAtATime(t *testing.T) {
 	require.Less(t, ran, int64(len(reports)), "racing passes skip rather than queue")
 	require.Zero(t, overlaps.Load(), "passes never overlap")
 	require.EqualValues(t, 50, repaired, "each key repaired once, by whichever pass ran first")
-	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "%")
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 }

@@ -34,18 +34,18 @@ func benchEnvInt(b *testing.B, name string, def int) int {
 func seedBacklog(b *testing.B, bd *bundle, n int) {
 	b.Helper()
 	body := fmt.Sprintf(`{"id":"pay_%0182d"}`, 0)
-	if _, err := bd.pool.Exec(bd.ctx, `
+	if _, err := bd.Pool.Exec(bd.Ctx, `
 		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
 		SELECT 'bench', 'key-' || i, 'completed', 2, 'v1:' || md5(i::text), 201, convert_to($2, 'UTF8'), now() + interval '1 day'
 		FROM generate_series(1, $1) i`, n, body); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := bd.pool.Exec(bd.ctx, `INSERT INTO outbox (scope, key, version)
+	if _, err := bd.Pool.Exec(bd.Ctx, `INSERT INTO outbox (scope, key, version)
 		SELECT 'bench', 'key-' || i, 2 FROM generate_series(1, $1) i`, n); err != nil {
 		b.Fatal(err)
 	}
 	for _, table := range []string{"outbox", "idempotency_keys"} {
-		if _, err := bd.pool.Exec(bd.ctx, "VACUUM ANALYZE "+table); err != nil {
+		if _, err := bd.Pool.Exec(bd.Ctx, "VACUUM ANALYZE "+table); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -64,7 +64,7 @@ func BenchmarkDrain(b *testing.B) {
 		r := bd.relay(b, Config{BatchSize: batch})
 		b.StartTimer()
 		began := time.Now()
-		n, err := r.Drain(bd.ctx)
+		n, err := r.Drain(bd.Ctx)
 		total += time.Since(began)
 		if err != nil || n != events {
 			b.Fatalf("drained %d of %d: %v", n, events, err)
@@ -92,7 +92,7 @@ func BenchmarkLag(b *testing.B) {
 				lags = append(lags, ackedAt.Sub(e.CreatedAt))
 			}
 		}
-		ctx, cancel := context.WithCancel(bd.ctx)
+		ctx, cancel := context.WithCancel(bd.Ctx)
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()
 		time.Sleep(200 * time.Millisecond) // LISTEN is up
@@ -107,7 +107,7 @@ func BenchmarkLag(b *testing.B) {
 				defer wg.Done()
 				for i := w; i < total; i += writers {
 					time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
-					_, err := bd.store.Claim(bd.ctx, bd.pool, "bench", "lag-"+strconv.Itoa(i), "v1:fp", owner, time.Minute)
+					_, err := bd.Store.Claim(bd.Ctx, bd.Pool, "bench", "lag-"+strconv.Itoa(i), "v1:fp", owner, time.Minute)
 					if err != nil {
 						b.Error(err)
 						return

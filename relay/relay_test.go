@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -13,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
@@ -24,36 +21,24 @@ import (
 	"github.com/onceonly/onceonly/outbox"
 )
 
-type bundle struct {
-	ctx   context.Context
-	pool  *pgxpool.Pool
-	rdb   redis.UniversalClient
-	cache *cache.Cache
-	store *outbox.Store
-}
+// bundle is a test's stack.
+type bundle struct{ *testenv.Stack }
 
 func setup(t testing.TB) *bundle {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
-	return setupWith(t, rdb, prefix)
+	return &bundle{testenv.NewStack(t)}
 }
 
 func setupWith(t testing.TB, rdb redis.UniversalClient, prefix string) *bundle {
 	t.Helper()
-	return &bundle{
-		ctx:   testenv.Context(t),
-		pool:  testenv.DB(t),
-		rdb:   rdb,
-		cache: cache.New(rdb, cache.Options{Prefix: prefix}),
-		store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
-	}
+	return &bundle{testenv.NewStackOn(t, rdb, prefix)}
 }
 
 func (b *bundle) relay(t testing.TB, cfg Config) *Relay {
 	t.Helper()
-	cfg.Pool, cfg.Cache = b.pool, b.cache
+	cfg.Pool, cfg.Cache = b.Pool, b.Cache
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = testenv.QuietLogger()
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
@@ -83,28 +68,19 @@ func run(t *testing.T, ctx context.Context, r *Relay) {
 
 var owner = [16]byte{7}
 
-// complete runs a key through claim and complete (two events).
-func (b *bundle) complete(t *testing.T, scope, key, body string) {
-	t.Helper()
-	_, err := b.store.Claim(b.ctx, b.pool, scope, key, "v1:fp", owner, time.Minute)
-	require.NoError(t, err)
-	_, err = b.store.Complete(b.ctx, b.pool, scope, key, owner, outbox.Response{Status: 201, Body: []byte(body)})
-	require.NoError(t, err)
-}
-
 // churn moves a key one transition on: claim it (failed or new) or finish it.
 func (b *bundle) churn(ctx context.Context, scope, key string) error {
-	k, found, err := b.store.Get(ctx, b.pool, scope, key)
+	k, found, err := b.Store.Get(ctx, b.Pool, scope, key)
 	if err != nil {
 		return err
 	}
 	if !found || k.Status == outbox.StatusFailed {
-		_, err = b.store.Claim(ctx, b.pool, scope, key, "v1:fp", owner, time.Minute)
+		_, err = b.Store.Claim(ctx, b.Pool, scope, key, "v1:fp", owner, time.Minute)
 		return err
 	}
 	if k.Status == outbox.StatusInProgress {
 		// Another writer may have failed it first.
-		if _, err = b.store.Fail(ctx, b.pool, scope, key, owner); errors.Is(err, outbox.ErrLeaseLost) {
+		if _, err = b.Store.Fail(ctx, b.Pool, scope, key, owner); errors.Is(err, outbox.ErrLeaseLost) {
 			return nil
 		}
 		return err
@@ -115,7 +91,7 @@ func (b *bundle) churn(ctx context.Context, scope, key string) error {
 func (b *bundle) outboxLen(t *testing.T) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox`).Scan(&n))
 	return n
 }
 
@@ -123,47 +99,47 @@ func (b *bundle) outboxLen(t *testing.T) int {
 // state and version.
 func (b *bundle) requireConverged(t *testing.T) {
 	t.Helper()
-	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "%")
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 }
 
 func TestDrainDeliversCurrentState(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for i := range 20 {
-		b.complete(t, "s", fmt.Sprintf("k%d", i), `{"ok":true}`)
+		b.Complete(t, "s", fmt.Sprintf("k%d", i), `{"ok":true}`)
 	}
 	large := strings.Repeat("x", cache.DefaultMaxBody+1)
-	b.complete(t, "s", "large", large)
-	_, err := b.store.Claim(b.ctx, b.pool, "s", "running", "v1:fp", owner, time.Minute)
+	b.Complete(t, "s", "large", large)
+	_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "running", "v1:fp", owner, time.Minute)
 	require.NoError(t, err)
 	// An event whose key is gone from Postgres deletes the Redis copy.
-	_, err = b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "gone", Version: 1, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+	_, err = b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "gone", Version: 1, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s', 'gone', 2)`)
+	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s', 'gone', 2)`)
 	require.NoError(t, err)
 
 	r := b.relay(t, Config{BatchSize: 7})
-	n, err := r.Drain(b.ctx)
+	n, err := r.Drain(b.Ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2*21+1+1, n)
 	require.Zero(t, b.outboxLen(t))
 	b.requireConverged(t)
 
-	e, _, err := b.cache.Read(b.ctx, "s", "k3")
+	e, _, err := b.Cache.Read(b.Ctx, "s", "k3")
 	require.NoError(t, err)
 	require.Equal(t, `{"ok":true}`, string(e.Response.Body))
-	e, _, err = b.cache.Read(b.ctx, "s", "large")
+	e, _, err = b.Cache.Read(b.Ctx, "s", "large")
 	require.NoError(t, err)
 	require.True(t, e.BodyInPostgres, "a large body stays in Postgres")
-	e, _, err = b.cache.Read(b.ctx, "s", "running")
+	e, _, err = b.Cache.Read(b.Ctx, "s", "running")
 	require.NoError(t, err)
 	require.Equal(t, cache.StateInProgress, e.State)
 	require.Equal(t, owner, e.Owner)
-	_, found, err := b.cache.Read(b.ctx, "s", "gone")
+	_, found, err := b.Cache.Read(b.Ctx, "s", "gone")
 	require.NoError(t, err)
 	require.False(t, found, "a key deleted from Postgres is deleted from Redis")
 
-	n, err = r.Drain(b.ctx)
+	n, err = r.Drain(b.Ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
@@ -171,17 +147,17 @@ func TestDrainDeliversCurrentState(t *testing.T) {
 func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.complete(t, "s", "k", "{}") // Postgres at version 2
+	b.Complete(t, "s", "k", "{}") // Postgres at version 2
 	// Redis already holds a newer version than any pending event.
-	_, err := b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 9, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+	_, err := b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "k", Version: 9, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
 	require.NoError(t, err)
 	// The same events again, out of order.
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s','k',2), ('s','k',1), ('s','k',2)`)
+	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s','k',2), ('s','k',1), ('s','k',2)`)
 	require.NoError(t, err)
 	r := b.relay(t, Config{BatchSize: 2})
-	_, err = r.Drain(b.ctx)
+	_, err = r.Drain(b.Ctx)
 	require.NoError(t, err)
-	e, _, err := b.cache.Read(b.ctx, "s", "k")
+	e, _, err := b.Cache.Read(b.Ctx, "s", "k")
 	require.NoError(t, err)
 	require.EqualValues(t, 9, e.Version)
 	require.Equal(t, cache.StateFailed, e.State)
@@ -195,10 +171,10 @@ func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for _, r := range []*Relay{b.relay(t, Config{BatchSize: 3}), b.relay(t, Config{BatchSize: 5})} {
-		run(t, b.ctx, r)
+		run(t, b.Ctx, r)
 	}
 	const keys = 8
-	ctx, stop := context.WithTimeout(b.ctx, 2*time.Second)
+	ctx, stop := context.WithTimeout(b.Ctx, 2*time.Second)
 	defer stop()
 	var wg sync.WaitGroup
 	var writes atomic.Int64
@@ -219,7 +195,7 @@ func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 	for ctx.Err() == nil {
 		for i := range keys {
 			key := fmt.Sprintf("hot%d", i)
-			e, found, err := b.cache.Read(b.ctx, "s", key)
+			e, found, err := b.Cache.Read(b.Ctx, "s", key)
 			require.NoError(t, err)
 			if found {
 				require.GreaterOrEqual(t, e.Version, seen[key], "version of %s went down", key)
@@ -237,11 +213,11 @@ func TestTwoRelaysDeliverEveryEventOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const keys = 1000
-	_, err := b.pool.Exec(b.ctx, `
+	_, err := b.Pool.Exec(b.Ctx, `
 		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
 		SELECT 's', 'k' || i, 'completed', 3, 'v1:fp', 201, '{}', now() + interval '1 hour' FROM generate_series(1, $1) i`, keys)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version)
+	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version)
 		SELECT 's', 'k' || i, v FROM generate_series(1, $1) i, generate_series(1, 3) v ORDER BY random()`, keys)
 	require.NoError(t, err)
 
@@ -252,7 +228,7 @@ func TestTwoRelaysDeliverEveryEventOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := r.Drain(b.ctx)
+			n, err := r.Drain(b.Ctx)
 			require.NoError(t, err)
 			counts[i] = n
 		}()
@@ -271,16 +247,16 @@ func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
 	srv := testenv.NewRedisServer(t)
 	b := setupWith(t, testenv.RedisClient(t, srv.URL()), "r:")
 	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond})
-	run(t, b.ctx, r)
+	run(t, b.Ctx, r)
 
 	for i := range 20 {
-		b.complete(t, "s", fmt.Sprintf("before%d", i), "{}")
+		b.Complete(t, "s", fmt.Sprintf("before%d", i), "{}")
 	}
 	testenv.Eventually(t, 10*time.Second, "first events delivered", func() bool { return b.outboxLen(t) == 0 })
 
 	srv.Stop()
 	for i := range 20 {
-		b.complete(t, "s", fmt.Sprintf("during%d", i), "{}")
+		b.Complete(t, "s", fmt.Sprintf("during%d", i), "{}")
 	}
 	testenv.Eventually(t, 10*time.Second, "a failed push", func() bool {
 		return testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageRedis)) > 0
@@ -291,25 +267,25 @@ func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "backlog drained after Redis returned", func() bool { return b.outboxLen(t) == 0 })
 	// The restarted Redis lost the earlier keys (repairing that is the
 	// reconciler's job); every event written while it was down arrived.
-	testenv.RequireConverged(t, b.ctx, b.pool, b.cache, "during%")
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "during%")
 }
 
 func TestCrashAfterPushBeforeDeleteIsHarmless(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for i := range 10 {
-		b.complete(t, "s", fmt.Sprintf("k%d", i), "{}")
+		b.Complete(t, "s", fmt.Sprintf("k%d", i), "{}")
 	}
 	r := b.relay(t, Config{})
 	crash := errors.New("killed after the Redis push")
 	r.afterPush = func() error { return crash }
-	_, err := r.Drain(b.ctx)
+	_, err := r.Drain(b.Ctx)
 	require.ErrorIs(t, err, crash)
 	require.Equal(t, 20, b.outboxLen(t), "the events are still in the outbox")
 	b.requireConverged(t) // Redis got them before the crash
 
 	r.afterPush = nil
-	n, err := r.Drain(b.ctx)
+	n, err := r.Drain(b.Ctx)
 	require.NoError(t, err)
 	require.Equal(t, 20, n)
 	require.Zero(t, b.outboxLen(t))
@@ -320,9 +296,9 @@ func TestLostNotificationIsCoveredByThePoll(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r := b.relay(t, Config{PollInterval: 100 * time.Millisecond})
-	run(t, b.ctx, r)
+	run(t, b.Ctx, r)
 	// A transition written without its NOTIFY, as if the notification was lost.
-	_, err := b.pool.Exec(b.ctx, `
+	_, err := b.Pool.Exec(b.Ctx, `
 		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, expires_at)
 			VALUES ('s', 'quiet', 'failed', 1, 'v1:fp', now() + interval '1 hour');
 		INSERT INTO outbox (scope, key, version) VALUES ('s', 'quiet', 1)`)
@@ -338,14 +314,14 @@ func TestNotificationWakesTheRelayAfterReconnect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r := b.relay(t, Config{PollInterval: time.Hour})
-	run(t, b.ctx, r)
+	run(t, b.Ctx, r)
 	time.Sleep(100 * time.Millisecond) // the first wake-up after LISTEN passes
 
-	b.complete(t, "s", "first", "{}")
+	b.Complete(t, "s", "first", "{}")
 	testenv.Eventually(t, 5*time.Second, "notified delivery", func() bool { return b.outboxLen(t) == 0 })
 
 	var killed int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&killed))
 	require.Equal(t, 1, killed)
 	testenv.Eventually(t, 5*time.Second, "relay reconnected", func() bool {
@@ -353,7 +329,7 @@ func TestNotificationWakesTheRelayAfterReconnect(t *testing.T) {
 	})
 	// Keep writing until a notification gets through the new connection.
 	testenv.Eventually(t, 10*time.Second, "notified delivery after reconnect", func() bool {
-		b.complete(t, "s", "after"+testenv.RandomSuffix(6), "{}")
+		b.Complete(t, "s", "after"+testenv.RandomSuffix(6), "{}")
 		time.Sleep(50 * time.Millisecond)
 		return b.outboxLen(t) == 0
 	})
@@ -364,22 +340,22 @@ func TestPoisonEventIsParkedAndDoesNotBlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// A row the cache cannot encode: a response status out of range.
-	_, err := b.pool.Exec(b.ctx, `
+	_, err := b.Pool.Exec(b.Ctx, `
 		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
 			VALUES ('s', 'poison', 'completed', 2, 'v1:fp', 1000, '{}', now() + interval '1 hour');
 		INSERT INTO outbox (scope, key, version) VALUES ('s', 'poison', 2)`)
 	require.NoError(t, err)
 	for i := range 5 {
-		b.complete(t, "s", fmt.Sprintf("k%d", i), "{}")
+		b.Complete(t, "s", fmt.Sprintf("k%d", i), "{}")
 	}
 	r := b.relay(t, Config{MaxAttempts: 3})
-	n, err := r.Drain(b.ctx)
+	n, err := r.Drain(b.Ctx)
 	require.NoError(t, err)
 	require.Equal(t, 10, n)
 
 	var attempts int
 	var lastError string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT attempts, last_error FROM outbox WHERE key = 'poison' AND parked_at IS NOT NULL`).
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT attempts, last_error FROM outbox WHERE key = 'poison' AND parked_at IS NOT NULL`).
 		Scan(&attempts, &lastError))
 	require.Equal(t, 3, attempts)
 	require.Contains(t, lastError, "out of range")
@@ -387,7 +363,7 @@ func TestPoisonEventIsParkedAndDoesNotBlock(t *testing.T) {
 	require.EqualValues(t, 1, testutil.ToFloat64(r.metrics.parked))
 	require.EqualValues(t, 3, testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageEvent)))
 
-	n, err = r.Drain(b.ctx)
+	n, err = r.Drain(b.Ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "a parked event is not taken again")
 }
@@ -396,7 +372,7 @@ func TestShutdownLeavesNoEventBehind(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r := b.relay(t, Config{BatchSize: 10})
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	entered := make(chan struct{})
 	var once sync.Once
 	r.afterPush = func() error {
@@ -404,7 +380,7 @@ func TestShutdownLeavesNoEventBehind(t *testing.T) {
 		return nil
 	}
 	for i := range 50 {
-		b.complete(t, "s", fmt.Sprintf("k%d", i), "{}")
+		b.Complete(t, "s", fmt.Sprintf("k%d", i), "{}")
 	}
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -427,15 +403,15 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond, BatchSize: 5})
-	run(t, b.ctx, r)
-	url := b.pool.Config().ConnString()
+	run(t, b.Ctx, r)
+	url := b.Pool.Config().ConnString()
 	sep := "?"
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
 	writer := testenv.Pool(t, url+sep+"application_name=writer")
 
-	ctx, stop := context.WithTimeout(b.ctx, 2*time.Second)
+	ctx, stop := context.WithTimeout(b.Ctx, 2*time.Second)
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -443,7 +419,7 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 		defer wg.Done()
 		for i := 0; ctx.Err() == nil; i++ {
 			key := fmt.Sprintf("k%d", i)
-			if _, err := b.store.Claim(ctx, writer, "s", key, "v1:fp", owner, time.Minute); err != nil && ctx.Err() == nil {
+			if _, err := b.Store.Claim(ctx, writer, "s", key, "v1:fp", owner, time.Minute); err != nil && ctx.Err() == nil {
 				t.Error(err)
 				return
 			}
@@ -454,7 +430,7 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 		time.Sleep(150 * time.Millisecond)
 		var n int
 		// Every backend of this database except the writer's and this one.
-		err := writer.QueryRow(b.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		err := writer.QueryRow(b.Ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 			WHERE datname = current_database() AND pid <> pg_backend_pid()
 			  AND application_name <> 'writer'`).Scan(&n)
 		require.NoError(t, err)
@@ -464,8 +440,8 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 	require.Positive(t, kills)
 	testenv.Eventually(t, 15*time.Second, "outbox drained after the cuts", func() bool {
 		var n int
-		return writer.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
+		return writer.QueryRow(b.Ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
 	})
-	testenv.RequireConverged(t, b.ctx, writer, b.cache, "%")
+	testenv.RequireConverged(t, b.Ctx, writer, b.Cache, "%")
 	require.Positive(t, testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageListen)))
 }

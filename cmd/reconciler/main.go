@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"time"
 
@@ -120,14 +119,8 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 		return json.NewEncoder(stdout).Encode(rep)
 	}
 
-	mux := http.NewServeMux()
-	daemon.OpsHandler(mux, reg, map[string]daemon.Check{
-		"postgres": pool.Ping,
-		"redis":    func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
-	})
-	srv := &http.Server{Addr: *s.HTTPAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	log.Info("reconciler started", "addr", *s.HTTPAddr, "schedule", *s.schedule)
-	return daemon.RunWithOps(ctx, srv, log, func(ctx context.Context) error {
+	return daemon.RunWorker(ctx, *s.HTTPAddr, reg, pool, rdb, log, func(ctx context.Context) error {
 		return schedule(ctx, *s.schedule, r, log)
 	})
 }

@@ -18,27 +18,18 @@ import (
 
 func TestBadConfiguration(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
-	with := func(k, v string) map[string]string {
-		env := map[string]string{k: v}
-		for bk, bv := range base {
-			if bk != k {
-				env[bk] = bv
-			}
-		}
-		return env
-	}
 	cases := []struct {
 		env  map[string]string
 		args []string
 		want string
 	}{
-		{with("DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
-		{with("REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
-		{with("RECONCILE_SCHEDULE", "every minute"), nil, `RECONCILE_SCHEDULE="every minute"`},
-		{with("RECONCILE_SCHEDULE", "@every soon"), nil, `RECONCILE_SCHEDULE="@every soon"`},
-		{with("REAP_GRACE", "1 second"), nil, `REAP_GRACE="1 second": not a duration`},
-		{with("FAILED_TTL", "0s"), nil, "FAILED_TTL must be positive"},
-		{with("RECONCILE_PAGE_SIZE", "many"), nil, "RECONCILE_PAGE_SIZE"},
+		{testenv.EnvWith(base, "DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
+		{testenv.EnvWith(base, "REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{testenv.EnvWith(base, "RECONCILE_SCHEDULE", "every minute"), nil, `RECONCILE_SCHEDULE="every minute"`},
+		{testenv.EnvWith(base, "RECONCILE_SCHEDULE", "@every soon"), nil, `RECONCILE_SCHEDULE="@every soon"`},
+		{testenv.EnvWith(base, "REAP_GRACE", "1 second"), nil, `REAP_GRACE="1 second": not a duration`},
+		{testenv.EnvWith(base, "FAILED_TTL", "0s"), nil, "FAILED_TTL must be positive"},
+		{testenv.EnvWith(base, "RECONCILE_PAGE_SIZE", "many"), nil, "RECONCILE_PAGE_SIZE"},
 		{base, []string{"--dry-run"}, "--dry-run needs --once"},
 		{base, []string{"--once", "extra"}, `unexpected argument "extra"`},
 	}

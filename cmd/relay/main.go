@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"time"
 
@@ -101,12 +100,6 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 		})
 	}
 
-	mux := http.NewServeMux()
-	daemon.OpsHandler(mux, reg, map[string]daemon.Check{
-		"postgres": pool.Ping,
-		"redis":    func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
-	})
-	srv := &http.Server{Addr: *s.HTTPAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "poll_interval", s.pollInterval.String())
-	return daemon.RunWithOps(ctx, srv, log, r.Run)
+	return daemon.RunWorker(ctx, *s.HTTPAddr, reg, pool, rdb, log, r.Run)
 }

@@ -21,30 +21,21 @@ import (
 )
 
 func TestBadConfiguration(t *testing.T) {
-	db := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
-	with := func(k, v string) map[string]string {
-		env := map[string]string{k: v}
-		for dk, dv := range db {
-			if dk != k {
-				env[dk] = dv
-			}
-		}
-		return env
-	}
+	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
 	cases := []struct {
 		env  map[string]string
 		args []string
 		want string
 	}{
-		{with("DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
-		{with("REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
-		{with("REDIS_URL", "http://x"), nil, "REDIS_URL"},
-		{with("RELAY_BATCH", "0"), nil, `RELAY_BATCH="0": must be a positive integer`},
-		{with("RELAY_POLL_INTERVAL", "soon"), nil, `RELAY_POLL_INTERVAL="soon": not a duration`},
-		{with("RELAY_POLL_INTERVAL", "0s"), nil, "RELAY_POLL_INTERVAL must be positive"},
-		{with("RELAY_MAX_ATTEMPTS", "-3"), nil, "RELAY_MAX_ATTEMPTS"},
-		{db, []string{"--nope"}, "flag provided but not defined"},
-		{db, []string{"now"}, `unexpected argument "now"`},
+		{testenv.EnvWith(base, "DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
+		{testenv.EnvWith(base, "REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{testenv.EnvWith(base, "REDIS_URL", "http://x"), nil, "REDIS_URL"},
+		{testenv.EnvWith(base, "RELAY_BATCH", "0"), nil, `RELAY_BATCH="0": must be a positive integer`},
+		{testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "soon"), nil, `RELAY_POLL_INTERVAL="soon": not a duration`},
+		{testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "0s"), nil, "RELAY_POLL_INTERVAL must be positive"},
+		{testenv.EnvWith(base, "RELAY_MAX_ATTEMPTS", "-3"), nil, "RELAY_MAX_ATTEMPTS"},
+		{base, []string{"--nope"}, "flag provided but not defined"},
+		{base, []string{"now"}, `unexpected argument "now"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.want, func(t *testing.T) {

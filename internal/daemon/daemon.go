@@ -255,3 +255,18 @@ func RunWithOps(ctx context.Context, srv *http.Server, log *slog.Logger, work fu
 	}
 	return workErr
 }
+
+// RunWorker runs work — a daemon's loop — beside its ops server on addr
+// (/healthz, /readyz checking Postgres and Redis, /metrics from reg), until
+// ctx ends; see RunWithOps.
+func RunWorker(ctx context.Context, addr string, reg *prometheus.Registry, pool *pgxpool.Pool, rdb redis.UniversalClient,
+	log *slog.Logger, work func(context.Context) error,
+) error {
+	mux := http.NewServeMux()
+	OpsHandler(mux, reg, map[string]Check{
+		"postgres": pool.Ping,
+		"redis":    func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+	})
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return RunWithOps(ctx, srv, log, work)
+}

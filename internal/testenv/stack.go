@@ -1,0 +1,73 @@
+package testenv
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+// Stack is what the daemon packages' tests run on: a database of the test's
+// own, a Redis key prefix of its own, and the store and cache over them.
+type Stack struct {
+	Ctx   context.Context
+	Pool  *pgxpool.Pool
+	Redis redis.UniversalClient
+	Cache *cache.Cache
+	// Store keeps completed keys an hour and failed ones a minute.
+	Store *outbox.Store
+}
+
+// NewStack returns a Stack on the shared test servers.
+func NewStack(tb testing.TB) *Stack {
+	tb.Helper()
+	rdb, prefix := Redis(tb)
+	return NewStackOn(tb, rdb, prefix)
+}
+
+// NewStackOn returns a Stack whose cache uses rdb and prefix (a private
+// Redis server, say).
+func NewStackOn(tb testing.TB, rdb redis.UniversalClient, prefix string) *Stack {
+	tb.Helper()
+	return &Stack{
+		Ctx:   Context(tb),
+		Pool:  DB(tb),
+		Redis: rdb,
+		Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
+		Store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
+	}
+}
+
+// Complete runs (scope, key) through claim and complete in Postgres only,
+// with body as the stored response.
+func (s *Stack) Complete(tb testing.TB, scope, key, body string) {
+	tb.Helper()
+	owner := [16]byte{0xc0}
+	if _, err := s.Store.Claim(s.Ctx, s.Pool, scope, key, "v1:fp", owner, time.Minute); err != nil {
+		tb.Fatalf("claim %s: %v", key, err)
+	}
+	if _, err := s.Store.Complete(s.Ctx, s.Pool, scope, key, owner, outbox.Response{Status: 201, Body: []byte(body)}); err != nil {
+		tb.Fatalf("complete %s: %v", key, err)
+	}
+}
+
+// QuietLogger returns a logger that drops everything, for components whose
+// expected warnings would clutter test output.
+func QuietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// EnvWith returns a copy of base with k set to v.
+func EnvWith(base map[string]string, k, v string) map[string]string {
+	env := make(map[string]string, len(base)+1)
+	for bk, bv := range base {
+		env[bk] = bv
+	}
+	env[k] = v
+	return env
+}
