@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -124,9 +125,14 @@ func WriteResult(w http.ResponseWriter, res Result) {
 	_, _ = w.Write(res.Body)
 }
 
+// maxRetryAfter caps the Retry-After of a 409. The remaining lease is the
+// worst case (the holder died); a live holder usually finishes much sooner,
+// and a retry that comes early costs one Redis round trip.
+const maxRetryAfter = time.Second
+
 func writeEngineError(w http.ResponseWriter, err error) {
 	if inFlight, ok := IsInFlight(err); ok {
-		writeRetryAfter(w, inFlight.RetryAfter.Seconds())
+		writeRetryAfter(w, min(inFlight.RetryAfter, maxRetryAfter).Seconds())
 		WriteError(w, http.StatusConflict, "idempotency_key_in_use",
 			"A request with this Idempotency-Key is already in progress; retry later.", "")
 		return
