@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // reapSQL marks up to $3 keys whose lease ran out more than $1 ago failed,
@@ -125,4 +128,48 @@ func (s *Store) Live(ctx context.Context, db DB, refs []Ref) (map[Ref]bool, erro
 		return nil, fmt.Errorf("look up keys: %w", err)
 	}
 	return live, nil
+}
+
+// ErrKeyInProgress is returned by Purge for a key whose lease is held,
+// unless forced.
+var ErrKeyInProgress = errors.New("the key is in progress; purging it lets a duplicate run")
+
+// purgeSQL expires a key now, one version up, with its outbox event: the
+// relay deletes the Redis copy, the next claim starts a new lifecycle that
+// keeps counting versions (so no stale copy can outrank it), and retention
+// deletes the row. A held key (forced) becomes failed, so its worker can no
+// longer complete it.
+var purgeSQL = `
+WITH purged AS (
+	UPDATE idempotency_keys AS k SET version = k.version + 1, expires_at = now(), updated_at = now(),
+		status = CASE WHEN k.status = 'in_progress' THEN 'failed' ELSE k.status END,
+		owner = NULL, lease_expires_at = NULL
+	WHERE k.scope = $1 AND k.key = $2 AND (k.status <> 'in_progress' OR $3)
+	RETURNING k.*
+), event AS (
+	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM purged
+)
+SELECT ` + keyColumns + `, pg_notify('` + NotifyChannel + `', '') IS NULL FROM purged k`
+
+// Purge forgets (scope, key): it expires the row at once, through the
+// outbox like any transition, so no relay or reconciler can bring the old
+// state back. It returns the row as purged (ExpiresIn ≤ 0), false if there
+// was no row, or ErrKeyInProgress for a held key unless force.
+func (s *Store) Purge(ctx context.Context, db DB, scope, key string, force bool) (Key, bool, error) {
+	var notified bool
+	k, err := scanKey(db.QueryRow(ctx, purgeSQL, scope, key, force), &notified)
+	if err == nil {
+		return k, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, false, fmt.Errorf("purge key: %w", err)
+	}
+	current, found, err := s.Get(ctx, db, scope, key)
+	switch {
+	case err != nil:
+		return Key{}, false, fmt.Errorf("purge key: %w", err)
+	case found && current.Status == StatusInProgress:
+		return current, true, ErrKeyInProgress
+	}
+	return Key{}, false, nil
 }

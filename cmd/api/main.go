@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -49,24 +51,51 @@ func define(s *config.Set) *settings {
 func run(args []string, stdout, stderr io.Writer) int {
 	set := config.NewSet("api", stderr)
 	set.FlagSet().Usage = func() {
-		fmt.Fprintln(set.FlagSet().Output(), "usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n\nflags:")
+		fmt.Fprintln(set.FlagSet().Output(), "usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n       api keys show|purge [--force] SCOPE KEY [flags]\n\nflags:")
 		set.FlagSet().PrintDefaults()
 	}
 	sub := ""
-	if len(args) > 0 && args[0] == "migrate" {
-		sub, args = "migrate", args[1:]
+	if len(args) > 0 && (args[0] == "migrate" || args[0] == "keys") {
+		sub, args = args[0], args[1:]
 	}
-	var migrateCmd string
-	if sub == "migrate" {
+	var subCmd string
+	if sub != "" {
 		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-			fmt.Fprintln(stderr, "api migrate: say up, down, status or version")
+			fmt.Fprintf(stderr, "api %s: say %s\n", sub, map[string]string{
+				"migrate": "up, down, status or version", "keys": "show or purge, then SCOPE KEY"}[sub])
 			return 2
 		}
-		migrateCmd, args = args[0], args[1:]
+		subCmd, args = args[0], args[1:]
+		if sub == "keys" && subCmd != "show" && subCmd != "purge" {
+			fmt.Fprintf(stderr, "api keys: unknown command %q: say show or purge\n", subCmd)
+			return 2
+		}
 	}
+	force := set.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress")
 	s := define(set)
-	if code, ok := daemon.ParseArgs(set, "api", args, stderr); !ok {
-		return code
+	var keyArgs []string
+	if sub == "keys" {
+		// SCOPE KEY come after the flags, or before them.
+		for len(args) > 0 && !strings.HasPrefix(args[0], "-") && len(keyArgs) < 2 {
+			keyArgs, args = append(keyArgs, args[0]), args[1:]
+		}
+	}
+	if err := set.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "api:", err)
+		return 2
+	}
+	if sub == "keys" {
+		keyArgs = append(keyArgs, set.Args()...)
+		if len(keyArgs) != 2 {
+			fmt.Fprintln(stderr, "api keys: say show or purge, then SCOPE KEY")
+			return 2
+		}
+	} else if len(set.Args()) > 0 {
+		fmt.Fprintf(stderr, "api: unexpected argument %q\n", set.Args()[0])
+		return 2
 	}
 	setup, err := s.Validate(stderr, set, false)
 	if err != nil {
@@ -75,7 +104,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
-	if migrateCmd == "" {
+	if sub == "keys" {
+		if err := keysCommand(ctx, setup.Postgres, setup.Redis, *s.RedisPrefix, subCmd, *force, keyArgs[0], keyArgs[1], stdout); err != nil {
+			fmt.Fprintln(stderr, "api keys:", err)
+			return 1
+		}
+		return 0
+	}
+	if sub == "" {
 		// Everything is validated before the first log line or connection.
 		deps, err := validate(s)
 		if err != nil {
@@ -88,7 +124,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if err := migrate(ctx, setup.Postgres, migrateCmd, stdout); err != nil {
+	if err := migrate(ctx, setup.Postgres, subCmd, stdout); err != nil {
 		fmt.Fprintln(stderr, "api migrate:", err)
 		return 1
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 func runAPI(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
@@ -124,4 +126,60 @@ func TestGracefulShutdown(t *testing.T) {
 	require.Equal(t, 0, claimed, "nothing left claimed")
 	require.Equal(t, 1, paid)
 	require.Contains(t, logs.String(), "shutting down", fmt.Sprint(logs.String()))
+}
+
+func TestKeysShowAndPurge(t *testing.T) {
+	dbURL := testenv.DatabaseURL(t)
+	rdb, prefix := testenv.Redis(t)
+	st := testenv.NewStackOn(t, rdb, prefix)
+	st.Pool = testenv.Pool(t, dbURL)
+	st.Complete(t, "acct_k", "order-1", `{"ok":true}`)
+	k, _, err := st.Store.Get(st.Ctx, st.Pool, "acct_k", "order-1")
+	require.NoError(t, err)
+	_, err = st.Cache.Apply(st.Ctx, k.CacheUpdate())
+	require.NoError(t, err)
+	env := map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL(t), "REDIS_PREFIX": prefix}
+
+	var view keyView
+	code, stdout, stderr := runAPI(t, env, "keys", "show", "acct_k", "order-1")
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(stdout), &view))
+	require.Equal(t, "completed", view.Postgres.Status)
+	require.EqualValues(t, 2, view.Postgres.Version)
+	require.True(t, view.Redis.Found)
+	require.Equal(t, "completed", view.Redis.State)
+	require.True(t, *view.InSync)
+
+	code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "order-1")
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, json.Unmarshal([]byte(stdout), &view))
+	require.EqualValues(t, 3, view.Postgres.Version)
+	require.LessOrEqual(t, view.Postgres.ExpiresInMs, int64(0))
+	require.False(t, view.Redis.Found, "the Redis copy is gone at once")
+	var events int
+	require.NoError(t, st.Pool.QueryRow(st.Ctx, `SELECT count(*) FROM outbox WHERE key = 'order-1' AND version = 3`).Scan(&events))
+	require.Equal(t, 1, events, "the purge goes through the outbox")
+
+	// The next request for the key is a first execution, one version on.
+	res, err := st.Store.Claim(st.Ctx, st.Pool, "acct_k", "order-1", "v1:new", [16]byte{5}, time.Minute)
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	require.EqualValues(t, 4, res.Key.Version)
+
+	code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "order-1")
+	testenv.RequireOneLineError(t, code, stdout, stderr, "in progress")
+	code, _, stderr = runAPI(t, env, "keys", "purge", "--force", "acct_k", "order-1")
+	require.Equal(t, 0, code, stderr)
+	_, err = st.Store.Complete(st.Ctx, st.Pool, "acct_k", "order-1", [16]byte{5}, outbox.Response{Status: 201})
+	require.ErrorIs(t, err, outbox.ErrLeaseLost, "the purged execution cannot complete")
+
+	code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k", "nothing")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, `"postgres": null`)
+	code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "nothing")
+	testenv.RequireOneLineError(t, code, stdout, stderr, "no such key")
+	code, stdout, stderr = runAPI(t, env, "keys", "drop", "acct_k", "x")
+	testenv.RequireOneLineError(t, code, stdout, stderr, `unknown command "drop"`)
+	code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k")
+	testenv.RequireOneLineError(t, code, stdout, stderr, "SCOPE KEY")
 }
