@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -182,4 +183,19 @@ func TestKeysShowAndPurge(t *testing.T) {
 	testenv.RequireOneLineError(t, code, stdout, stderr, `unknown command "drop"`)
 	code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k")
 	testenv.RequireOneLineError(t, code, stdout, stderr, "SCOPE KEY")
+}
+
+func TestProbe(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer ok.Close()
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer down.Close()
+	code, _, stderr := runAPI(t, nil, "probe", ok.URL)
+	require.Equal(t, 0, code, stderr)
+	code, stdout, stderr := runAPI(t, nil, "probe", down.URL)
+	testenv.RequireOneLineError(t, code, stdout, stderr, "answered 503")
+	code, stdout, stderr = runAPI(t, nil, "probe")
+	testenv.RequireOneLineError(t, code, stdout, stderr, "say one URL")
 }
