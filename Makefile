@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile
+.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile docs
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -35,3 +35,7 @@ bench-relay:
 # A reconcile pass over 100k and 1M keys beside a bare SCAN, with peak RSS.
 bench-reconcile:
 	bench/reconcile.sh
+
+# Regenerates docs/configuration.md from the commands' -h output.
+docs:
+	scripts/config-doc.sh

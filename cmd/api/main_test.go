@@ -199,3 +199,7 @@ func TestProbe(t *testing.T) {
 	code, stdout, stderr = runAPI(t, nil, "probe")
 	testenv.RequireOneLineError(t, code, stdout, stderr, "say one URL")
 }
+
+func TestConfigurationIsDocumented(t *testing.T) {
+	testenv.RequireDocumented(t, run)
+}

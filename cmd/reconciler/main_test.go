@@ -127,3 +127,7 @@ func TestDaemon(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second)
 	require.Contains(t, logs.String(), "reconcile pass")
 }
+
+func TestConfigurationIsDocumented(t *testing.T) {
+	testenv.RequireDocumented(t, run)
+}

@@ -126,3 +126,7 @@ func TestDaemon(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&left))
 	require.Zero(t, left)
 }
+
+func TestConfigurationIsDocumented(t *testing.T) {
+	testenv.RequireDocumented(t, run)
+}

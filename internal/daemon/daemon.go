@@ -183,7 +183,7 @@ func DefineCommon(s *config.Set, httpAddr, redisURLText string) *Common {
 		RedisURL:        s.String("redis-url", "REDIS_URL", "", redisURLText),
 		RedisClusterURL: s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster URL (go-redis form)"),
 		RedisPrefix:     s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
-		HTTPAddr:        s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics"),
+		HTTPAddr:        s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics (and of the API, for the api)"),
 		LogLevel:        s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
 		LogFormat:       s.String("log-format", "LOG_FORMAT", "json", "json or text"),
 	}

@@ -98,3 +98,21 @@ func RequireOneLineError(tb testing.TB, code int, stdout, stderr, want string) {
 		tb.Fatalf("want one line on stderr, got %d: %s", n, stderr)
 	}
 }
+
+// RequireDocumented checks that the command's -h output appears, as is, in
+// docs/configuration.md (found from the command's directory), so the
+// reference cannot drift from the flags.
+func RequireDocumented(tb testing.TB, run func(args []string, stdout, stderr io.Writer) int) {
+	tb.Helper()
+	code, _, help := RunMain(tb, run, nil, "-h")
+	if code != 0 {
+		tb.Fatalf("-h exited %d", code)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
+	if err != nil {
+		tb.Fatalf("read the configuration reference: %v", err)
+	}
+	if !strings.Contains(string(doc), help) {
+		tb.Fatalf("docs/configuration.md does not hold this -h output; regenerate the section:\n%s", help)
+	}
+}
