@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile docs
+.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile docs tour
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -39,3 +39,11 @@ bench-reconcile:
 # Regenerates docs/configuration.md from the commands' -h output.
 docs:
 	scripts/config-doc.sh
+
+# Walks through every behaviour against the stack `make run` started (same
+# ports and URLs; the crash step starts and kills a second api).
+tour:
+	mkdir -p bin && go build -o bin/ ./cmd/api ./examples/tour
+	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:$${PG_PORT:-5432}/onceonly?sslmode=disable}" \
+	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:$${REDIS_PORT:-6379}/0}" \
+	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" bin/tour

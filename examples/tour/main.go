@@ -1,0 +1,274 @@
+// Command tour walks through onceonly against a running stack (make run),
+// printing what happens at each step: a first call, its replay, a
+// concurrent duplicate (409), a reused key (422), a declined card replayed
+// (402), a gateway error (502) whose retry runs again, and recovery after an
+// api process is killed in the middle of a request.
+//
+//	make run     # in one terminal
+//	make tour    # in another
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/onceonly/onceonly/client"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "tour:", err)
+		os.Exit(1)
+	}
+}
+
+type tour struct {
+	api, apiKey string
+	http        *http.Client
+	retrying    *client.Client
+	run         string // makes this run's keys unique
+	step        int
+}
+
+func run() error {
+	api := flag.String("api", envOr("TOUR_API", "http://localhost:8080"), "base URL of the running api")
+	apiKey := flag.String("api-key", envOr("TOUR_API_KEY", "sk_test_demo"), "API key")
+	apiBin := flag.String("api-bin", "bin/api", "api binary, started and killed for the crash step")
+	flag.Parse()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	t := &tour{
+		api: strings.TrimSuffix(*api, "/"), apiKey: *apiKey, http: hc,
+		retrying: &client.Client{HTTP: hc, MaxAttempts: 20, MinDelay: 100 * time.Millisecond, MaxDelay: time.Second},
+		run:      fmt.Sprintf("tour-%d", time.Now().Unix()),
+	}
+	if err := t.ping(); err != nil {
+		return fmt.Errorf("no api at %s (start the stack with `make run`): %w", t.api, err)
+	}
+	ctx := context.Background()
+	for _, step := range []func(context.Context) error{
+		t.firstCallAndReplay, t.concurrentDuplicate, t.reusedKey, t.declinedReplayed, t.gatewayError,
+		func(ctx context.Context) error { return t.crashMidRequest(ctx, *apiBin) },
+	} {
+		if err := step(ctx); err != nil {
+			return err
+		}
+	}
+	return t.metrics()
+}
+
+func (t *tour) title(s string) {
+	t.step++
+	fmt.Printf("\n== %d. %s\n", t.step, s)
+}
+
+func body(source string, amount int) []byte {
+	return []byte(fmt.Sprintf(`{"amount":%d,"currency":"usd","customer":"cus_tour","source":%q}`, amount, source))
+}
+
+func (t *tour) request(key string, b []byte) client.Request {
+	return client.Request{Method: "POST", URL: t.api + "/v1/payments", Key: key, Body: b,
+		Header: http.Header{"Authorization": {"Bearer " + t.apiKey}}}
+}
+
+// once sends one attempt, no retry.
+func (t *tour) once(ctx context.Context, base, key string, b []byte) (*client.Response, error) {
+	req := t.request(key, b)
+	req.URL = base + "/v1/payments"
+	return (&client.Client{HTTP: t.http, MaxAttempts: 1}).Do(ctx, req)
+}
+
+func show(what string, r *client.Response) {
+	extra := ""
+	if r.Replayed {
+		extra = "  Idempotent-Replayed: true"
+	}
+	if ra := r.Header.Get("Retry-After"); ra != "" {
+		extra += "  Retry-After: " + ra
+	}
+	fmt.Printf("   %-28s → %d after %d attempt(s)%s\n      %s\n", what, r.StatusCode, r.Attempts, extra, strings.TrimSpace(string(r.Body)))
+}
+
+func (t *tour) firstCallAndReplay(ctx context.Context) error {
+	t.title("a first call, then the same call again")
+	key := t.run + "-first"
+	first, err := t.retrying.Do(ctx, t.request(key, body("tok_visa", 1000)))
+	if err != nil {
+		return err
+	}
+	show("first call", first)
+	again, err := t.retrying.Do(ctx, t.request(key, body("tok_visa", 1000)))
+	if err != nil {
+		return err
+	}
+	show("same key, same payload", again)
+	fmt.Printf("   byte-identical answer: %v; charged once\n", bytes.Equal(first.Body, again.Body))
+	return nil
+}
+
+func (t *tour) concurrentDuplicate(ctx context.Context) error {
+	t.title("a duplicate while the first is still running (tok_slow)")
+	key := t.run + "-slow"
+	done := make(chan *client.Response, 1)
+	go func() {
+		r, _ := t.once(ctx, t.api, key, body("tok_slow", 500))
+		done <- r
+	}()
+	time.Sleep(300 * time.Millisecond)
+	dup, err := t.once(ctx, t.api, key, body("tok_slow", 500))
+	if err != nil {
+		return err
+	}
+	show("duplicate, one attempt", dup)
+	retried, err := t.retrying.Do(ctx, t.request(key, body("tok_slow", 500)))
+	if err != nil {
+		return err
+	}
+	show("duplicate, retrying client", retried)
+	if first := <-done; first != nil {
+		show("the first request", first)
+	}
+	return nil
+}
+
+func (t *tour) reusedKey(ctx context.Context) error {
+	t.title("the same key with a different payload")
+	key := t.run + "-first"
+	r, err := t.once(ctx, t.api, key, body("tok_visa", 2000))
+	if err != nil {
+		return err
+	}
+	show("amount 2000 instead of 1000", r)
+	_, err = t.retrying.Do(ctx, t.request(key, body("tok_visa", 2000)))
+	fmt.Printf("   the client refuses it before sending: %v\n", errors.Is(err, client.ErrKeyReused))
+	return nil
+}
+
+func (t *tour) declinedReplayed(ctx context.Context) error {
+	t.title("a declined card is an answer too: stored and replayed")
+	key := t.run + "-declined"
+	for _, what := range []string{"first call", "retry"} {
+		r, err := t.retrying.Do(ctx, t.request(key, body("tok_chargeDeclined", 700)))
+		if err != nil {
+			return err
+		}
+		show(what, r)
+	}
+	return nil
+}
+
+func (t *tour) gatewayError(ctx context.Context) error {
+	t.title("a gateway error is not stored: a retry runs again")
+	key := t.run + "-gateway"
+	for _, what := range []string{"first call", "retry with the same key"} {
+		r, err := t.once(ctx, t.api, key, body("tok_gatewayError", 900))
+		if err != nil {
+			return err
+		}
+		show(what, r)
+	}
+	fmt.Println("   (the simulated gateway always fails for tok_gatewayError; a real, transient")
+	fmt.Println("    failure would succeed on the retry, and the retry would be its first charge)")
+	return nil
+}
+
+// crashMidRequest starts a second api on a free port, sends it a slow
+// payment, kills it with SIGKILL mid-request, and retries the same payment
+// on the main api: it answers 409 until the dead request's lease runs out,
+// then runs the payment exactly once.
+func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
+	t.title("an api process killed in the middle of a request")
+	if _, err := os.Stat(apiBin); err != nil {
+		fmt.Printf("   skipped: %s not found (make tour builds it)\n", apiBin)
+		return nil
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	victim := exec.Command(apiBin)
+	victim.Env = append(os.Environ(), "HTTP_ADDR="+addr, "LEASE_TIMEOUT=3s", "LOG_LEVEL=error")
+	if err := victim.Start(); err != nil {
+		return fmt.Errorf("start a second api: %w", err)
+	}
+	defer func() { _ = victim.Process.Kill(); _ = victim.Wait() }()
+	base := "http://" + addr
+	for i := 0; ; i++ {
+		if res, err := t.http.Get(base + "/readyz"); err == nil {
+			res.Body.Close()
+			break
+		}
+		if i > 100 {
+			return errors.New("the second api did not start (does it reach DATABASE_URL and REDIS_URL?)")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	key := t.run + "-crash"
+	go func() { _, _ = t.once(ctx, base, key, body("tok_slow", 1234)) }()
+	time.Sleep(500 * time.Millisecond)
+	_ = victim.Process.Kill()
+	fmt.Printf("   sent tok_slow to a second api (%s, LEASE_TIMEOUT=3s) and killed it with SIGKILL mid-request\n", addr)
+	began := time.Now()
+	r, err := t.retrying.Do(ctx, t.request(key, body("tok_slow", 1234)))
+	if err != nil {
+		return err
+	}
+	show("retry on the main api", r)
+	fmt.Printf("   recovered in %s: 409 while the dead request's lease lasted, then one execution\n", time.Since(began).Round(100*time.Millisecond))
+	return nil
+}
+
+// metrics prints the engine's counters from the api's /metrics.
+func (t *tour) metrics() error {
+	t.title("what the api counted (/metrics)")
+	res, err := t.http.Get(t.api + "/metrics")
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	raw, err := io.ReadAll(res.Body)
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "onceonly_requests_total") || strings.HasPrefix(line, "onceonly_redis_fallback_total") {
+			fmt.Println("   " + line)
+		}
+	}
+	fmt.Println("   relay: curl -s localhost:8081/metrics | grep ^onceonly_relay; reconciler: localhost:8082/metrics")
+	return nil
+}
+
+func (t *tour) ping() error {
+	res, err := t.http.Get(t.api + "/healthz")
+	if err != nil {
+		return err
+	}
+	res.Body.Close()
+	return nil
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
