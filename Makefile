@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile docs tour
+.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile docs tour chaos
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -47,3 +47,9 @@ tour:
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:$${PG_PORT:-5432}/onceonly?sslmode=disable}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:$${REDIS_PORT:-6379}/0}" \
 	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" bin/tour
+
+# The chaos suite at length: CHAOS_DURATION (default 5m) of load and faults
+# on a private stack; the summary lands in chaos-summary.json.
+chaos:
+	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-20000} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
+		scripts/test.sh -run TestChaos -v -timeout 60m

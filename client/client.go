@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -34,7 +35,7 @@ const (
 )
 
 // ErrKeyReused is returned by Do for a key already used with another
-// payload (method, URL or body).
+// payload (method, URL path and query, or body).
 var ErrKeyReused = errors.New("client: idempotency key already used with a different payload")
 
 // Client sends idempotent requests with retries. The zero value is usable.
@@ -183,10 +184,15 @@ func (c *Client) send(ctx context.Context, req Request) (*Response, error) {
 }
 
 // remember records the payload of req's key, or fails if the key was used
-// with another payload.
+// with another payload. The payload is the method, the URL's path and query
+// and the body: the same operation may go to another host (a replica).
 func (c *Client) remember(req Request) error {
+	target := req.URL
+	if u, err := url.Parse(req.URL); err == nil {
+		target = u.RequestURI()
+	}
 	sum := sha256.New()
-	for _, part := range [][]byte{[]byte(req.Method), {0}, []byte(req.URL), {0}, req.Body} {
+	for _, part := range [][]byte{[]byte(req.Method), {0}, []byte(target), {0}, req.Body} {
 		sum.Write(part)
 	}
 	digest := string(sum.Sum(nil))

@@ -1,0 +1,412 @@
+// Package chaos runs the whole system — two api processes, two relays and a
+// reconciler, as real binaries on real Postgres and Redis servers — under a
+// load of retried payments while processes are killed and servers flushed
+// and restarted, then checks the invariants.
+//
+// CHAOS_DURATION (default 20s) sets the length of the load, CHAOS_PAYMENTS
+// (default 800) the number of logical payments, CHAOS_SUMMARY a path for the
+// JSON summary. `make chaos` runs a long one.
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/client"
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/reconcile"
+)
+
+const (
+	leaseTimeout      = 2 * time.Second
+	reconcileInterval = time.Second
+	reapGrace         = 100 * time.Millisecond
+	sourceHeader      = "X-Chaos-Source"
+)
+
+// Summary is the JSON the run writes.
+type Summary struct {
+	DurationS      float64        `json:"duration_s"`
+	Payments       int            `json:"payments"`
+	Operations     int            `json:"operations"`
+	DuplicatesSent int            `json:"duplicates_sent"`
+	Requests       int            `json:"requests"`
+	Statuses       map[string]int `json:"statuses"`
+	Faults         map[string]int `json:"faults"`
+	Violations     []string       `json:"violations"`
+}
+
+// answer is the final answer of one operation.
+type answer struct {
+	status int
+	body   string
+	err    error
+}
+
+// recorder is an http.RoundTripper that counts every status the apis send,
+// with the time, for the 5xx checks.
+type recorder struct {
+	mu       sync.Mutex
+	statuses map[int]int
+	bad      []string // 5xx that no fault explains
+	pgDown   func(time.Time) bool
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.statuses[res.StatusCode]++
+	source := req.Header.Get(sourceHeader)
+	switch {
+	case res.StatusCode < 500:
+	case res.StatusCode == http.StatusBadGateway && source == "tok_gatewayError":
+	case res.StatusCode == http.StatusServiceUnavailable && r.pgDown(time.Now()):
+	default:
+		r.bad = append(r.bad, fmt.Sprintf("%d for %s (%s) at %s", res.StatusCode, req.Header.Get(client.HeaderKey), source, time.Now().Format(time.StampMilli)))
+	}
+	return res, nil
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+func TestChaos(t *testing.T) {
+	duration, err := time.ParseDuration(os.Getenv("CHAOS_DURATION"))
+	if err != nil || duration <= 0 {
+		duration = 20 * time.Second
+	}
+	payments := envInt("CHAOS_PAYMENTS", 800)
+	ctx := testenv.Context(t)
+
+	bins := buildCommands(t)
+	pg := testenv.NewPostgresServer(t)
+	redisSrv := testenv.NewRedisServer(t)
+	env := []string{"DATABASE_URL=" + pg.URL(), "REDIS_URL=" + redisSrv.URL(), "LOG_LEVEL=warn"}
+	if _, err := runOnce(ctx, bins+"/api", env, "migrate", "up"); err != nil {
+		t.Fatal(err)
+	}
+	apiEnv := append(env, "LEASE_TIMEOUT="+leaseTimeout.String(), "SLOW_GATEWAY_DELAY=300ms",
+		"API_KEYS=sk_chaos=acct_chaos")
+	apis := []*proc{
+		newProc(t, "api1", bins+"/api", testenv.FreeAddr(t), apiEnv...),
+		newProc(t, "api2", bins+"/api", testenv.FreeAddr(t), apiEnv...),
+	}
+	relays := []*proc{
+		newProc(t, "relay1", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms")...),
+		newProc(t, "relay2", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms")...),
+	}
+	reconciler := newProc(t, "reconciler", bins+"/reconciler", testenv.FreeAddr(t),
+		append(env, "RECONCILE_SCHEDULE=@every "+reconcileInterval.String(), "REAP_GRACE="+reapGrace.String())...)
+	all := append(append(append([]*proc{}, apis...), relays...), reconciler)
+	for _, p := range all {
+		if err := p.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, p := range all {
+			p.kill()
+		}
+		if t.Failed() {
+			for _, p := range all {
+				t.Logf("--- %s log tail:\n%s", p.name, p.tail())
+			}
+		}
+	})
+
+	// Faults, until the load ends.
+	var pgMu sync.Mutex
+	var pgDownFrom, pgDownTo time.Time
+	rec := &recorder{statuses: map[int]int{}, pgDown: func(at time.Time) bool {
+		pgMu.Lock()
+		defer pgMu.Unlock()
+		return !pgDownFrom.IsZero() && at.After(pgDownFrom.Add(-time.Second)) &&
+			(pgDownTo.IsZero() || at.Before(pgDownTo.Add(5*time.Second)))
+	}}
+	faults := map[string]int{}
+	var faultErrs []string
+	flusher := testenv.RedisClient(t, redisSrv.URL())
+	loadCtx, endLoad := context.WithCancel(ctx)
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		faultErrs = injectFaults(loadCtx, duration, apis, relays, redisSrv, flusher, func() {
+			pgMu.Lock()
+			pgDownFrom = time.Now()
+			pgMu.Unlock()
+			pg.Restart()
+			pgMu.Lock()
+			pgDownTo = time.Now()
+			pgMu.Unlock()
+		}, faults)
+	}()
+
+	// The load: every payment sent several times, some copies at once,
+	// some later, to either api.
+	began := time.Now()
+	answers := runLoad(ctx, payments, duration, apis, rec)
+	endLoad()
+	<-faultsDone
+	loadTook := time.Since(began)
+
+	// Quiesce, then check.
+	summary := Summary{
+		DurationS: loadTook.Seconds(), Payments: payments, Faults: faults, Statuses: map[string]int{},
+	}
+	for key := range answers {
+		summary.Operations += len(answers[key])
+	}
+	summary.DuplicatesSent = summary.Operations - payments
+	rec.mu.Lock()
+	for status, n := range rec.statuses {
+		summary.Statuses[strconv.Itoa(status)] = n
+		summary.Requests += n
+	}
+	summary.Violations = append(summary.Violations, rec.bad...)
+	rec.mu.Unlock()
+	summary.Violations = append(summary.Violations, faultErrs...)
+
+	pool := testenv.Pool(t, pg.URL())
+	summary.Violations = append(summary.Violations, checkInvariants(t, ctx, pool, redisSrv, bins, env, reconciler, answers)...)
+	for _, p := range all {
+		if err := p.stop(); err != nil {
+			summary.Violations = append(summary.Violations, err.Error())
+		}
+	}
+
+	out, _ := json.MarshalIndent(summary, "", "  ")
+	t.Logf("chaos summary:\n%s", out)
+	if path := os.Getenv("CHAOS_SUMMARY"); path != "" {
+		if err := os.WriteFile(path, out, 0o644); err != nil {
+			t.Errorf("write summary: %v", err)
+		}
+	}
+	for _, v := range summary.Violations {
+		t.Error(v)
+	}
+	if summary.Faults["kill_api"]+summary.Faults["kill_relay"] == 0 || summary.Faults["restart_postgres"] != 1 {
+		t.Errorf("the run injected too few faults: %v", summary.Faults)
+	}
+}
+
+// injectFaults kills and restarts processes and flushes and restarts Redis
+// at random until ctx ends, and restarts Postgres once, near the middle. It
+// returns the processes that failed to come back.
+func injectFaults(ctx context.Context, duration time.Duration, apis, relays []*proc,
+	redisSrv *testenv.RedisServer, rdb *redis.Client, restartPostgres func(), faults map[string]int,
+) (errs []string) {
+	pgAt := time.Now().Add(duration * 2 / 5)
+	pgDone := false
+	restart := func(p *proc, fault string) {
+		p.kill()
+		time.Sleep(200 * time.Millisecond)
+		if err := p.start(); err != nil {
+			errs = append(errs, err.Error())
+		}
+		faults[fault]++
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return errs
+		case <-time.After(time.Duration(700+rand.IntN(900)) * time.Millisecond):
+		}
+		if !pgDone && time.Now().After(pgAt) {
+			pgDone = true
+			restartPostgres()
+			faults["restart_postgres"]++
+			continue
+		}
+		switch rand.IntN(4) {
+		case 0:
+			restart(apis[rand.IntN(len(apis))], "kill_api")
+		case 1:
+			restart(relays[rand.IntN(len(relays))], "kill_relay")
+		case 2:
+			_ = rdb.FlushAll(context.Background()).Err()
+			faults["flush_redis"]++
+		case 3:
+			redisSrv.Restart()
+			faults["restart_redis"]++
+		}
+	}
+}
+
+var sources = []string{"tok_visa", "tok_visa", "tok_visa", "tok_visa", "tok_visa", "tok_visa",
+	"tok_chargeDeclined", "tok_gatewayError", "tok_slow", "tok_slow"}
+
+// runLoad sends every payment 2–4 times and returns the final answers per
+// key.
+func runLoad(ctx context.Context, payments int, duration time.Duration, apis []*proc, rec *recorder) map[string][]answer {
+	c := &client.Client{HTTP: &http.Client{Timeout: 5 * time.Second, Transport: rec},
+		MaxAttempts: 12, MinDelay: 50 * time.Millisecond, MaxDelay: 700 * time.Millisecond}
+	var mu sync.Mutex
+	answers := make(map[string][]answer, payments)
+	sem := make(chan struct{}, 48)
+	var wg sync.WaitGroup
+	for i := range payments {
+		key := fmt.Sprintf("chaos-%d", i)
+		source := sources[i%len(sources)]
+		body := fmt.Sprintf(`{"amount":%d,"currency":"eur","customer":"cus_%d","source":%q}`, 100+i, i, source)
+		start := time.Duration(rand.Int64N(int64(duration * 4 / 5)))
+		copies := 2 + rand.IntN(3)
+		for j := range copies {
+			delay := start
+			if j > 0 && rand.IntN(2) == 0 {
+				delay += time.Duration(rand.IntN(1500)) * time.Millisecond // a later retry
+			}
+			api := apis[(i+j)%len(apis)]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(delay)
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				opCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				res, err := c.Do(opCtx, client.Request{
+					Method: "POST", URL: "http://" + api.addr + "/v1/payments", Key: key, Body: []byte(body),
+					Header: http.Header{"Authorization": {"Bearer sk_chaos"}, sourceHeader: {source}},
+				})
+				a := answer{err: err}
+				if res != nil {
+					a.status, a.body = res.StatusCode, string(res.Body)
+				}
+				mu.Lock()
+				answers[key] = append(answers[key], a)
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	return answers
+}
+
+// checkInvariants waits for the system to settle and returns every
+// violation of I1, I2, I5, I7 and I9.
+func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, redisSrv *testenv.RedisServer,
+	bins string, env []string, reconciler *proc, answers map[string][]answer,
+) []string {
+	var v []string
+	// I9: the relays drain the outbox.
+	if !settle(30*time.Second, func() bool {
+		var n int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
+	}) {
+		v = append(v, "I9: the outbox did not drain within 30 s")
+	}
+	// I5: nothing stays in progress past its lease plus one reconcile
+	// interval (and the grace).
+	time.Sleep(leaseTimeout + reapGrace + 2*reconcileInterval)
+	var stuck int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'
+		AND lease_expires_at < now() - $1::interval`, reapGrace+reconcileInterval).Scan(&stuck); err != nil {
+		t.Fatal(err)
+	}
+	if stuck > 0 {
+		v = append(v, fmt.Sprintf("I5: %d keys in progress past lease + grace + one reconcile interval", stuck))
+	}
+	// I7: once the daemon's passes are done, a pass finds no drift.
+	if err := reconciler.stop(); err != nil {
+		v = append(v, err.Error())
+	}
+	out, err := runOnce(ctx, bins+"/reconciler", env, "--once")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep reconcile.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("reconciler --once printed %q: %v", out, err)
+	}
+	if rep.Drift() != 0 {
+		v = append(v, "I7: reconciler --once after quiescing found drift: "+out)
+	}
+	c := cache.New(testenv.RedisClient(t, redisSrv.URL()), cache.Options{})
+	for _, d := range testenv.Drift(t, ctx, pool, c, "%") {
+		v = append(v, "I7: "+d)
+	}
+	// I1 and I2, key by key.
+	rows := map[string]map[string]int{}
+	r, err := pool.Query(ctx, `SELECT idempotency_key, status, count(*) FROM payments WHERE merchant_id = 'acct_chaos' GROUP BY 1, 2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var key, status string
+		var n int
+		if err := r.Scan(&key, &status, &n); err != nil {
+			t.Fatal(err)
+		}
+		if rows[key] == nil {
+			rows[key] = map[string]int{}
+		}
+		rows[key][status] = n
+	}
+	r.Close()
+	for key, as := range answers {
+		i, _ := strconv.Atoi(key[len("chaos-"):])
+		if sources[i%len(sources)] == "tok_gatewayError" && len(rows[key]) > 0 {
+			v = append(v, fmt.Sprintf("I1: %s (gateway error) has payment rows %v", key, rows[key]))
+		}
+		var stored string
+		created, declined := false, false
+		for _, a := range as {
+			if a.err != nil && a.status == 0 {
+				v = append(v, fmt.Sprintf("%s: no answer: %v", key, a.err))
+				continue
+			}
+			if a.status/100 != 2 && a.status != http.StatusPaymentRequired {
+				continue
+			}
+			created = created || a.status == http.StatusCreated
+			declined = declined || a.status == http.StatusPaymentRequired
+			if stored == "" {
+				stored = a.body
+			} else if a.body != stored {
+				v = append(v, fmt.Sprintf("I2: %s: two different stored answers:\n  %s\n  %s", key, stored, a.body))
+			}
+		}
+		total := rows[key]["succeeded"] + rows[key]["declined"]
+		switch {
+		case total > 1:
+			v = append(v, fmt.Sprintf("I1: %s has %d payment rows", key, total))
+		case created && rows[key]["succeeded"] != 1:
+			v = append(v, fmt.Sprintf("I1: %s answered 201 but has %d succeeded rows", key, rows[key]["succeeded"]))
+		case declined && rows[key]["declined"] != 1:
+			v = append(v, fmt.Sprintf("I1: %s answered 402 but has %d declined rows", key, rows[key]["declined"]))
+		}
+	}
+	return v
+}
+
+// settle polls cond for up to timeout.
+func settle(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return true
+}

@@ -1,0 +1,130 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildCommands builds api, relay and reconciler (without -race: five of
+// them share two cores with the servers) and returns their folder.
+func buildCommands(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("build the commands: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// proc is one supervised daemon process.
+type proc struct {
+	name, bin, addr string
+	env             []string
+	logPath         string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+func newProc(t *testing.T, name, bin, addr string, env ...string) *proc {
+	return &proc{name: name, bin: bin, addr: addr, env: append(os.Environ(), append(env, "HTTP_ADDR="+addr, "LOG_FORMAT=text")...),
+		logPath: filepath.Join(t.TempDir(), name+".log")}
+}
+
+// start starts the process and waits until its /healthz answers.
+func (p *proc) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	logs, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logs.Close()
+	cmd := exec.Command(p.bin)
+	cmd.Env, cmd.Stdout, cmd.Stderr = p.env, logs, logs
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	p.cmd = cmd
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, err := http.Get("http://" + p.addr + "/healthz")
+		if err == nil {
+			res.Body.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not come up: %w\n%s", p.name, err, p.tail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill sends SIGKILL, as a crash would.
+func (p *proc) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+// stop sends SIGTERM and returns an error unless the process exits 0
+// within 10 s.
+func (p *proc) stop() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return nil
+	}
+	cmd := p.cmd
+	p.cmd = nil
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%s exited badly after SIGTERM: %w", p.name, err)
+		}
+		return nil
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("%s did not exit within 10 s of SIGTERM", p.name)
+	}
+}
+
+// tail returns the end of the process's log.
+func (p *proc) tail() string {
+	raw, _ := os.ReadFile(p.logPath)
+	if len(raw) > 4000 {
+		raw = raw[len(raw)-4000:]
+	}
+	return string(raw)
+}
+
+// runOnce runs a command to completion and returns its stdout.
+func runOnce(ctx context.Context, bin string, env []string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s %s: %w: %s", filepath.Base(bin), strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String(), nil
+}
