@@ -51,6 +51,13 @@ type Config struct {
 	ShouldStore func(status int) bool
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
+	// DeferRelayNotify takes the relay's NOTIFY out of the engine's
+	// transactions (see outbox.Config.DeferNotify): commits stop queueing
+	// on the database-wide NOTIFY lock. The engine then notifies after a
+	// commit only when its write-through to Redis failed; events already in
+	// Redis reach the relay on its poll (RELAY_POLL_INTERVAL), which only
+	// cleans them up.
+	DeferRelayNotify bool
 	// Registerer receives the engine's Prometheus metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
@@ -119,8 +126,10 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("onceonly: register metrics: %w", err)
 	}
 	e := &Engine{
-		cfg:     cfg,
-		store:   outbox.New(outbox.Config{CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL}),
+		cfg: cfg,
+		store: outbox.New(outbox.Config{
+			CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL, DeferNotify: cfg.DeferRelayNotify,
+		}),
 		log:     cfg.Logger,
 		metrics: m,
 	}
@@ -275,7 +284,7 @@ func (e *Engine) run(ctx context.Context, scope, key string, owner [16]byte, fn 
 	})
 	switch {
 	case txErr == nil:
-		e.applyCache(stored)
+		e.writeThrough(stored)
 		return Outcome{Result: res}, outcomeExecuted, nil
 	case errors.Is(txErr, outbox.ErrLeaseLost) || errors.Is(context.Cause(hctx), outbox.ErrLeaseLost):
 		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
@@ -339,20 +348,36 @@ func (e *Engine) fail(scope, key string, owner [16]byte) {
 		}
 		return
 	}
-	e.applyCache(k)
+	e.writeThrough(k)
+}
+
+// writeThrough copies a transition this engine committed into Redis. With
+// DeferRelayNotify, a copy that did not land wakes the relay instead.
+func (e *Engine) writeThrough(k outbox.Key) {
+	if e.applyCache(k) || !e.cfg.DeferRelayNotify {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.store.Notify(ctx, e.cfg.Pool); err != nil {
+		e.log.Warn("notify relays", "err", err)
+	}
 }
 
 // applyCache writes a Postgres state through to Redis, best effort: the
-// relay delivers it anyway.
-func (e *Engine) applyCache(k outbox.Key) {
+// relay delivers it anyway. It reports whether Redis took the write (or
+// already held it).
+func (e *Engine) applyCache(k outbox.Key) bool {
 	if e.cache == nil {
-		return
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
 	defer cancel()
 	if _, err := e.cache.Apply(ctx, k.CacheUpdate()); err != nil {
 		e.redisFailed(redisOpApply, err)
+		return false
 	}
+	return true
 }
 
 // releaseCache drops this request's provisional claim, best effort.

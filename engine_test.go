@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 type testBundle struct {
@@ -436,4 +437,55 @@ func TestInvalidKeyAndScope(t *testing.T) {
 	}
 	require.Equal(t, 0, b.payments(t))
 	require.Equal(t, "absent", b.keyStatus(t, "k"))
+}
+
+// listen opens a LISTEN connection on the test's database and returns a
+// function that reports whether a notification arrives within wait.
+func (b *testBundle) listen(t *testing.T) func(wait time.Duration) bool {
+	t.Helper()
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	_, err = conn.Exec(b.ctx, "LISTEN "+outbox.NotifyChannel)
+	require.NoError(t, err)
+	return func(wait time.Duration) bool {
+		ctx, cancel := context.WithTimeout(b.ctx, wait)
+		defer cancel()
+		got := false
+		for {
+			if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+				return got
+			}
+			got = true
+		}
+	}
+}
+
+// TestDeferredRelayNotify: with DeferRelayNotify the engine's transactions
+// send no NOTIFY while the write-through lands, and wake the relay after
+// the commit when it does not.
+func TestDeferredRelayNotify(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewRedisServer(t)
+	b := setup(t, setupOpts{rdb: testenv.RedisClient(t, srv.URL())})
+	e, err := onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, DeferRelayNotify: true})
+	require.NoError(t, err)
+	notified := b.listen(t)
+
+	_, err = e.Do(b.ctx, "m", "quiet", []byte("p"), payment(201, `{}`))
+	require.NoError(t, err)
+	require.False(t, notified(300*time.Millisecond), "written through: no NOTIFY")
+	var events int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox WHERE key = 'quiet'`).Scan(&events))
+	require.Equal(t, 2, events, "the events are written all the same")
+
+	srv.Stop()
+	_, err = e.Do(b.ctx, "m", "loud", []byte("p"), payment(201, `{}`))
+	require.NoError(t, err)
+	require.True(t, notified(2*time.Second), "the write-through failed: the relay is woken")
+
+	// The default engine notifies inside its transactions.
+	_, err = b.engine.Do(b.ctx, "m", "default", []byte("p"), payment(201, `{}`))
+	require.NoError(t, err)
+	require.True(t, notified(2*time.Second))
 }

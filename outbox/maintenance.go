@@ -139,17 +139,12 @@ var ErrKeyInProgress = errors.New("the key is in progress; purging it lets a dup
 // keeps counting versions (so no stale copy can outrank it), and retention
 // deletes the row. A held key (forced) becomes failed, so its worker can no
 // longer complete it.
-var purgeSQL = `
-WITH purged AS (
+var purgeSQL = transitionSQL(`
 	UPDATE idempotency_keys AS k SET version = k.version + 1, expires_at = now(), updated_at = now(),
 		status = CASE WHEN k.status = 'in_progress' THEN 'failed' ELSE k.status END,
 		owner = NULL, lease_expires_at = NULL
 	WHERE k.scope = $1 AND k.key = $2 AND (k.status <> 'in_progress' OR $3)
-	RETURNING k.*
-), event AS (
-	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM purged
-)
-SELECT ` + keyColumns + `, pg_notify('` + NotifyChannel + `', '') IS NULL FROM purged k`
+	RETURNING k.*`, notifyColumn)
 
 // Purge forgets (scope, key): it expires the row at once, through the
 // outbox like any transition, so no relay or reconciler can bring the old

@@ -148,7 +148,80 @@ func TestClaim(t *testing.T) {
 		require.False(t, res.Claimed)
 		require.Equal(t, outbox.StatusCompleted, res.Key.Status)
 		require.Equal(t, resp, res.Key.Response)
+		// Refused, the claim neither wrote nor locked the row: replays
+		// answered from Postgres do not queue behind each other.
+		var xmax string
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT xmax::text FROM idempotency_keys WHERE key = 'k'`).Scan(&xmax))
+		require.Equal(t, "0", xmax)
+		require.Equal(t, []int64{1, 2}, b.events(t))
 	})
+}
+
+// A claim commits on its own without waiting for the WAL flush, but never
+// changes the durability of a caller's transaction.
+func TestClaimKeepsCallerTransactionDurable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	syncCommit := func(db outbox.DB) string {
+		var v string
+		require.NoError(t, db.QueryRow(b.ctx, `SHOW synchronous_commit`).Scan(&v))
+		return v
+	}
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, `SET synchronous_commit = on`) // test servers run with it off
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(b.ctx, `RESET synchronous_commit`) }()
+
+	tx, err := conn.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	res, err := b.store.Claim(b.ctx, tx, "s", "in-tx", "fp", ownerA, time.Minute)
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	require.Equal(t, "on", syncCommit(tx))
+	require.NoError(t, tx.Commit(b.ctx))
+
+	res, err = b.store.Claim(b.ctx, conn, "s", "own-commit", "fp", ownerA, time.Minute)
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	require.Equal(t, "on", syncCommit(conn), "the setting must end with the claim's own commit")
+}
+
+// Many claims race for a key whose lease ran out: exactly one takes it over.
+func TestTakeoverHammer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for round := range 5 {
+		held, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", [16]byte{byte(round), 9}, time.Minute)
+		require.NoError(t, err)
+		if round == 0 {
+			require.True(t, held.Claimed)
+		}
+		b.expireLease(t, "k")
+		var wg sync.WaitGroup
+		var claimed sync.Map
+		for i := range 40 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", [16]byte{byte(round), byte(i), 1}, time.Minute)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Claimed {
+					claimed.Store(i, res.Key.Version)
+				}
+			}()
+		}
+		wg.Wait()
+		n := 0
+		claimed.Range(func(_, _ any) bool { n++; return true })
+		require.Equal(t, 1, n, "round %d", round)
+		b.expireLease(t, "k")
+	}
 }
 
 func TestCompleteIsFencedByOwner(t *testing.T) {

@@ -73,6 +73,20 @@ func (s *Set) Int(name, env string, def int, text string) *int {
 	return &v.n
 }
 
+// Bool defines a boolean setting; the environment variable takes true,
+// false, 1 or 0.
+func (s *Set) Bool(name, env string, def bool, text string) *bool {
+	if raw, ok := s.env(name, env); ok {
+		v, err := strconv.ParseBool(raw)
+		if err != nil {
+			s.errs = append(s.errs, fmt.Errorf("%s=%q: use true or false", env, raw))
+		} else {
+			def = v
+		}
+	}
+	return s.fs.Bool(name, def, usage(env, text))
+}
+
 // Parse parses args and returns the first problem as one line.
 func (s *Set) Parse(args []string) error {
 	if err := s.fs.Parse(args); err != nil {
