@@ -25,7 +25,7 @@ const (
 	flagConfirmed   = 'c'
 	flagMarker      = 'm'
 
-	digestLen = 16
+	digestLen = 8
 	ownerLen  = 16
 
 	// jsonContentType is stored as an empty content type.
@@ -35,7 +35,7 @@ const (
 // ErrCorrupt is returned by Decode for a value that is not in the layout.
 var ErrCorrupt = errors.New("cache value is not in the onceonly layout")
 
-// Digest is the fingerprint as the cache keeps it: the first 16 bytes of the
+// Digest is the fingerprint as the cache keeps it: the first 8 bytes of the
 // SHA-256 of the full fingerprint string. Postgres keeps the full string.
 func Digest(fingerprint string) string {
 	sum := sha256.Sum256([]byte(fingerprint))

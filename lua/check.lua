@@ -3,7 +3,7 @@
 -- claim the key in Postgres (which stays the judge).
 --
 -- KEYS[1] -> <prefix><scope>:<key>
--- ARGV[1] -> fingerprint digest (16 bytes)
+-- ARGV[1] -> fingerprint digest (8 bytes)
 -- ARGV[2] -> owner token of the caller (16 bytes)
 -- ARGV[3] -> lease in milliseconds
 -- Returns:

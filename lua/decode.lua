@@ -1,19 +1,20 @@
 -- decode.lua: prepended to every script (see lua.go); not run on its own.
 --
 -- Value layout (one Redis string per idempotency key):
---   <state>:<version>:<flag><fp16><tail>
+--   <state>:<version>:<flag><fp8><tail>
 --   state   in_progress | completed | failed (the words Postgres uses)
 --   version the Postgres version the value reflects (decimal)
 --   flag    'p' provisional claim made by check.lua (in_progress only, never
 --           outranks a Postgres version), 'c' confirmed by Postgres, 'm' completed
 --           with the body kept in Postgres only (too large for the cache)
---   fp16    first 16 bytes of SHA-256 of the request fingerprint
+--   fp8     first 8 bytes of SHA-256 of the request fingerprint (another
+--           payload matches by chance once in 2^64; Postgres keeps the whole)
 --   tail    in_progress: <lease_until_ms>:<owner16>  (lease in Redis TIME)
 --           completed:   <status, 3 digits><content type>\n<body>
 --                        (empty content type means application/json)
 --           failed:      empty
 --
--- decode returns state, version, flag, fp16, tail, or nil for anything that is
+-- decode returns state, version, flag, fp8, tail, or nil for anything that is
 -- not such a value (a foreign or corrupt value counts as a miss).
 local function decode(v)
   if type(v) ~= 'string' then return nil end
@@ -24,8 +25,8 @@ local function decode(v)
   local state = string.sub(v, 1, a - 1)
   if state ~= 'in_progress' and state ~= 'completed' and state ~= 'failed' then return nil end
   local version = tonumber(string.sub(v, a + 1, b - 1))
-  if version == nil or #v < b + 17 then return nil end
-  return state, version, string.sub(v, b + 1, b + 1), string.sub(v, b + 2, b + 17), string.sub(v, b + 18)
+  if version == nil or #v < b + 9 then return nil end
+  return state, version, string.sub(v, b + 1, b + 1), string.sub(v, b + 2, b + 9), string.sub(v, b + 10)
 end
 
 -- lease_until returns the lease deadline (Redis ms) of an in_progress tail.
