@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile docs tour chaos
+.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile bench-compare docs tour chaos
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -35,6 +35,13 @@ bench-relay:
 # A reconcile pass over 100k and 1M keys beside a bare SCAN, with peak RSS.
 bench-reconcile:
 	bench/reconcile.sh
+
+# The side-by-side benchmark: bare Redis GET, bare INSERT, Redis-only and
+# Postgres-only idempotency and onceonly under one load generator, duplicate
+# effects under a cache flush, and Redis memory per key (BENCH_SECONDS,
+# BENCH_CONNS, BENCH_PROFILE; see docs/BENCHMARKS.md).
+bench-compare:
+	bench/compare.sh
 
 # Regenerates docs/configuration.md from the commands' -h output.
 docs:

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The side-by-side benchmark of issue 6, one command, one run, same load
+# generator (wrk, BENCH_CONNS connections, BENCH_SECONDS each) for all
+# variants, on durable local servers under .data/bench:
+#   (a) bare handler, one Redis GET        (b) bare handler, one INSERT
+#   (c) Redis-only idempotency (Lua lock)  (d) Postgres-only idempotency
+#   (e) onceonly, as configured by default and with DEFER_NOTIFY=true
+# A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
+# duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
+# memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
+# variants listen on 29001-29006 (below the ephemeral range). BENCH_PROFILE=DIR
+# saves CPU profiles of the onceonly runs there (go tool pprof -top FILE).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pg_port=${BENCH_PG_PORT:-45432}
+redis_port=${BENCH_REDIS_PORT:-46379}
+secs=${BENCH_SECONDS:-10}
+conns=${BENCH_CONNS:-32}
+
+command -v wrk >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq wrk >/dev/null; }
+scripts/services.sh start .data/bench "$pg_port" "$redis_port"
+harness_pid= relay_pid=
+cleanup() {
+	[ -n "$harness_pid" ] && kill "$harness_pid" 2>/dev/null || true
+	[ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null || true
+	wait 2>/dev/null || true
+	scripts/services.sh stop .data/bench
+}
+trap cleanup EXIT
+mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/relay ./bench/harness
+
+PGOPTIONS=-cclient_min_messages=warning psql -h 127.0.0.1 -p "$pg_port" -U postgres -qc "DROP DATABASE IF EXISTS bench_compare" -c "CREATE DATABASE bench_compare"
+export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/bench_compare?sslmode=disable"
+export REDIS_URL="redis://127.0.0.1:$redis_port/0"
+bin/api migrate up >/dev/null
+redis-cli -p "$redis_port" FLUSHALL >/dev/null
+
+echo "== machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(psql --version), $(go version | cut -d' ' -f3)"
+echo "== Redis MEMORY USAGE (harness memory)"
+bin/harness memory
+
+bin/relay -http-addr 127.0.0.1:29011 2>/dev/null &
+relay_pid=$!
+bin/harness serve -base 29001 &
+harness_pid=$!
+for _ in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:29001/ && break; sleep 0.1; done
+
+# measure NAME PORT SCRIPT [RUN]: one wrk run; prints req/s, p50, p99. RUN
+# names the replayed key (0) or makes the new keys unique (default).
+measure() {
+	local out prof=
+	if [ -n "${BENCH_PROFILE:-}" ] && [ "$2" -ge 29005 ]; then
+		mkdir -p "$BENCH_PROFILE"
+		curl -s -o "$BENCH_PROFILE/$2-$3.pprof" "http://127.0.0.1:29010/debug/pprof/profile?seconds=$((secs - 1))" &
+		prof=$!
+	fi
+	out=$(BENCH_RUN=${4:-$RANDOM$RANDOM} wrk -t2 -c"$conns" -d"${secs}s" --latency -s "bench/wrk/$3" "http://127.0.0.1:$2/v1/payments")
+	printf '%-34s %10s req/s   p50 %-9s p99 %-9s non-2xx %s\n' "$1" \
+		"$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
+		"$(echo "$out" | awk '$1 == "50%" {print $2}')" \
+		"$(echo "$out" | awk '$1 == "99%" {print $2}')" \
+		"$(echo "$out" | awk 'tolower($0) ~ /non-2xx/ {n = $NF} END {print n + 0}')"
+	if [ -n "$prof" ]; then wait "$prof"; fi
+}
+
+echo "== replays (one stored key, answered again and again)"
+# The stored key gets the same body and headers wrk sends (bench/wrk/replay.lua).
+for port in 29003 29004 29005 29006; do
+	curl -s -o /dev/null -X POST "http://127.0.0.1:$port/v1/payments" -H "Idempotency-Key: bench-replay-0" \
+		-H 'Content-Type: application/json' -H 'Authorization: Bearer sk_test_demo' \
+		-d '{"amount":1000,"currency":"usd","customer":"cus_bench","source":"tok_visa"}'
+done
+measure "(a) bare handler, one Redis GET" 29001 replay.lua 0
+measure "(c) Redis-only idempotency" 29003 replay.lua 0
+measure "(d) Postgres-only idempotency" 29004 replay.lua 0
+measure "(e) onceonly" 29005 replay.lua 0
+measure "(e) onceonly, DEFER_NOTIFY" 29006 replay.lua 0
+echo "== first executions (a new key every request)"
+measure "(b) bare handler, one INSERT" 29002 first.lua
+measure "(c) Redis-only idempotency" 29003 first.lua
+measure "(d) Postgres-only idempotency" 29004 first.lua
+measure "(e) onceonly" 29005 first.lua
+measure "(e) onceonly, DEFER_NOTIFY" 29006 first.lua
+
+echo "== duplicate effects: 300 requests x 4 copies (2 at once, 2 later), FLUSHALL halfway"
+bin/harness dupes -n 300
