@@ -34,6 +34,7 @@ func TestBadConfiguration(t *testing.T) {
 		{map[string]string{"DATABASE_URL": ""}, nil, "DATABASE_URL (or -database-url) is required"},
 		{map[string]string{"DATABASE_URL": "postgres://x", "LEASE_TIMEOUT": "ten"}, nil, `LEASE_TIMEOUT="ten": not a duration`},
 		{map[string]string{"DATABASE_URL": "postgres://x", "LOG_LEVEL": "loud"}, nil, `LOG_LEVEL="loud"`},
+		{map[string]string{"DATABASE_URL": "postgres://x", "DEFER_NOTIFY": "maybe"}, nil, `DEFER_NOTIFY="maybe": use true or false`},
 		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"-lease-timeout", "-1s"}, "must not be negative"},
 		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"-nope"}, "flag provided but not defined"},
 		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"migrate"}, "say up, down, status or version"},
