@@ -182,7 +182,7 @@ func TestChaos(t *testing.T) {
 		summary.Statuses[strconv.Itoa(status)] = n
 		summary.Requests += n
 	}
-	summary.Violations = append(summary.Violations, rec.bad...)
+	summary.Violations = append([]string{}, rec.bad...) // [] rather than null in the JSON
 	rec.mu.Unlock()
 	summary.Violations = append(summary.Violations, faultErrs...)
 
