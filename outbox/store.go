@@ -122,10 +122,10 @@ type Config struct {
 // takes the DB to run on.
 type Store struct {
 	cfg Config
-	// claim holds the claim statements: [0] inside a caller's transaction,
-	// [1] committing on their own (see Claim).
-	claim      [2]claimStatements
-	finishStmt string
+	// claimInTx runs inside a caller's transaction; claimOwnCommit commits
+	// on its own without waiting for the WAL flush (see Claim).
+	claimInTx, claimOwnCommit claimStatements
+	finishStmt                string
 }
 
 type claimStatements struct{ insert, takeover string }
@@ -143,12 +143,13 @@ func New(cfg Config) *Store {
 		notify = "false"
 	}
 	s := &Store{cfg: cfg, finishStmt: transitionSQL(finishSQL, notify, "''")}
-	for i, durability := range []string{"''", asyncCommitColumn} {
-		s.claim[i] = claimStatements{
+	claim := func(durability string) claimStatements {
+		return claimStatements{
 			insert:   transitionSQL(insertSQL, notify, durability),
 			takeover: transitionSQL(takeoverSQL, notify, durability),
 		}
 	}
+	s.claimInTx, s.claimOwnCommit = claim("''"), claim(asyncCommitColumn)
 	return s
 }
 
@@ -234,9 +235,9 @@ const maxClaimRounds = 16
 // failure that follows it flushes it first, and a duplicate it turned away
 // retries.
 func (s *Store) Claim(ctx context.Context, db DB, scope, key, fingerprint string, owner [16]byte, lease time.Duration) (ClaimResult, error) {
-	st := s.claim[1]
+	st := s.claimOwnCommit
 	if _, inTx := db.(pgx.Tx); inTx {
-		st = s.claim[0]
+		st = s.claimInTx
 	}
 	args := []any{scope, key, fingerprint, owner, lease, s.cfg.CompletedTTL}
 	var notified bool

@@ -55,10 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return probe(args[1:], stderr)
 	}
 	set := config.NewSet("api", stderr)
-	set.FlagSet().Usage = func() {
-		fmt.Fprintln(set.FlagSet().Output(), "usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n       api keys show|purge [--force] SCOPE KEY [flags]\n       api probe URL                 exit 0 if URL answers 200 (container health checks)\n\nflags:")
-		set.FlagSet().PrintDefaults()
-	}
+	set.SetSynopsis("usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n       api keys show|purge [--force] SCOPE KEY [flags]\n       api probe URL                 exit 0 if URL answers 200 (container health checks)")
 	sub := ""
 	if len(args) > 0 && (args[0] == "migrate" || args[0] == "keys") {
 		sub, args = args[0], args[1:]

@@ -52,10 +52,7 @@ func define(s *config.Set) *settings {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	set := config.NewSet("reconciler", stderr)
-	set.FlagSet().Usage = func() {
-		fmt.Fprintln(set.FlagSet().Output(), "usage: reconciler [--once [--dry-run]] [flags]\n\nflags:")
-		set.FlagSet().PrintDefaults()
-	}
+	set.SetSynopsis("usage: reconciler [--once [--dry-run]] [flags]")
 	s := define(set)
 	if code, ok := daemon.ParseArgs(set, "reconciler", args, stderr); !ok {
 		return code

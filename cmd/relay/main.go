@@ -44,10 +44,7 @@ func define(s *config.Set) *settings {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	set := config.NewSet("relay", stderr)
-	set.FlagSet().Usage = func() {
-		fmt.Fprintln(set.FlagSet().Output(), "usage: relay [--once] [flags]\n\nflags:")
-		set.FlagSet().PrintDefaults()
-	}
+	set.SetSynopsis("usage: relay [--once] [flags]")
 	s := define(set)
 	if code, ok := daemon.ParseArgs(set, "relay", args, stderr); !ok {
 		return code

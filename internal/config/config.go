@@ -34,6 +34,15 @@ func NewSet(command string, out io.Writer) *Set {
 // FlagSet returns the underlying flag set (for boolean switches and the like).
 func (s *Set) FlagSet() *flag.FlagSet { return s.fs }
 
+// SetSynopsis makes -h print synopsis (the command's usage lines), then
+// every flag with its default and environment variable.
+func (s *Set) SetSynopsis(synopsis string) {
+	s.fs.Usage = func() {
+		fmt.Fprintln(s.fs.Output(), synopsis+"\n\nflags:")
+		s.fs.PrintDefaults()
+	}
+}
+
 func (s *Set) env(name, env string) (string, bool) {
 	s.envs[name] = env
 	return os.LookupEnv(env)
