@@ -42,7 +42,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	switch {
 	case opts.noRedis:
 	case opts.rdb != nil:
-		b.rdb, b.prefix = opts.rdb, "idem:"
+		b.rdb, b.prefix = opts.rdb, testenv.KeyPrefix(t, opts.rdb)
 	default:
 		b.rdb, b.prefix = testenv.Redis(t)
 	}
@@ -106,59 +106,72 @@ func (b *testBundle) outcomes(outcome string) float64 {
 
 func TestDoRunsOnceAndReplays(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	first, err := b.engine.Do(b.ctx, "m", "k1", []byte("p"), payment(201, `{"id":1}`))
-	require.NoError(t, err)
-	require.False(t, first.Replayed)
-	require.Equal(t, 201, first.Status)
-
-	for range 3 {
-		again, err := b.engine.Do(b.ctx, "m", "k1", []byte("p"), payment(201, `{"id":2}`))
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb})
+		first, err := b.engine.Do(b.ctx, "m", "k1", []byte("p"), payment(201, `{"id":1}`))
 		require.NoError(t, err)
-		require.True(t, again.Replayed)
-		require.Equal(t, first.Result, again.Result)
-	}
-	require.Equal(t, 1, b.payments(t))
-	require.Equal(t, 3.0, b.outcomes("replayed_cache"), "replays come from Redis after the write-through")
+		require.False(t, first.Replayed)
+		require.Equal(t, 201, first.Status)
+
+		for range 3 {
+			again, err := b.engine.Do(b.ctx, "m", "k1", []byte("p"), payment(201, `{"id":2}`))
+			require.NoError(t, err)
+			require.True(t, again.Replayed)
+			require.Equal(t, first.Result, again.Result)
+		}
+		require.Equal(t, 1, b.payments(t))
+		require.Equal(t, 3.0, b.outcomes("replayed_cache"), "replays come from Redis after the write-through")
+	})
 }
 
 func TestDoRefusesReuseWithAnotherPayload(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	_, err := b.engine.Do(b.ctx, "m", "k", []byte("p1"), payment(201, `{}`))
-	require.NoError(t, err)
-	ran := false
-	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p2"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
-		ran = true
-		return onceonly.Result{}, nil
-	})
-	require.ErrorIs(t, err, onceonly.ErrKeyReused)
-	require.False(t, ran)
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb})
+		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p1"), payment(201, `{}`))
+		require.NoError(t, err)
+		ran := false
+		_, err = b.engine.Do(b.ctx, "m", "k", []byte("p2"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
+			ran = true
+			return onceonly.Result{}, nil
+		})
+		require.ErrorIs(t, err, onceonly.ErrKeyReused)
+		require.False(t, ran)
 
-	// Same answer when Redis lost the key: Postgres decides.
-	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
-	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p2"), payment(201, `{}`))
-	require.ErrorIs(t, err, onceonly.ErrKeyReused)
-	require.Equal(t, 1, b.payments(t))
+		// Same answer when Redis lost the key: Postgres decides.
+		require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
+		_, err = b.engine.Do(b.ctx, "m", "k", []byte("p2"), payment(201, `{}`))
+		require.ErrorIs(t, err, onceonly.ErrKeyReused)
+		require.Equal(t, 1, b.payments(t))
+	})
 }
 
 func TestScopesNeverMeet(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	for _, scope := range []string{"m1", "m2"} {
-		out, err := b.engine.Do(b.ctx, scope, "k", []byte("p"), payment(201, scope))
-		require.NoError(t, err)
-		require.False(t, out.Replayed)
-	}
-	require.Equal(t, 2, b.payments(t))
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb})
+		for _, scope := range []string{"m1", "m2"} {
+			out, err := b.engine.Do(b.ctx, scope, "k", []byte("p"), payment(201, scope))
+			require.NoError(t, err)
+			require.False(t, out.Replayed)
+		}
+		require.Equal(t, 2, b.payments(t))
+	})
 }
 
 func TestInFlightDuplicateGetsRetryAfter(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"Redis", "PostgresOnly"} {
+	for _, name := range []string{"Redis", "RedisCluster", "PostgresOnly"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, setupOpts{noRedis: name == "PostgresOnly", lease: 30 * time.Second})
+			opts := setupOpts{lease: 30 * time.Second}
+			switch name {
+			case "RedisCluster":
+				opts.rdb = testenv.RedisClusterClient(t)
+			case "PostgresOnly":
+				opts.noRedis = true
+			}
+			b := setup(t, opts)
 			started, release := make(chan struct{}), make(chan struct{})
 			done := make(chan error)
 			go func() {
@@ -183,64 +196,70 @@ func TestInFlightDuplicateGetsRetryAfter(t *testing.T) {
 
 func TestFailuresAreRetryable(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	// A 5xx result is returned but not stored; its writes roll back.
-	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(502, `{"error":"gateway"}`))
-	require.NoError(t, err)
-	require.Equal(t, 502, out.Status)
-	require.Equal(t, 0, b.payments(t))
-	require.Equal(t, "failed", b.keyStatus(t, "k"))
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb})
+		// A 5xx result is returned but not stored; its writes roll back.
+		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(502, `{"error":"gateway"}`))
+		require.NoError(t, err)
+		require.Equal(t, 502, out.Status)
+		require.Equal(t, 0, b.payments(t))
+		require.Equal(t, "failed", b.keyStatus(t, "k"))
 
-	// A handler error fails the key too.
-	boom := errors.New("boom")
-	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
-		return onceonly.Result{}, boom
-	})
-	require.ErrorIs(t, err, boom)
-	require.Equal(t, "failed", b.keyStatus(t, "k"))
-
-	// So does a panic, which goes on to the caller.
-	require.Panics(t, func() {
-		_, _ = b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			_, _ = payment(201, "{}")(ctx, tx)
-			panic("handler bug")
+		// A handler error fails the key too.
+		boom := errors.New("boom")
+		_, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
+			return onceonly.Result{}, boom
 		})
-	})
-	require.Equal(t, "failed", b.keyStatus(t, "k"))
-	require.Equal(t, 0, b.payments(t))
+		require.ErrorIs(t, err, boom)
+		require.Equal(t, "failed", b.keyStatus(t, "k"))
 
-	out, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"ok":true}`))
-	require.NoError(t, err)
-	require.False(t, out.Replayed)
-	require.Equal(t, 1, b.payments(t))
+		// So does a panic, which goes on to the caller.
+		require.Panics(t, func() {
+			_, _ = b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				_, _ = payment(201, "{}")(ctx, tx)
+				panic("handler bug")
+			})
+		})
+		require.Equal(t, "failed", b.keyStatus(t, "k"))
+		require.Equal(t, 0, b.payments(t))
+
+		out, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"ok":true}`))
+		require.NoError(t, err)
+		require.False(t, out.Replayed)
+		require.Equal(t, 1, b.payments(t))
+	})
 }
 
 func TestDeterministic4xxIsStored(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(402, `{"error":"declined"}`))
-	require.NoError(t, err)
-	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
-	require.NoError(t, err)
-	require.True(t, out.Replayed)
-	require.Equal(t, 402, out.Status)
-	require.Equal(t, 1, b.payments(t))
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb})
+		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(402, `{"error":"declined"}`))
+		require.NoError(t, err)
+		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
+		require.NoError(t, err)
+		require.True(t, out.Replayed)
+		require.Equal(t, 402, out.Status)
+		require.Equal(t, 1, b.payments(t))
+	})
 }
 
 func TestLargeBodyIsReplayedFromPostgres(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	large := `{"blob":"` + strings.Repeat("x", 4000) + `"}`
-	_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, large))
-	require.NoError(t, err)
-	raw, err := b.rdb.Get(b.ctx, b.prefix+"m:k").Result()
-	require.NoError(t, err)
-	require.Less(t, len(raw), 64, "Redis keeps only a marker")
-	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
-	require.NoError(t, err)
-	require.True(t, out.Replayed)
-	require.Equal(t, large, string(out.Body))
-	require.Equal(t, 1.0, b.outcomes("replayed_db"))
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb})
+		large := `{"blob":"` + strings.Repeat("x", 4000) + `"}`
+		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, large))
+		require.NoError(t, err)
+		raw, err := b.rdb.Get(b.ctx, b.prefix+"m:k").Result()
+		require.NoError(t, err)
+		require.Less(t, len(raw), 64, "Redis keeps only a marker")
+		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
+		require.NoError(t, err)
+		require.True(t, out.Replayed)
+		require.Equal(t, large, string(out.Body))
+		require.Equal(t, 1.0, b.outcomes("replayed_db"))
+	})
 }
 
 // TestRedisLossIsHarmless: with the cache flushed, or its server gone, the
@@ -259,7 +278,7 @@ func TestRedisLossIsHarmless(t *testing.T) {
 	require.True(t, again.Replayed)
 	require.Equal(t, first.Result, again.Result)
 	testenv.Eventually(t, time.Second, "read-repair of the cache", func() bool {
-		e, found, _ := cache.New(rdb, cache.Options{}).Read(b.ctx, "m", "k")
+		e, found, _ := cache.New(rdb, cache.Options{Prefix: b.prefix}).Read(b.ctx, "m", "k")
 		return found && e.State == cache.StateCompleted
 	})
 
@@ -296,38 +315,40 @@ func (b *testBundle) sum(t *testing.T, name string) float64 {
 // exactly once.
 func TestCrashedClaimRecoversAfterLease(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{lease: 600 * time.Millisecond})
-	// The crashed process: a provisional claim in Redis and a committed claim in
-	// Postgres, then nothing.
-	res, err := b.engine.Do(b.ctx, "m", "warmup", []byte("p"), payment(201, "{}"))
-	require.NoError(t, err)
-	require.False(t, res.Replayed)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
-		VALUES ('m', 'k', 'in_progress', 1, $1, gen_random_uuid(), now() + interval '600 milliseconds', now() + interval '1 hour')`,
-		onceonly.PayloadFingerprint([]byte("p")))
-	require.NoError(t, err)
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb, lease: 600 * time.Millisecond})
+		// The crashed process: a provisional claim in Redis and a committed claim in
+		// Postgres, then nothing.
+		res, err := b.engine.Do(b.ctx, "m", "warmup", []byte("p"), payment(201, "{}"))
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		_, err = b.pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
+			VALUES ('m', 'k', 'in_progress', 1, $1, gen_random_uuid(), now() + interval '600 milliseconds', now() + interval '1 hour')`,
+			onceonly.PayloadFingerprint([]byte("p")))
+		require.NoError(t, err)
 
-	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
-	_, inFlight := onceonly.IsInFlight(err)
-	require.True(t, inFlight, "got %v", err)
+		_, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+		_, inFlight := onceonly.IsInFlight(err)
+		require.True(t, inFlight, "got %v", err)
 
-	time.Sleep(700 * time.Millisecond)
-	var wg sync.WaitGroup
-	var executed atomic.Int32
-	for range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
-			if err == nil && !out.Replayed {
-				executed.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	require.Equal(t, int32(1), executed.Load())
-	require.Equal(t, 2, b.payments(t))
-	require.Equal(t, "completed", b.keyStatus(t, "k"))
+		time.Sleep(700 * time.Millisecond)
+		var wg sync.WaitGroup
+		var executed atomic.Int32
+		for range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+				if err == nil && !out.Replayed {
+					executed.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, int32(1), executed.Load())
+		require.Equal(t, 2, b.payments(t))
+		require.Equal(t, "completed", b.keyStatus(t, "k"))
+	})
 }
 
 // TestTakenOverWorkerCannotCommit: a slow worker whose lease was taken over
@@ -336,92 +357,98 @@ func TestCrashedClaimRecoversAfterLease(t *testing.T) {
 // new owner's commits.
 func TestTakenOverWorkerCannotCommit(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{lease: time.Hour})
-	// blocking runs a payment once released, telling when it is inside.
-	blocking := func(who string) (onceonly.Handler, chan struct{}, func()) {
-		inside, proceed := make(chan struct{}), make(chan struct{})
-		release := sync.OnceFunc(func() { close(proceed) })
-		t.Cleanup(release) // a failing assertion must not leave a handler hanging
-		return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			close(inside)
-			<-proceed
-			return payment(201, `{"who":"`+who+`"}`)(ctx, tx)
-		}, inside, release
-	}
-	slowHandler, slowInside, slowProceed := blocking("slow")
-	slow := make(chan error)
-	go func() {
-		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), slowHandler)
-		slow <- err
-	}()
-	<-slowInside
-
-	// The lease ends while the slow worker is stuck; another request takes over.
-	_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s'`)
-	require.NoError(t, err)
-	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
-	newHandler, newInside, newProceed := blocking("new")
-	fresh := make(chan error)
-	go func() {
-		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), newHandler)
-		if err == nil && out.Replayed {
-			err = errors.New("the takeover was answered with a replay")
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb, lease: time.Hour})
+		// blocking runs a payment once released, telling when it is inside.
+		blocking := func(who string) (onceonly.Handler, chan struct{}, func()) {
+			inside, proceed := make(chan struct{}), make(chan struct{})
+			release := sync.OnceFunc(func() { close(proceed) })
+			t.Cleanup(release) // a failing assertion must not leave a handler hanging
+			return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				close(inside)
+				<-proceed
+				return payment(201, `{"who":"`+who+`"}`)(ctx, tx)
+			}, inside, release
 		}
-		fresh <- err
-	}()
-	<-newInside
+		slowHandler, slowInside, slowProceed := blocking("slow")
+		slow := make(chan error)
+		go func() {
+			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), slowHandler)
+			slow <- err
+		}()
+		<-slowInside
 
-	slowProceed()
-	require.ErrorIs(t, <-slow, onceonly.ErrLeaseLost, "the old owner commits while the new one runs")
-	require.Equal(t, 0, b.payments(t))
-	newProceed()
-	require.NoError(t, <-fresh)
-	require.Equal(t, 1, b.payments(t))
-	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
-	require.NoError(t, err)
-	require.Equal(t, `{"who":"new"}`, string(out.Body))
+		// The lease ends while the slow worker is stuck; another request takes over.
+		_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s'`)
+		require.NoError(t, err)
+		require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
+		newHandler, newInside, newProceed := blocking("new")
+		fresh := make(chan error)
+		go func() {
+			out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), newHandler)
+			if err == nil && out.Replayed {
+				err = errors.New("the takeover was answered with a replay")
+			}
+			fresh <- err
+		}()
+		<-newInside
+
+		slowProceed()
+		require.ErrorIs(t, <-slow, onceonly.ErrLeaseLost, "the old owner commits while the new one runs")
+		require.Equal(t, 0, b.payments(t))
+		newProceed()
+		require.NoError(t, <-fresh)
+		require.Equal(t, 1, b.payments(t))
+		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
+		require.NoError(t, err)
+		require.Equal(t, `{"who":"new"}`, string(out.Body))
+	})
 }
 
 // TestHeartbeatKeepsSlowExecutionAlive: a live execution longer than its
 // lease is never taken over.
 func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{lease: 300 * time.Millisecond})
-	inside := make(chan struct{})
-	done := make(chan error)
-	go func() {
-		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			close(inside)
-			time.Sleep(time.Second) // more than three leases
-			return payment(201, "{}")(ctx, tx)
-		})
-		done <- err
-	}()
-	<-inside
-	for range 8 {
-		time.Sleep(100 * time.Millisecond)
-		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
-		_, inFlight := onceonly.IsInFlight(err)
-		require.True(t, inFlight, "got %v", err)
-	}
-	require.NoError(t, <-done)
-	require.Equal(t, 1, b.payments(t))
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb, lease: 300 * time.Millisecond})
+		inside := make(chan struct{})
+		done := make(chan error)
+		go func() {
+			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				close(inside)
+				time.Sleep(time.Second) // more than three leases
+				return payment(201, "{}")(ctx, tx)
+			})
+			done <- err
+		}()
+		<-inside
+		for range 8 {
+			time.Sleep(100 * time.Millisecond)
+			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+			_, inFlight := onceonly.IsInFlight(err)
+			require.True(t, inFlight, "got %v", err)
+		}
+		require.NoError(t, <-done)
+		require.Equal(t, 1, b.payments(t))
+	})
 }
 
 func TestCanceledRequestLeavesNothingClaimed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	ctx, cancel := context.WithCancel(b.ctx)
-	_, err := b.engine.Do(ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-		cancel()
-		<-ctx.Done()
-		return onceonly.Result{}, ctx.Err()
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, setupOpts{rdb: rdb})
+		ctx, cancel := context.WithCancel(b.ctx)
+		_, err := b.engine.Do(ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			cancel()
+			<-ctx.Done()
+			return onceonly.Result{}, ctx.Err()
+		})
+		require.ErrorIs(t, err, context.Canceled)
+		require.Equal(t, "failed", b.keyStatus(t, "k"))
+		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
+		require.NoError(t, err)
+		require.False(t, out.Replayed)
 	})
-	require.ErrorIs(t, err, context.Canceled)
-	require.Equal(t, "failed", b.keyStatus(t, "k"))
-	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
-	require.NoError(t, err)
-	require.False(t, out.Replayed)
 }
 
 func TestInvalidKeyAndScope(t *testing.T) {

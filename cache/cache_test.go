@@ -17,17 +17,17 @@ import (
 
 type testBundle struct {
 	ctx   context.Context
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	cache *cache.Cache
 }
 
-func setup(t *testing.T) *testBundle {
+// setup returns a cache on rdb under a key prefix of the test's own.
+func setup(t *testing.T, rdb redis.UniversalClient) *testBundle {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
 	return &testBundle{
 		ctx:   testenv.Context(t),
 		rdb:   rdb,
-		cache: cache.New(rdb, cache.Options{Prefix: prefix, MaxBody: 64}),
+		cache: cache.New(rdb, cache.Options{Prefix: testenv.KeyPrefix(t, rdb), MaxBody: 64}),
 	}
 }
 
@@ -67,356 +67,366 @@ func completed(key string, version int64, fp string, body string) cache.Update {
 
 func TestCheck(t *testing.T) {
 	t.Parallel()
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 
-	t.Run("MissClaimsProvisionally", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Claimed, res.Verdict)
-		e := b.read(t, "k")
-		require.Equal(t, cache.StateInProgress, e.State)
-		require.True(t, e.Provisional)
-		require.Equal(t, int64(0), e.Version)
-		require.Equal(t, ownerA, e.Owner)
-		require.Equal(t, cache.Digest(fp1), e.Digest)
-		ttl := b.rdb.PTTL(b.ctx, b.cache.Key("s", "k")).Val()
-		require.Greater(t, ttl, 50*time.Second)
-		require.LessOrEqual(t, ttl, time.Minute)
-		raw := b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()
-		require.True(t, strings.HasPrefix(raw, "in_progress:0:"), raw)
-	})
-
-	t.Run("LiveClaimIsInFlightForAnyFingerprint", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
-		require.NoError(t, err)
-		for _, fp := range []string{fp1, fp2} {
-			res, err := b.cache.Check(b.ctx, "s", "k", fp, ownerB, time.Minute)
-			require.NoError(t, err)
-			require.Equal(t, cache.InFlight, res.Verdict, fp)
-			require.Greater(t, res.RetryAfter, 50*time.Second)
-			require.LessOrEqual(t, res.RetryAfter, time.Minute)
-		}
-		require.Equal(t, ownerA, b.read(t, "k").Owner)
-	})
-
-	t.Run("ExpiredProvisionalClaimIsTakenOver", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		// The lease ends (1ms) before the key's TTL would: set a long TTL by hand.
-		_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Millisecond)
-		require.NoError(t, err)
-		raw := b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()
-		require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key("s", "k"), raw, time.Minute).Err())
-		time.Sleep(5 * time.Millisecond)
-		res, err := b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Claimed, res.Verdict)
-		e := b.read(t, "k")
-		require.Equal(t, ownerB, e.Owner)
-		require.Equal(t, cache.Digest(fp2), e.Digest)
-	})
-
-	t.Run("ConfirmedClaim", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.apply(t, cache.Update{Key: "live", Version: 3, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
-		b.apply(t, cache.Update{Key: "dead", Version: 3, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: 0})
-
-		res, err := b.cache.Check(b.ctx, "s", "live", fp1, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.InFlight, res.Verdict)
-
-		res, err = b.cache.Check(b.ctx, "s", "live", fp2, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Mismatch, res.Verdict, "Postgres confirmed fp1 for this key")
-
-		res, err = b.cache.Check(b.ctx, "s", "dead", fp2, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Mismatch, res.Verdict)
-
-		res, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Claimed, res.Verdict, "an expired lease is taken over")
-		e := b.read(t, "dead")
-		require.True(t, e.Provisional)
-		require.Equal(t, int64(3), e.Version, "a takeover keeps the Postgres version")
-		require.Equal(t, ownerB, e.Owner)
-	})
-
-	t.Run("Completed", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		body := `{"id":"pay_1","note":"colons: and\nnewlines"}`
-		b.apply(t, completed("k", 2, fp1, body))
-		res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Replay, res.Verdict)
-		require.Equal(t, 201, res.Entry.Response.Status)
-		require.Equal(t, "application/json", res.Entry.Response.ContentType)
-		require.Equal(t, body, string(res.Entry.Response.Body))
-		require.False(t, res.Entry.BodyInPostgres)
-
-		res, err = b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Mismatch, res.Verdict)
-		require.Equal(t, cache.StateCompleted, b.read(t, "k").State, "a mismatch changes nothing")
-	})
-
-	t.Run("CompletedOtherContentType", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		u := completed("k", 2, fp1, "plain")
-		u.Response.ContentType = "text/plain; charset=utf-8"
-		u.Response.Status = 402
-		b.apply(t, u)
-		res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Replay, res.Verdict)
-		require.Equal(t, u.Response, res.Entry.Response)
-	})
-
-	t.Run("CompletedLargeBodyIsAMarker", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.apply(t, completed("k", 2, fp1, strings.Repeat("x", 65)))
-		res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Replay, res.Verdict)
-		require.True(t, res.Entry.BodyInPostgres)
-		require.Equal(t, 201, res.Entry.Response.Status)
-		require.Nil(t, res.Entry.Response.Body)
-		require.Less(t, len(b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()), 40)
-	})
-
-	t.Run("Failed", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.apply(t, cache.Update{Key: "k", Version: 4, State: cache.StateFailed, Fingerprint: fp1})
-		res, err := b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Mismatch, res.Verdict, "a failed key stays bound to its payload")
-
-		res, err = b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
-		require.NoError(t, err)
-		require.Equal(t, cache.Claimed, res.Verdict)
-		e := b.read(t, "k")
-		require.Equal(t, cache.StateInProgress, e.State)
-		require.Equal(t, int64(4), e.Version)
-		require.True(t, e.Provisional)
-	})
-
-	t.Run("UndecodableValueIsAMiss", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		k := b.cache.Key("s", "k")
-		for _, corrupt := range []func(){
-			func() { b.rdb.Set(b.ctx, k, "garbage", 0) },
-			func() { b.rdb.Set(b.ctx, k, "completed:x:c", 0) },
-			func() { b.rdb.Set(b.ctx, k, "completed:2:c123", 0) },
-			func() { b.rdb.Del(b.ctx, k); b.rdb.HSet(b.ctx, k, "state", "completed") },
-		} {
-			corrupt()
+		t.Run("MissClaimsProvisionally", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
 			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Claimed, res.Verdict)
-			require.True(t, b.read(t, "k").Provisional)
-		}
+			e := b.read(t, "k")
+			require.Equal(t, cache.StateInProgress, e.State)
+			require.True(t, e.Provisional)
+			require.Equal(t, int64(0), e.Version)
+			require.Equal(t, ownerA, e.Owner)
+			require.Equal(t, cache.Digest(fp1), e.Digest)
+			ttl := b.rdb.PTTL(b.ctx, b.cache.Key("s", "k")).Val()
+			require.Greater(t, ttl, 50*time.Second)
+			require.LessOrEqual(t, ttl, time.Minute)
+			raw := b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()
+			require.True(t, strings.HasPrefix(raw, "in_progress:0:"), raw)
+		})
+
+		t.Run("LiveClaimIsInFlightForAnyFingerprint", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+			require.NoError(t, err)
+			for _, fp := range []string{fp1, fp2} {
+				res, err := b.cache.Check(b.ctx, "s", "k", fp, ownerB, time.Minute)
+				require.NoError(t, err)
+				require.Equal(t, cache.InFlight, res.Verdict, fp)
+				require.Greater(t, res.RetryAfter, 50*time.Second)
+				require.LessOrEqual(t, res.RetryAfter, time.Minute)
+			}
+			require.Equal(t, ownerA, b.read(t, "k").Owner)
+		})
+
+		t.Run("ExpiredProvisionalClaimIsTakenOver", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			// The lease ends (1ms) before the key's TTL would: set a long TTL by hand.
+			_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Millisecond)
+			require.NoError(t, err)
+			raw := b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()
+			require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key("s", "k"), raw, time.Minute).Err())
+			time.Sleep(5 * time.Millisecond)
+			res, err := b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Claimed, res.Verdict)
+			e := b.read(t, "k")
+			require.Equal(t, ownerB, e.Owner)
+			require.Equal(t, cache.Digest(fp2), e.Digest)
+		})
+
+		t.Run("ConfirmedClaim", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.apply(t, cache.Update{Key: "live", Version: 3, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
+			b.apply(t, cache.Update{Key: "dead", Version: 3, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: 0})
+
+			res, err := b.cache.Check(b.ctx, "s", "live", fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.InFlight, res.Verdict)
+
+			res, err = b.cache.Check(b.ctx, "s", "live", fp2, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Mismatch, res.Verdict, "Postgres confirmed fp1 for this key")
+
+			res, err = b.cache.Check(b.ctx, "s", "dead", fp2, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Mismatch, res.Verdict)
+
+			res, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Claimed, res.Verdict, "an expired lease is taken over")
+			e := b.read(t, "dead")
+			require.True(t, e.Provisional)
+			require.Equal(t, int64(3), e.Version, "a takeover keeps the Postgres version")
+			require.Equal(t, ownerB, e.Owner)
+		})
+
+		t.Run("Completed", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			body := `{"id":"pay_1","note":"colons: and\nnewlines"}`
+			b.apply(t, completed("k", 2, fp1, body))
+			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Replay, res.Verdict)
+			require.Equal(t, 201, res.Entry.Response.Status)
+			require.Equal(t, "application/json", res.Entry.Response.ContentType)
+			require.Equal(t, body, string(res.Entry.Response.Body))
+			require.False(t, res.Entry.BodyInPostgres)
+
+			res, err = b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Mismatch, res.Verdict)
+			require.Equal(t, cache.StateCompleted, b.read(t, "k").State, "a mismatch changes nothing")
+		})
+
+		t.Run("CompletedOtherContentType", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			u := completed("k", 2, fp1, "plain")
+			u.Response.ContentType = "text/plain; charset=utf-8"
+			u.Response.Status = 402
+			b.apply(t, u)
+			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Replay, res.Verdict)
+			require.Equal(t, u.Response, res.Entry.Response)
+		})
+
+		t.Run("CompletedLargeBodyIsAMarker", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.apply(t, completed("k", 2, fp1, strings.Repeat("x", 65)))
+			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Replay, res.Verdict)
+			require.True(t, res.Entry.BodyInPostgres)
+			require.Equal(t, 201, res.Entry.Response.Status)
+			require.Nil(t, res.Entry.Response.Body)
+			require.Less(t, len(b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()), 40)
+		})
+
+		t.Run("Failed", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.apply(t, cache.Update{Key: "k", Version: 4, State: cache.StateFailed, Fingerprint: fp1})
+			res, err := b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Mismatch, res.Verdict, "a failed key stays bound to its payload")
+
+			res, err = b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Claimed, res.Verdict)
+			e := b.read(t, "k")
+			require.Equal(t, cache.StateInProgress, e.State)
+			require.Equal(t, int64(4), e.Version)
+			require.True(t, e.Provisional)
+		})
+
+		t.Run("UndecodableValueIsAMiss", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			k := b.cache.Key("s", "k")
+			for _, corrupt := range []func(){
+				func() { b.rdb.Set(b.ctx, k, "garbage", 0) },
+				func() { b.rdb.Set(b.ctx, k, "completed:x:c", 0) },
+				func() { b.rdb.Set(b.ctx, k, "completed:2:c123", 0) },
+				func() { b.rdb.Del(b.ctx, k); b.rdb.HSet(b.ctx, k, "state", "completed") },
+			} {
+				corrupt()
+				res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+				require.NoError(t, err)
+				require.Equal(t, cache.Claimed, res.Verdict)
+				require.True(t, b.read(t, "k").Provisional)
+			}
+		})
 	})
 }
 
 func TestApply(t *testing.T) {
 	t.Parallel()
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 
-	t.Run("OnlyAHigherVersionWins", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		require.True(t, b.apply(t, completed("k", 5, fp1, "five")))
-		require.False(t, b.apply(t, completed("k", 4, fp1, "four")), "lower")
-		require.False(t, b.apply(t, completed("k", 5, fp1, "five again")), "same version")
-		require.Equal(t, "five", string(b.read(t, "k").Response.Body))
-		require.True(t, b.apply(t, cache.Update{Key: "k", Version: 6, State: cache.StateFailed, Fingerprint: fp1}))
-		require.Equal(t, cache.StateFailed, b.read(t, "k").State)
-	})
+		t.Run("OnlyAHigherVersionWins", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			require.True(t, b.apply(t, completed("k", 5, fp1, "five")))
+			require.False(t, b.apply(t, completed("k", 4, fp1, "four")), "lower")
+			require.False(t, b.apply(t, completed("k", 5, fp1, "five again")), "same version")
+			require.Equal(t, "five", string(b.read(t, "k").Response.Body))
+			require.True(t, b.apply(t, cache.Update{Key: "k", Version: 6, State: cache.StateFailed, Fingerprint: fp1}))
+			require.Equal(t, cache.StateFailed, b.read(t, "k").State)
+		})
 
-	t.Run("ConfirmsAProvisionalClaimOfTheSameVersion", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
-		require.NoError(t, err)
-		// Postgres answered that the key failed at version 0? Versions start at
-		// 1, so the provisional claim (version 0) always yields to Postgres.
-		require.True(t, b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute}))
-		e := b.read(t, "k")
-		require.False(t, e.Provisional)
-		require.Equal(t, int64(1), e.Version)
+		t.Run("ConfirmsAProvisionalClaimOfTheSameVersion", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+			require.NoError(t, err)
+			// Postgres answered that the key failed at version 0? Versions start at
+			// 1, so the provisional claim (version 0) always yields to Postgres.
+			require.True(t, b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute}))
+			e := b.read(t, "k")
+			require.False(t, e.Provisional)
+			require.Equal(t, int64(1), e.Version)
 
-		b.apply(t, cache.Update{Key: "f", Version: 3, State: cache.StateFailed, Fingerprint: fp1})
-		_, err = b.cache.Check(b.ctx, "s", "f", fp1, ownerA, time.Minute)
-		require.NoError(t, err)
-		require.True(t, b.read(t, "f").Provisional)
-		require.True(t, b.apply(t, cache.Update{Key: "f", Version: 3, State: cache.StateFailed, Fingerprint: fp1}),
-			"a Postgres version replaces a provisional claim of the same version")
-		require.False(t, b.read(t, "f").Provisional)
-	})
+			b.apply(t, cache.Update{Key: "f", Version: 3, State: cache.StateFailed, Fingerprint: fp1})
+			_, err = b.cache.Check(b.ctx, "s", "f", fp1, ownerA, time.Minute)
+			require.NoError(t, err)
+			require.True(t, b.read(t, "f").Provisional)
+			require.True(t, b.apply(t, cache.Update{Key: "f", Version: 3, State: cache.StateFailed, Fingerprint: fp1}),
+				"a Postgres version replaces a provisional claim of the same version")
+			require.False(t, b.read(t, "f").Provisional)
+		})
 
-	t.Run("InProgressLeaseUsesRedisTime", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerB, LeaseRemaining: 30 * time.Second})
-		tm, err := b.rdb.Time(b.ctx).Result()
-		require.NoError(t, err)
-		e := b.read(t, "k")
-		require.Equal(t, ownerB, e.Owner)
-		require.InDelta(t, tm.UnixMilli()+30_000, e.LeaseUntilMs, 2000)
-	})
+		t.Run("InProgressLeaseUsesRedisTime", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerB, LeaseRemaining: 30 * time.Second})
+			tm, err := b.rdb.Time(b.ctx).Result()
+			require.NoError(t, err)
+			e := b.read(t, "k")
+			require.Equal(t, ownerB, e.Owner)
+			require.InDelta(t, tm.UnixMilli()+30_000, e.LeaseUntilMs, 2000)
+		})
 
-	t.Run("TTLFollowsPostgresExpiry", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		u := completed("k", 1, fp1, "b")
-		u.TTL = 90 * time.Second
-		b.apply(t, u)
-		ttl := b.rdb.PTTL(b.ctx, b.cache.Key("s", "k")).Val()
-		require.InDelta(t, float64(90*time.Second), float64(ttl), float64(2*time.Second))
-	})
+		t.Run("TTLFollowsPostgresExpiry", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			u := completed("k", 1, fp1, "b")
+			u.TTL = 90 * time.Second
+			b.apply(t, u)
+			ttl := b.rdb.PTTL(b.ctx, b.cache.Key("s", "k")).Val()
+			require.InDelta(t, float64(90*time.Second), float64(ttl), float64(2*time.Second))
+		})
 
-	t.Run("DeleteAndExpired", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.apply(t, completed("k", 5, fp1, "b"))
-		require.False(t, b.apply(t, cache.Update{Key: "k", Version: 4, Deleted: true}), "older delete")
-		require.True(t, b.apply(t, cache.Update{Key: "k", Version: 6, Deleted: true}))
-		_, found, err := b.cache.Read(b.ctx, "s", "k")
-		require.NoError(t, err)
-		require.False(t, found)
+		t.Run("DeleteAndExpired", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.apply(t, completed("k", 5, fp1, "b"))
+			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 4, Deleted: true}), "older delete")
+			require.True(t, b.apply(t, cache.Update{Key: "k", Version: 6, Deleted: true}))
+			_, found, err := b.cache.Read(b.ctx, "s", "k")
+			require.NoError(t, err)
+			require.False(t, found)
 
-		b.apply(t, completed("e", 1, fp1, "b"))
-		u := completed("e", 2, fp1, "b")
-		u.TTL = -time.Second
-		require.True(t, b.apply(t, u))
-		require.Zero(t, b.rdb.Exists(b.ctx, b.cache.Key("s", "e")).Val(), "a key past its Postgres expiry is dropped")
-	})
+			b.apply(t, completed("e", 1, fp1, "b"))
+			u := completed("e", 2, fp1, "b")
+			u.TTL = -time.Second
+			require.True(t, b.apply(t, u))
+			require.Zero(t, b.rdb.Exists(b.ctx, b.cache.Key("s", "e")).Val(), "a key past its Postgres expiry is dropped")
+		})
 
-	t.Run("OverwritesUndecodable", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.rdb.HSet(b.ctx, b.cache.Key("s", "k"), "x", "y")
-		require.True(t, b.apply(t, completed("k", 1, fp1, "b")))
-		require.Equal(t, "b", string(b.read(t, "k").Response.Body))
-	})
+		t.Run("OverwritesUndecodable", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.rdb.HSet(b.ctx, b.cache.Key("s", "k"), "x", "y")
+			require.True(t, b.apply(t, completed("k", 1, fp1, "b")))
+			require.Equal(t, "b", string(b.read(t, "k").Response.Body))
+		})
 
-	t.Run("RejectsBadInputWithoutCallingRedis", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		_, err := b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 1, State: "weird", TTL: time.Hour})
-		require.ErrorContains(t, err, "unknown state")
-		_, err = b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 1, State: cache.StateCompleted, TTL: time.Hour})
-		require.ErrorContains(t, err, "out of range")
-	})
+		t.Run("RejectsBadInputWithoutCallingRedis", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			_, err := b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 1, State: "weird", TTL: time.Hour})
+			require.ErrorContains(t, err, "unknown state")
+			_, err = b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 1, State: cache.StateCompleted, TTL: time.Hour})
+			require.ErrorContains(t, err, "out of range")
+		})
 
-	t.Run("Batch", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		require.NoError(t, b.rdb.ScriptFlush(b.ctx).Err()) // EVALSHA must survive an empty script cache
-		b.apply(t, completed("k3", 9, fp1, "newer"))
-		var updates []cache.Update
-		for _, k := range []string{"k1", "k2", "k3"} {
-			u := completed(k, 2, fp1, "v2")
-			u.Scope, u.TTL = "s", time.Hour
-			updates = append(updates, u)
-		}
-		updates = append(updates, cache.Update{Scope: "s", Key: "bad", Version: 1, State: "weird", TTL: time.Hour})
-		res, err := b.cache.ApplyBatch(b.ctx, updates)
-		require.NoError(t, err)
-		require.True(t, res[0].Applied)
-		require.True(t, res[1].Applied)
-		require.False(t, res[2].Applied)
-		require.NoError(t, res[2].Err)
-		require.Error(t, res[3].Err)
-		require.Equal(t, "newer", string(b.read(t, "k3").Response.Body))
+		t.Run("Batch", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			require.NoError(t, b.rdb.ScriptFlush(b.ctx).Err()) // EVALSHA must survive an empty script cache
+			b.apply(t, completed("k3", 9, fp1, "newer"))
+			var updates []cache.Update
+			for _, k := range []string{"k1", "k2", "k3"} {
+				u := completed(k, 2, fp1, "v2")
+				u.Scope, u.TTL = "s", time.Hour
+				updates = append(updates, u)
+			}
+			updates = append(updates, cache.Update{Scope: "s", Key: "bad", Version: 1, State: "weird", TTL: time.Hour})
+			res, err := b.cache.ApplyBatch(b.ctx, updates)
+			require.NoError(t, err)
+			require.True(t, res[0].Applied)
+			require.True(t, res[1].Applied)
+			require.False(t, res[2].Applied)
+			require.NoError(t, res[2].Err)
+			require.Error(t, res[3].Err)
+			require.Equal(t, "newer", string(b.read(t, "k3").Response.Body))
+		})
 	})
 }
 
 func TestRelease(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
-	require.NoError(t, err)
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, rdb)
+		_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+		require.NoError(t, err)
 
-	released, err := b.cache.Release(b.ctx, "s", "k", ownerB)
-	require.NoError(t, err)
-	require.False(t, released, "another owner's claim")
+		released, err := b.cache.Release(b.ctx, "s", "k", ownerB)
+		require.NoError(t, err)
+		require.False(t, released, "another owner's claim")
 
-	released, err = b.cache.Release(b.ctx, "s", "k", ownerA)
-	require.NoError(t, err)
-	require.True(t, released)
+		released, err = b.cache.Release(b.ctx, "s", "k", ownerA)
+		require.NoError(t, err)
+		require.True(t, released)
 
-	released, err = b.cache.Release(b.ctx, "s", "k", ownerA)
-	require.NoError(t, err)
-	require.False(t, released, "absent")
+		released, err = b.cache.Release(b.ctx, "s", "k", ownerA)
+		require.NoError(t, err)
+		require.False(t, released, "absent")
 
-	b.apply(t, cache.Update{Key: "c", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
-	released, err = b.cache.Release(b.ctx, "s", "c", ownerA)
-	require.NoError(t, err)
-	require.False(t, released, "a claim Postgres confirmed is left to the versioned apply")
+		b.apply(t, cache.Update{Key: "c", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
+		released, err = b.cache.Release(b.ctx, "s", "c", ownerA)
+		require.NoError(t, err)
+		require.False(t, released, "a claim Postgres confirmed is left to the versioned apply")
+	})
 }
 
 // TestCheckHammer sends many concurrent checks for one key: exactly one wins
 // the claim, the rest see it in flight.
 func TestCheckHammer(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	var claimed, inFlight atomic.Int32
-	var wg sync.WaitGroup
-	for i := range 200 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			owner := [16]byte{byte(i), byte(i >> 8)}
-			res, err := b.cache.Check(b.ctx, "s", "k", fp1, owner, time.Minute)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			switch res.Verdict {
-			case cache.Claimed:
-				claimed.Add(1)
-			case cache.InFlight:
-				inFlight.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	require.Equal(t, int32(1), claimed.Load())
-	require.Equal(t, int32(199), inFlight.Load())
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, rdb)
+		var claimed, inFlight atomic.Int32
+		var wg sync.WaitGroup
+		for i := range 200 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				owner := [16]byte{byte(i), byte(i >> 8)}
+				res, err := b.cache.Check(b.ctx, "s", "k", fp1, owner, time.Minute)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch res.Verdict {
+				case cache.Claimed:
+					claimed.Add(1)
+				case cache.InFlight:
+					inFlight.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, int32(1), claimed.Load())
+		require.Equal(t, int32(199), inFlight.Load())
+	})
 }
 
 // TestApplyNeverRegresses delivers every version of a key many times, out of
 // order and concurrently: the cache ends at the highest.
 func TestApplyNeverRegresses(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	var wg sync.WaitGroup
-	for worker := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 100 {
-				v := int64((i*7+worker*13)%100 + 1)
-				u := completed("k", v, fp1, "x")
-				u.Scope, u.TTL = "s", time.Hour
-				if _, err := b.cache.Apply(b.ctx, u); err != nil {
-					t.Error(err)
-					return
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, rdb)
+		var wg sync.WaitGroup
+		for worker := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 100 {
+					v := int64((i*7+worker*13)%100 + 1)
+					u := completed("k", v, fp1, "x")
+					u.Scope, u.TTL = "s", time.Hour
+					if _, err := b.cache.Apply(b.ctx, u); err != nil {
+						t.Error(err)
+						return
+					}
 				}
-			}
-		}()
-	}
-	wg.Wait()
-	require.Equal(t, int64(100), b.read(t, "k").Version)
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, int64(100), b.read(t, "k").Version)
+	})
 }
 
 func TestKeyNames(t *testing.T) {
@@ -442,72 +452,74 @@ func (b *testBundle) header(t *testing.T, key string) cache.Header {
 
 func TestCompareAndSetApply(t *testing.T) {
 	t.Parallel()
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 
-	t.Run("MatchWritesWhateverTheVersion", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.apply(t, completed("k", 9, fp1, "wrong"))
-		h := b.header(t, "k")
-		require.Equal(t, cache.StateCompleted, h.State)
-		require.EqualValues(t, 9, h.Version)
-		u := cache.Update{Key: "k", Version: 3, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}
-		require.True(t, b.apply(t, u), "the reconciler may lower a version Postgres never had")
-		require.EqualValues(t, 3, b.read(t, "k").Version)
-	})
+		t.Run("MatchWritesWhateverTheVersion", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.apply(t, completed("k", 9, fp1, "wrong"))
+			h := b.header(t, "k")
+			require.Equal(t, cache.StateCompleted, h.State)
+			require.EqualValues(t, 9, h.Version)
+			u := cache.Update{Key: "k", Version: 3, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}
+			require.True(t, b.apply(t, u), "the reconciler may lower a version Postgres never had")
+			require.EqualValues(t, 3, b.read(t, "k").Version)
+		})
 
-	t.Run("MismatchIsRefused", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		b.apply(t, completed("k", 4, fp1, "seen"))
-		h := b.header(t, "k")
-		b.apply(t, completed("k", 5, fp1, "written meanwhile"))
-		require.False(t, b.apply(t, cache.Update{Key: "k", Version: 4, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
-		require.EqualValues(t, 5, b.read(t, "k").Version)
-		require.False(t, b.apply(t, cache.Update{Key: "k", Version: 5, Deleted: true, Expect: h.Expect()}))
-		require.EqualValues(t, 5, b.read(t, "k").Version)
-	})
+		t.Run("MismatchIsRefused", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			b.apply(t, completed("k", 4, fp1, "seen"))
+			h := b.header(t, "k")
+			b.apply(t, completed("k", 5, fp1, "written meanwhile"))
+			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 4, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+			require.EqualValues(t, 5, b.read(t, "k").Version)
+			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 5, Deleted: true, Expect: h.Expect()}))
+			require.EqualValues(t, 5, b.read(t, "k").Version)
+		})
 
-	t.Run("ExpectAbsent", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		h := b.header(t, "k")
-		require.False(t, h.Found)
-		require.Equal(t, cache.ExpectAbsent, h.Expect())
-		b.apply(t, completed("k", 1, fp1, "raced"))
-		require.False(t, b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
-		require.True(t, b.apply(t, cache.Update{Key: "new", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: cache.ExpectAbsent}))
-	})
+		t.Run("ExpectAbsent", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			h := b.header(t, "k")
+			require.False(t, h.Found)
+			require.Equal(t, cache.ExpectAbsent, h.Expect())
+			b.apply(t, completed("k", 1, fp1, "raced"))
+			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+			require.True(t, b.apply(t, cache.Update{Key: "new", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: cache.ExpectAbsent}))
+		})
 
-	t.Run("NeverClobbersALiveProvisionalClaim", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		_, err := b.cache.Check(b.ctx, "s", "live", fp1, ownerA, time.Minute)
-		require.NoError(t, err)
-		h := b.header(t, "live")
-		require.True(t, h.Provisional)
-		require.False(t, b.apply(t, cache.Update{Key: "live", Deleted: true, Expect: h.Expect()}))
-		require.True(t, b.read(t, "live").Provisional)
+		t.Run("NeverClobbersALiveProvisionalClaim", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			_, err := b.cache.Check(b.ctx, "s", "live", fp1, ownerA, time.Minute)
+			require.NoError(t, err)
+			h := b.header(t, "live")
+			require.True(t, h.Provisional)
+			require.False(t, b.apply(t, cache.Update{Key: "live", Deleted: true, Expect: h.Expect()}))
+			require.True(t, b.read(t, "live").Provisional)
 
-		_, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerA, 5*time.Millisecond)
-		require.NoError(t, err)
-		h = b.header(t, "dead")
-		// The claim's PX is its lease, so give it a longer TTL to see the
-		// expired-lease branch rather than the key vanishing.
-		require.NoError(t, b.rdb.PExpire(b.ctx, b.cache.Key("s", "dead"), time.Minute).Err())
-		time.Sleep(20 * time.Millisecond)
-		require.True(t, b.apply(t, cache.Update{Key: "dead", Deleted: true, Expect: h.Expect()}), "an expired provisional claim is an orphan")
-	})
+			_, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerA, 5*time.Millisecond)
+			require.NoError(t, err)
+			h = b.header(t, "dead")
+			// The claim's PX is its lease, so give it a longer TTL to see the
+			// expired-lease branch rather than the key vanishing.
+			require.NoError(t, b.rdb.PExpire(b.ctx, b.cache.Key("s", "dead"), time.Minute).Err())
+			time.Sleep(20 * time.Millisecond)
+			require.True(t, b.apply(t, cache.Update{Key: "dead", Deleted: true, Expect: h.Expect()}), "an expired provisional claim is an orphan")
+		})
 
-	t.Run("CorruptAndForeignValues", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key("s", "junk"), "not ours", 0).Err())
-		require.NoError(t, b.rdb.HSet(b.ctx, b.cache.Key("s", "hash"), "state", "completed").Err())
-		for _, key := range []string{"junk", "hash"} {
-			h := b.header(t, key)
-			require.True(t, h.Found && h.Corrupt, key)
-			require.True(t, b.apply(t, cache.Update{Key: key, Version: 2, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
-			require.EqualValues(t, 2, b.read(t, key).Version)
-		}
+		t.Run("CorruptAndForeignValues", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key("s", "junk"), "not ours", 0).Err())
+			require.NoError(t, b.rdb.HSet(b.ctx, b.cache.Key("s", "hash"), "state", "completed").Err())
+			for _, key := range []string{"junk", "hash"} {
+				h := b.header(t, key)
+				require.True(t, h.Found && h.Corrupt, key)
+				require.True(t, b.apply(t, cache.Update{Key: key, Version: 2, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+				require.EqualValues(t, 2, b.read(t, key).Version)
+			}
+		})
 	})
 }

@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -104,7 +103,6 @@ type Reconciler struct {
 	store   *outbox.Store
 	log     *slog.Logger
 	metrics *metrics
-	mu      sync.Mutex
 	// inPass, when set (tests), runs at the start of every pass, under the
 	// pass lock.
 	inPass func()
@@ -432,25 +430,7 @@ func (r *Reconciler) scanRedis(ctx context.Context, rep *Report) error {
 		}
 		return r.checkOrphans(ctx, rep, node, page)
 	}
-	if cluster, ok := r.cfg.Cache.Client().(*redis.ClusterClient); ok {
-		var masters []*redis.Client
-		err := cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			masters = append(masters, c)
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("list Redis masters: %w", err)
-		}
-		for _, m := range masters {
-			if err := scan(ctx, m); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return scan(ctx, r.cfg.Cache.Client())
+	return cache.ForEachNode(ctx, r.cfg.Cache.Client(), scan)
 }
 
 // checkOrphans finds the values among page (Redis key names, all on node)

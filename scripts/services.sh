@@ -3,11 +3,14 @@
 #
 #   scripts/services.sh install            install missing Debian packages
 #   scripts/services.sh start DIR PG_PORT REDIS_PORT [test]
+#   scripts/services.sh cluster DIR FIRST_PORT [test]
 #   scripts/services.sh stop DIR
 #
 # Data lives under DIR (git-ignored .data/ by default) and is reused by the
 # next start. As root, initdb and postgres run as the "postgres" user. With
 # "test", durability is traded for speed (fsync off, no Redis persistence).
+# "cluster" starts a three-master Redis Cluster on FIRST_PORT..FIRST_PORT+2
+# (REDIS_CLUSTER_URL=redis://127.0.0.1:FIRST_PORT?addr=...).
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -81,9 +84,60 @@ start() {
 	fi
 }
 
+redis_up() { redis-cli -p "$1" ping >/dev/null 2>&1; }
+
+cluster_ok() {
+	local port
+	for port in "$@"; do
+		redis-cli -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+		redis-cli -p "$port" cluster info 2>/dev/null | grep -q "^cluster_known_nodes:$#" || return 1
+	done
+}
+
+cluster() {
+	local dir=$1 first=$2 mode=${3:-}
+	install
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	local ports=("$first" $((first + 1)) $((first + 2))) port bus node
+	local persist=(--save "" --appendonly no)
+	[ "$mode" = test ] || persist=(--save 60 1 --appendonly no)
+	for port in "${ports[@]}"; do
+		redis_up "$port" && continue
+		node=$dir/cluster-$port
+		mkdir -p "$node"
+		# The bus port defaults to port+10000, which must exist.
+		bus=$((port + 10000))
+		[ "$bus" -le 65535 ] || bus=$((port - 10000))
+		redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$node" \
+			--pidfile "$node/redis.pid" --logfile "$node/redis.log" "${persist[@]}" \
+			--cluster-enabled yes --cluster-config-file nodes.conf --cluster-port "$bus" \
+			--cluster-node-timeout 2000 --cluster-require-full-coverage no
+		for _ in $(seq 50); do redis_up "$port" && break; sleep 0.1; done
+	done
+	for _ in $(seq 30); do cluster_ok "${ports[@]}" && break; sleep 0.1; done
+	if ! cluster_ok "${ports[@]}"; then
+		# New nodes, or nodes whose saved cluster state no longer fits: start over.
+		log "creating the Redis Cluster on ports ${ports[*]}"
+		for port in "${ports[@]}"; do
+			redis-cli -p "$port" flushall >/dev/null
+			redis-cli -p "$port" cluster reset hard >/dev/null
+		done
+		redis-cli --cluster create "${ports[@]/#/127.0.0.1:}" --cluster-replicas 0 --cluster-yes >/dev/null
+		for _ in $(seq 100); do cluster_ok "${ports[@]}" && break; sleep 0.1; done
+		cluster_ok "${ports[@]}" || { log "the Redis Cluster did not become ready"; exit 1; }
+	fi
+	log "redis cluster on 127.0.0.1:${ports[0]}-${ports[2]}"
+}
+
 stop() {
-	local dir=$1 bin
+	local dir=$1 bin pid
 	bin=$(pg_bin)
+	for pid in "$dir"/cluster-*/redis.pid; do
+		[ -f "$pid" ] || continue
+		kill "$(cat "$pid")" 2>/dev/null || true
+		rm -f "$pid"
+	done
 	if [ -f "$dir/pg/PG_VERSION" ]; then
 		as_pg "$bin/pg_ctl" -D "$dir/pg" -m fast -w stop >/dev/null 2>&1 || true
 	fi
@@ -98,6 +152,7 @@ shift || true
 case "$cmd" in
 install) install ;;
 start) start "$@" ;;
+cluster) cluster "$@" ;;
 stop) stop "$@" ;;
-*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | stop DIR" >&2; exit 2 ;;
+*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | stop DIR" >&2; exit 2 ;;
 esac

@@ -4,7 +4,9 @@
 # Unless TEST_DATABASE_URL and TEST_REDIS_URL are set, it installs what is
 # missing (Debian packages), starts a Postgres 15 and a Redis of its own under
 # .data/test on ports 55432 and 56379 (TEST_PG_PORT, TEST_REDIS_PORT), and
-# stops them afterwards. Extra arguments go to `go test`.
+# stops them afterwards. Unless TEST_REDIS_CLUSTER_URL is set, it does the
+# same for a three-master Redis Cluster on ports 56380-56382
+# (TEST_REDIS_CLUSTER_PORT). Extra arguments go to `go test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +18,12 @@ if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
 	started=1
 	export TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres?sslmode=disable"
 	export TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0"
+fi
+if [ -z "${TEST_REDIS_CLUSTER_URL:-}" ]; then
+	p=${TEST_REDIS_CLUSTER_PORT:-56380}
+	scripts/services.sh cluster .data/test "$p" test
+	started=1
+	export TEST_REDIS_CLUSTER_URL="redis://127.0.0.1:$p?addr=127.0.0.1:$((p + 1))&addr=127.0.0.1:$((p + 2))"
 fi
 cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
 trap cleanup EXIT

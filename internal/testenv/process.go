@@ -3,11 +3,11 @@ package testenv
 import (
 	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,12 +34,7 @@ func BuildBinary(tb testing.TB, pkg string) string {
 // FreeAddr returns a loopback host:port that was free a moment ago.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("find a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return "127.0.0.1:" + strconv.Itoa(freePort(tb))
 }
 
 // WaitReady waits until http://addr/readyz answers 200.

@@ -16,26 +16,26 @@ import (
 // RedisServer is a private redis-server process for tests that stop, restart
 // or flush Redis and so cannot share the common one.
 type RedisServer struct {
-	tb   testing.TB
-	port int
-	dir  string
-	cmd  *exec.Cmd
+	tb    testing.TB
+	port  int
+	dir   string
+	extra []string // more redis-server arguments (cluster mode)
+	cmd   *exec.Cmd
 }
 
 // NewRedisServer starts a redis-server of the test's own on a free loopback
 // port, without persistence; it is stopped when the test ends.
 func NewRedisServer(tb testing.TB) *RedisServer {
 	tb.Helper()
+	return newRedisServer(tb, freePort(tb))
+}
+
+func newRedisServer(tb testing.TB, port int, extra ...string) *RedisServer {
+	tb.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatalf("this test needs the redis-server binary: %v\n%s", err, howToStart)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("find a free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &RedisServer{tb: tb, port: port, dir: tb.TempDir()}
+	s := &RedisServer{tb: tb, port: port, dir: tb.TempDir(), extra: extra}
 	s.Start()
 	tb.Cleanup(s.Stop)
 	return s
@@ -53,10 +53,12 @@ func (s *RedisServer) Start() {
 	if s.cmd != nil {
 		return
 	}
-	s.cmd = exec.Command("redis-server",
+	args := append([]string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", filepath.Join(s.dir, "redis.log"))
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+	}, s.extra...)
+	s.cmd = exec.Command("redis-server", args...)
 	if err := s.cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)
 	}
@@ -80,6 +82,20 @@ func (s *RedisServer) Stop() {
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Port returns the server's port.
+func (s *RedisServer) Port() int { return s.port }
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // Restart stops and starts the server: an empty cache on the same address.

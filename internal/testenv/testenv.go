@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/logging"
 
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/migrations"
 )
 
@@ -282,15 +283,35 @@ func RedisURL(tb testing.TB) string {
 func Redis(tb testing.TB) (*redis.Client, string) {
 	tb.Helper()
 	rdb := RedisClient(tb, RedisURL(tb))
+	return rdb, KeyPrefix(tb, rdb)
+}
+
+// KeyPrefix returns a Redis key prefix of the test's own; its keys are
+// deleted from rdb (every master of a cluster) when the test ends.
+func KeyPrefix(tb testing.TB, rdb redis.UniversalClient) string {
 	prefix := "t" + RandomSuffix(10) + ":"
-	tb.Cleanup(func() {
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	tb.Cleanup(func() { deletePrefix(rdb, prefix) })
+	return prefix
+}
+
+// deletePrefix deletes every key under prefix, on every master.
+func deletePrefix(rdb redis.UniversalClient, prefix string) {
+	_ = cache.ForEachNode(context.Background(), rdb, func(ctx context.Context, node redis.UniversalClient) error {
+		iter := node.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
+			node.Del(ctx, iter.Val())
 		}
+		return iter.Err()
 	})
-	return rdb, prefix
+}
+
+// OnEachRedis runs fn twice, as the subtests "single" (on the shared test
+// Redis) and "cluster" (on the shared test Redis Cluster): code that talks to
+// Redis is tested on both. fn takes its key prefixes from KeyPrefix.
+func OnEachRedis(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClient)) {
+	t.Helper()
+	t.Run("single", func(t *testing.T) { fn(t, RedisClient(t, RedisURL(t))) })
+	t.Run("cluster", func(t *testing.T) { fn(t, RedisClusterClient(t)) })
 }
 
 // RedisClient opens a client on url that is closed when the test ends.
