@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/outbox"
 )
@@ -79,70 +81,72 @@ func (b *bundle) set(t *testing.T, name, value string) {
 // the report's counts, the repaired state, and that a second pass is clean.
 func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	for i := range 8 {
-		b.complete(t, fmt.Sprintf("k%d", i))
-	}
-	r := b.reconciler(t, Config{PageSize: 3})
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		for i := range 8 {
+			b.complete(t, fmt.Sprintf("k%d", i))
+		}
+		r := b.reconciler(t, Config{PageSize: 3})
 
-	// Nothing is in Redis yet: every key is missing.
-	rep := b.pass(t, r, false)
-	require.EqualValues(t, 8, rep.Scanned)
-	require.EqualValues(t, 8, rep.Missing)
-	require.EqualValues(t, 8, rep.Repaired)
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+		// Nothing is in Redis yet: every key is missing.
+		rep := b.pass(t, r, false)
+		require.EqualValues(t, 8, rep.Scanned)
+		require.EqualValues(t, 8, rep.Missing)
+		require.EqualValues(t, 8, rep.Repaired)
+		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 
-	// Inject one of each kind.
-	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k0")).Err())    // missing
-	v := b.raw(t, "k1")                                                     // completed:2:c...
-	b.set(t, b.Cache.Key("s", "k1"), strings.Replace(v, ":2:", ":1:", 1))   // stale (lower)
-	b.set(t, b.Cache.Key("s", "k2"), strings.Replace(v, ":2:", ":7:", 1))   // stale (higher)
-	b.set(t, b.Cache.Key("s", "k3"), "failed:2:c"+v[len("completed:2:c"):]) // wrong state
-	b.set(t, b.Cache.Key("s", "k4"), "not a onceonly value")                // corrupt
-	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k5")).Err())
-	require.NoError(t, b.Redis.HSet(b.Ctx, b.Cache.Key("s", "k5"), "state", "completed").Err()) // corrupt (a hash)
-	b.set(t, b.Cache.Key("s", "ghost"), v)                                                      // orphan: no Postgres row
-	b.set(t, b.Cache.Prefix()+"no-scope-separator", "x")                                        // orphan: not a key name
-	_, err := b.Cache.Check(b.Ctx, "s", "inflight", "v1:fp", owner, time.Minute)
-	require.NoError(t, err) // live provisional claim: left alone
-	_, err = b.Cache.Check(b.Ctx, "s", "abandoned", "v1:fp", owner, 5*time.Millisecond)
-	require.NoError(t, err)
-	require.NoError(t, b.Redis.PExpire(b.Ctx, b.Cache.Key("s", "abandoned"), time.Hour).Err())
-	time.Sleep(20 * time.Millisecond) // its lease is over: an orphan
+		// Inject one of each kind.
+		require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k0")).Err())    // missing
+		v := b.raw(t, "k1")                                                     // completed:2:c...
+		b.set(t, b.Cache.Key("s", "k1"), strings.Replace(v, ":2:", ":1:", 1))   // stale (lower)
+		b.set(t, b.Cache.Key("s", "k2"), strings.Replace(v, ":2:", ":7:", 1))   // stale (higher)
+		b.set(t, b.Cache.Key("s", "k3"), "failed:2:c"+v[len("completed:2:c"):]) // wrong state
+		b.set(t, b.Cache.Key("s", "k4"), "not a onceonly value")                // corrupt
+		require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k5")).Err())
+		require.NoError(t, b.Redis.HSet(b.Ctx, b.Cache.Key("s", "k5"), "state", "completed").Err()) // corrupt (a hash)
+		b.set(t, b.Cache.Key("s", "ghost"), v)                                                      // orphan: no Postgres row
+		b.set(t, b.Cache.Prefix()+"no-scope-separator", "x")                                        // orphan: not a key name
+		_, err := b.Cache.Check(b.Ctx, "s", "inflight", "v1:fp", owner, time.Minute)
+		require.NoError(t, err) // live provisional claim: left alone
+		_, err = b.Cache.Check(b.Ctx, "s", "abandoned", "v1:fp", owner, 5*time.Millisecond)
+		require.NoError(t, err)
+		require.NoError(t, b.Redis.PExpire(b.Ctx, b.Cache.Key("s", "abandoned"), time.Hour).Err())
+		time.Sleep(20 * time.Millisecond) // its lease is over: an orphan
 
-	dry := b.pass(t, r, true)
-	rep = b.pass(t, r, false)
-	for _, got := range []Report{dry, rep} {
-		require.EqualValues(t, 8, got.Scanned)
-		require.EqualValues(t, 2, got.InSync, "k6, k7")
-		require.EqualValues(t, 1, got.Missing)
-		require.EqualValues(t, 2, got.Stale)
-		require.EqualValues(t, 1, got.WrongState)
-		require.EqualValues(t, 2, got.Corrupt)
-		require.EqualValues(t, 3, got.Orphaned)
-		require.EqualValues(t, 1, got.InFlight)
-	}
-	require.Zero(t, dry.Repaired, "a dry run repairs nothing")
-	require.True(t, dry.DryRun)
-	require.EqualValues(t, 9, rep.Repaired)
+		dry := b.pass(t, r, true)
+		rep = b.pass(t, r, false)
+		for _, got := range []Report{dry, rep} {
+			require.EqualValues(t, 8, got.Scanned)
+			require.EqualValues(t, 2, got.InSync, "k6, k7")
+			require.EqualValues(t, 1, got.Missing)
+			require.EqualValues(t, 2, got.Stale)
+			require.EqualValues(t, 1, got.WrongState)
+			require.EqualValues(t, 2, got.Corrupt)
+			require.EqualValues(t, 3, got.Orphaned)
+			require.EqualValues(t, 1, got.InFlight)
+		}
+		require.Zero(t, dry.Repaired, "a dry run repairs nothing")
+		require.True(t, dry.DryRun)
+		require.EqualValues(t, 9, rep.Repaired)
 
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
-	for _, name := range []string{b.Cache.Key("s", "ghost"), b.Cache.Key("s", "abandoned"), b.Cache.Prefix() + "no-scope-separator"} {
-		require.Zero(t, b.Redis.Exists(b.Ctx, name).Val(), "%s deleted", name)
-	}
-	e, found, err := b.Cache.Read(b.Ctx, "s", "inflight")
-	require.NoError(t, err)
-	require.True(t, found && e.Provisional, "the request in flight keeps its claim")
-	e, _, err = b.Cache.Read(b.Ctx, "s", "k1")
-	require.NoError(t, err)
-	require.Equal(t, `{"key":"k1"}`, string(e.Response.Body), "a repair copies the stored response")
+		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+		for _, name := range []string{b.Cache.Key("s", "ghost"), b.Cache.Key("s", "abandoned"), b.Cache.Prefix() + "no-scope-separator"} {
+			require.Zero(t, b.Redis.Exists(b.Ctx, name).Val(), "%s deleted", name)
+		}
+		e, found, err := b.Cache.Read(b.Ctx, "s", "inflight")
+		require.NoError(t, err)
+		require.True(t, found && e.Provisional, "the request in flight keeps its claim")
+		e, _, err = b.Cache.Read(b.Ctx, "s", "k1")
+		require.NoError(t, err)
+		require.Equal(t, `{"key":"k1"}`, string(e.Response.Body), "a repair copies the stored response")
 
-	again := b.pass(t, r, false)
-	require.Zero(t, again.Drift())
-	require.EqualValues(t, 8, again.InSync)
-	require.EqualValues(t, 1, again.InFlight)
-	require.EqualValues(t, 4, testutil.ToFloat64(r.metrics.passes.WithLabelValues(resultOK)))
-	require.EqualValues(t, 2, testutil.ToFloat64(r.metrics.drift.WithLabelValues(kindStale)), "dry runs count in the report only")
+		again := b.pass(t, r, false)
+		require.Zero(t, again.Drift())
+		require.EqualValues(t, 8, again.InSync)
+		require.EqualValues(t, 1, again.InFlight)
+		require.EqualValues(t, 4, testutil.ToFloat64(r.metrics.passes.WithLabelValues(resultOK)))
+		require.EqualValues(t, 2, testutil.ToFloat64(r.metrics.drift.WithLabelValues(kindStale)), "dry runs count in the report only")
+	})
 }
 
 func TestFlushedRedisIsRefilled(t *testing.T) {
@@ -163,56 +167,97 @@ func TestFlushedRedisIsRefilled(t *testing.T) {
 
 func TestDeadLeasesAreReaped(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "dead", "v1:fp", owner, time.Millisecond)
-	require.NoError(t, err)
-	_, err = b.Store.Claim(b.Ctx, b.Pool, "s", "alive", "v1:fp", owner, time.Hour)
-	require.NoError(t, err)
-	time.Sleep(50 * time.Millisecond)
-	r := b.reconciler(t, Config{ReapGrace: 10 * time.Millisecond})
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "dead", "v1:fp", owner, time.Millisecond)
+		require.NoError(t, err)
+		_, err = b.Store.Claim(b.Ctx, b.Pool, "s", "alive", "v1:fp", owner, time.Hour)
+		require.NoError(t, err)
+		time.Sleep(50 * time.Millisecond)
+		r := b.reconciler(t, Config{ReapGrace: 10 * time.Millisecond})
 
-	dry := b.pass(t, r, true)
-	require.EqualValues(t, 1, dry.LeasesReaped)
-	k, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "dead")
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusInProgress, k.Status, "a dry run reaps nothing")
+		dry := b.pass(t, r, true)
+		require.EqualValues(t, 1, dry.LeasesReaped)
+		k, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "dead")
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusInProgress, k.Status, "a dry run reaps nothing")
 
-	rep := b.pass(t, r, false)
-	require.EqualValues(t, 1, rep.LeasesReaped)
-	k, _, err = b.Store.Get(b.Ctx, b.Pool, "s", "dead")
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusFailed, k.Status)
-	require.EqualValues(t, 2, k.Version)
-	var events int
-	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox WHERE key = 'dead' AND version = 2`).Scan(&events))
-	require.Equal(t, 1, events, "the reap is an outbox event like any transition")
-	// The same pass repaired Redis after reaping.
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
-	// The dead worker can no longer complete.
-	_, err = b.Store.Complete(b.Ctx, b.Pool, "s", "dead", owner, outbox.Response{Status: 201})
-	require.ErrorIs(t, err, outbox.ErrLeaseLost)
-	alive, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "alive")
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusInProgress, alive.Status)
+		rep := b.pass(t, r, false)
+		require.EqualValues(t, 1, rep.LeasesReaped)
+		k, _, err = b.Store.Get(b.Ctx, b.Pool, "s", "dead")
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusFailed, k.Status)
+		require.EqualValues(t, 2, k.Version)
+		var events int
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox WHERE key = 'dead' AND version = 2`).Scan(&events))
+		require.Equal(t, 1, events, "the reap is an outbox event like any transition")
+		// The same pass repaired Redis after reaping.
+		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+		// The dead worker can no longer complete.
+		_, err = b.Store.Complete(b.Ctx, b.Pool, "s", "dead", owner, outbox.Response{Status: 201})
+		require.ErrorIs(t, err, outbox.ErrLeaseLost)
+		alive, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "alive")
+		require.NoError(t, err)
+		require.Equal(t, outbox.StatusInProgress, alive.Status)
+	})
+}
+
+// TestOrphanScanCoversEveryMaster: on a cluster, values with no Postgres row
+// are found and deleted on every master, not just the one a SCAN reaches.
+func TestOrphanScanCoversEveryMaster(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.RedisClusterClient(t)
+	b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+	b.complete(t, "live")
+	const orphans = 60
+	for i := range orphans {
+		b.set(t, b.Cache.Key("s", fmt.Sprintf("ghost%d", i)), "completed:1:c")
+	}
+	perMaster := func() []int64 {
+		var counts []int64
+		require.NoError(t, cache.ForEachNode(b.Ctx, rdb, func(ctx context.Context, node redis.UniversalClient) error {
+			keys, err := node.Keys(ctx, b.Cache.Prefix()+"*").Result()
+			counts = append(counts, int64(len(keys)))
+			return err
+		}))
+		return counts
+	}
+	before := perMaster()
+	require.Len(t, before, 3)
+	for _, n := range before {
+		require.Positive(t, n, "the orphans span every master: %v", before)
+	}
+
+	rep := b.pass(t, b.reconciler(t, Config{PageSize: 7}), false)
+	require.EqualValues(t, orphans, rep.Orphaned)
+	require.EqualValues(t, orphans+1, rep.RedisScanned, "every master's keys were seen")
+	after := perMaster()
+	var left int64
+	for _, n := range after {
+		left += n
+	}
+	require.EqualValues(t, 1, left, "only the live key is left: %v", after)
 }
 
 func TestExpiredKeysAreDeletedInBatches(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	for i := range 7 {
-		b.complete(t, fmt.Sprintf("old%d", i))
-	}
-	b.complete(t, "fresh")
-	_, err := b.Pool.Exec(b.Ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s' WHERE key LIKE 'old%'`)
-	require.NoError(t, err)
-	r := b.reconciler(t, Config{PageSize: 3})
-	require.EqualValues(t, 7, b.pass(t, r, true).ExpiredDeleted)
-	rep := b.pass(t, r, false)
-	require.EqualValues(t, 7, rep.ExpiredDeleted)
-	require.EqualValues(t, 1, rep.Scanned)
-	var left int
-	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&left))
-	require.Equal(t, 1, left)
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		for i := range 7 {
+			b.complete(t, fmt.Sprintf("old%d", i))
+		}
+		b.complete(t, "fresh")
+		_, err := b.Pool.Exec(b.Ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s' WHERE key LIKE 'old%'`)
+		require.NoError(t, err)
+		r := b.reconciler(t, Config{PageSize: 3})
+		require.EqualValues(t, 7, b.pass(t, r, true).ExpiredDeleted)
+		rep := b.pass(t, r, false)
+		require.EqualValues(t, 7, rep.ExpiredDeleted)
+		require.EqualValues(t, 1, rep.Scanned)
+		var left int
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&left))
+		require.Equal(t, 1, left)
+	})
 }
 
 func TestOnePassAtATime(t *testing.T) {

@@ -104,64 +104,68 @@ func (b *bundle) requireConverged(t *testing.T) {
 
 func TestDrainDeliversCurrentState(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	for i := range 20 {
-		b.Complete(t, "s", fmt.Sprintf("k%d", i), `{"ok":true}`)
-	}
-	large := strings.Repeat("x", cache.DefaultMaxBody+1)
-	b.Complete(t, "s", "large", large)
-	_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "running", "v1:fp", owner, time.Minute)
-	require.NoError(t, err)
-	// An event whose key is gone from Postgres deletes the Redis copy.
-	_, err = b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "gone", Version: 1, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
-	require.NoError(t, err)
-	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s', 'gone', 2)`)
-	require.NoError(t, err)
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		for i := range 20 {
+			b.Complete(t, "s", fmt.Sprintf("k%d", i), `{"ok":true}`)
+		}
+		large := strings.Repeat("x", cache.DefaultMaxBody+1)
+		b.Complete(t, "s", "large", large)
+		_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "running", "v1:fp", owner, time.Minute)
+		require.NoError(t, err)
+		// An event whose key is gone from Postgres deletes the Redis copy.
+		_, err = b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "gone", Version: 1, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+		require.NoError(t, err)
+		_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s', 'gone', 2)`)
+		require.NoError(t, err)
 
-	r := b.relay(t, Config{BatchSize: 7})
-	n, err := r.Drain(b.Ctx)
-	require.NoError(t, err)
-	require.Equal(t, 2*21+1+1, n)
-	require.Zero(t, b.outboxLen(t))
-	b.requireConverged(t)
+		r := b.relay(t, Config{BatchSize: 7})
+		n, err := r.Drain(b.Ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2*21+1+1, n)
+		require.Zero(t, b.outboxLen(t))
+		b.requireConverged(t)
 
-	e, _, err := b.Cache.Read(b.Ctx, "s", "k3")
-	require.NoError(t, err)
-	require.Equal(t, `{"ok":true}`, string(e.Response.Body))
-	e, _, err = b.Cache.Read(b.Ctx, "s", "large")
-	require.NoError(t, err)
-	require.True(t, e.BodyInPostgres, "a large body stays in Postgres")
-	e, _, err = b.Cache.Read(b.Ctx, "s", "running")
-	require.NoError(t, err)
-	require.Equal(t, cache.StateInProgress, e.State)
-	require.Equal(t, owner, e.Owner)
-	_, found, err := b.Cache.Read(b.Ctx, "s", "gone")
-	require.NoError(t, err)
-	require.False(t, found, "a key deleted from Postgres is deleted from Redis")
+		e, _, err := b.Cache.Read(b.Ctx, "s", "k3")
+		require.NoError(t, err)
+		require.Equal(t, `{"ok":true}`, string(e.Response.Body))
+		e, _, err = b.Cache.Read(b.Ctx, "s", "large")
+		require.NoError(t, err)
+		require.True(t, e.BodyInPostgres, "a large body stays in Postgres")
+		e, _, err = b.Cache.Read(b.Ctx, "s", "running")
+		require.NoError(t, err)
+		require.Equal(t, cache.StateInProgress, e.State)
+		require.Equal(t, owner, e.Owner)
+		_, found, err := b.Cache.Read(b.Ctx, "s", "gone")
+		require.NoError(t, err)
+		require.False(t, found, "a key deleted from Postgres is deleted from Redis")
 
-	n, err = r.Drain(b.Ctx)
-	require.NoError(t, err)
-	require.Zero(t, n)
+		n, err = r.Drain(b.Ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	})
 }
 
 func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.Complete(t, "s", "k", "{}") // Postgres at version 2
-	// Redis already holds a newer version than any pending event.
-	_, err := b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "k", Version: 9, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
-	require.NoError(t, err)
-	// The same events again, out of order.
-	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s','k',2), ('s','k',1), ('s','k',2)`)
-	require.NoError(t, err)
-	r := b.relay(t, Config{BatchSize: 2})
-	_, err = r.Drain(b.Ctx)
-	require.NoError(t, err)
-	e, _, err := b.Cache.Read(b.Ctx, "s", "k")
-	require.NoError(t, err)
-	require.EqualValues(t, 9, e.Version)
-	require.Equal(t, cache.StateFailed, e.State)
-	require.Zero(t, b.outboxLen(t))
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		b.Complete(t, "s", "k", "{}") // Postgres at version 2
+		// Redis already holds a newer version than any pending event.
+		_, err := b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "k", Version: 9, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+		require.NoError(t, err)
+		// The same events again, out of order.
+		_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s','k',2), ('s','k',1), ('s','k',2)`)
+		require.NoError(t, err)
+		r := b.relay(t, Config{BatchSize: 2})
+		_, err = r.Drain(b.Ctx)
+		require.NoError(t, err)
+		e, _, err := b.Cache.Read(b.Ctx, "s", "k")
+		require.NoError(t, err)
+		require.EqualValues(t, 9, e.Version)
+		require.Equal(t, cache.StateFailed, e.State)
+		require.Zero(t, b.outboxLen(t))
+	})
 }
 
 // TestRelaysUnderChurnNeverRegress runs two relays while writers move a few
@@ -169,77 +173,81 @@ func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
 // in Redis ever goes down; at the end Redis equals Postgres.
 func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	for _, r := range []*Relay{b.relay(t, Config{BatchSize: 3}), b.relay(t, Config{BatchSize: 5})} {
-		run(t, b.Ctx, r)
-	}
-	const keys = 8
-	ctx, stop := context.WithTimeout(b.Ctx, 2*time.Second)
-	defer stop()
-	var wg sync.WaitGroup
-	var writes atomic.Int64
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				if err := b.churn(ctx, "s", fmt.Sprintf("hot%d", (w+rand.IntN(keys))%keys)); err != nil && ctx.Err() == nil {
-					t.Error(err)
-					return
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		for _, r := range []*Relay{b.relay(t, Config{BatchSize: 3}), b.relay(t, Config{BatchSize: 5})} {
+			run(t, b.Ctx, r)
+		}
+		const keys = 8
+		ctx, stop := context.WithTimeout(b.Ctx, 2*time.Second)
+		defer stop()
+		var wg sync.WaitGroup
+		var writes atomic.Int64
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					if err := b.churn(ctx, "s", fmt.Sprintf("hot%d", (w+rand.IntN(keys))%keys)); err != nil && ctx.Err() == nil {
+						t.Error(err)
+						return
+					}
+					writes.Add(1)
 				}
-				writes.Add(1)
-			}
-		}()
-	}
-	seen := map[string]int64{}
-	for ctx.Err() == nil {
-		for i := range keys {
-			key := fmt.Sprintf("hot%d", i)
-			e, found, err := b.Cache.Read(b.Ctx, "s", key)
-			require.NoError(t, err)
-			if found {
-				require.GreaterOrEqual(t, e.Version, seen[key], "version of %s went down", key)
-				seen[key] = e.Version
+			}()
+		}
+		seen := map[string]int64{}
+		for ctx.Err() == nil {
+			for i := range keys {
+				key := fmt.Sprintf("hot%d", i)
+				e, found, err := b.Cache.Read(b.Ctx, "s", key)
+				require.NoError(t, err)
+				if found {
+					require.GreaterOrEqual(t, e.Version, seen[key], "version of %s went down", key)
+					seen[key] = e.Version
+				}
 			}
 		}
-	}
-	wg.Wait()
-	require.Greater(t, writes.Load(), int64(50))
-	testenv.Eventually(t, 10*time.Second, "outbox drained", func() bool { return b.outboxLen(t) == 0 })
-	b.requireConverged(t)
+		wg.Wait()
+		require.Greater(t, writes.Load(), int64(50))
+		testenv.Eventually(t, 10*time.Second, "outbox drained", func() bool { return b.outboxLen(t) == 0 })
+		b.requireConverged(t)
+	})
 }
 
 func TestTwoRelaysDeliverEveryEventOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	const keys = 1000
-	_, err := b.Pool.Exec(b.Ctx, `
-		INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
-		SELECT 's', 'k' || i, 'completed', 3, 'v1:fp', 201, '{}', now() + interval '1 hour' FROM generate_series(1, $1) i`, keys)
-	require.NoError(t, err)
-	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version)
-		SELECT 's', 'k' || i, v FROM generate_series(1, $1) i, generate_series(1, 3) v ORDER BY random()`, keys)
-	require.NoError(t, err)
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		const keys = 1000
+		_, err := b.Pool.Exec(b.Ctx, `
+			INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
+			SELECT 's', 'k' || i, 'completed', 3, 'v1:fp', 201, '{}', now() + interval '1 hour' FROM generate_series(1, $1) i`, keys)
+		require.NoError(t, err)
+		_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version)
+			SELECT 's', 'k' || i, v FROM generate_series(1, $1) i, generate_series(1, 3) v ORDER BY random()`, keys)
+		require.NoError(t, err)
 
-	relays := []*Relay{b.relay(t, Config{BatchSize: 50}), b.relay(t, Config{BatchSize: 50})}
-	counts := make([]int, len(relays))
-	var wg sync.WaitGroup
-	for i, r := range relays {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n, err := r.Drain(b.Ctx)
-			require.NoError(t, err)
-			counts[i] = n
-		}()
-	}
-	wg.Wait()
-	require.Equal(t, 3*keys, counts[0]+counts[1], "every event published exactly once")
-	require.Zero(t, b.outboxLen(t))
-	b.requireConverged(t)
-	for i, r := range relays {
-		require.EqualValues(t, counts[i], testutil.ToFloat64(r.metrics.published))
-	}
+		relays := []*Relay{b.relay(t, Config{BatchSize: 50}), b.relay(t, Config{BatchSize: 50})}
+		counts := make([]int, len(relays))
+		var wg sync.WaitGroup
+		for i, r := range relays {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n, err := r.Drain(b.Ctx)
+				require.NoError(t, err)
+				counts[i] = n
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, 3*keys, counts[0]+counts[1], "every event published exactly once")
+		require.Zero(t, b.outboxLen(t))
+		b.requireConverged(t)
+		for i, r := range relays {
+			require.EqualValues(t, counts[i], testutil.ToFloat64(r.metrics.published))
+		}
+	})
 }
 
 func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {

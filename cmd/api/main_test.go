@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/internal/testenv"
@@ -131,59 +132,61 @@ func TestGracefulShutdown(t *testing.T) {
 }
 
 func TestKeysShowAndPurge(t *testing.T) {
-	dbURL := testenv.DatabaseURL(t)
-	rdb, prefix := testenv.Redis(t)
-	st := testenv.NewStackOn(t, rdb, prefix)
-	st.Pool = testenv.Pool(t, dbURL)
-	st.Complete(t, "acct_k", "order-1", `{"ok":true}`)
-	k, _, err := st.Store.Get(st.Ctx, st.Pool, "acct_k", "order-1")
-	require.NoError(t, err)
-	_, err = st.Cache.Apply(st.Ctx, k.CacheUpdate())
-	require.NoError(t, err)
-	env := map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL(t), "REDIS_PREFIX": prefix}
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		dbURL := testenv.DatabaseURL(t)
+		prefix := testenv.KeyPrefix(t, rdb)
+		st := testenv.NewStackOn(t, rdb, prefix)
+		st.Pool = testenv.Pool(t, dbURL)
+		st.Complete(t, "acct_k", "order-1", `{"ok":true}`)
+		k, _, err := st.Store.Get(st.Ctx, st.Pool, "acct_k", "order-1")
+		require.NoError(t, err)
+		_, err = st.Cache.Apply(st.Ctx, k.CacheUpdate())
+		require.NoError(t, err)
+		env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
 
-	var view keyView
-	code, stdout, stderr := runAPI(t, env, "keys", "show", "acct_k", "order-1")
-	require.Equal(t, 0, code, stderr)
-	require.NoError(t, json.Unmarshal([]byte(stdout), &view))
-	require.Equal(t, "completed", view.Postgres.Status)
-	require.EqualValues(t, 2, view.Postgres.Version)
-	require.True(t, view.Redis.Found)
-	require.Equal(t, "completed", view.Redis.State)
-	require.True(t, *view.InSync)
+		var view keyView
+		code, stdout, stderr := runAPI(t, env, "keys", "show", "acct_k", "order-1")
+		require.Equal(t, 0, code, stderr)
+		require.NoError(t, json.Unmarshal([]byte(stdout), &view))
+		require.Equal(t, "completed", view.Postgres.Status)
+		require.EqualValues(t, 2, view.Postgres.Version)
+		require.True(t, view.Redis.Found)
+		require.Equal(t, "completed", view.Redis.State)
+		require.True(t, *view.InSync)
 
-	code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "order-1")
-	require.Equal(t, 0, code, stderr)
-	require.NoError(t, json.Unmarshal([]byte(stdout), &view))
-	require.EqualValues(t, 3, view.Postgres.Version)
-	require.LessOrEqual(t, view.Postgres.ExpiresInMs, int64(0))
-	require.False(t, view.Redis.Found, "the Redis copy is gone at once")
-	var events int
-	require.NoError(t, st.Pool.QueryRow(st.Ctx, `SELECT count(*) FROM outbox WHERE key = 'order-1' AND version = 3`).Scan(&events))
-	require.Equal(t, 1, events, "the purge goes through the outbox")
+		code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "order-1")
+		require.Equal(t, 0, code, stderr)
+		require.NoError(t, json.Unmarshal([]byte(stdout), &view))
+		require.EqualValues(t, 3, view.Postgres.Version)
+		require.LessOrEqual(t, view.Postgres.ExpiresInMs, int64(0))
+		require.False(t, view.Redis.Found, "the Redis copy is gone at once")
+		var events int
+		require.NoError(t, st.Pool.QueryRow(st.Ctx, `SELECT count(*) FROM outbox WHERE key = 'order-1' AND version = 3`).Scan(&events))
+		require.Equal(t, 1, events, "the purge goes through the outbox")
 
-	// The next request for the key is a first execution, one version on.
-	res, err := st.Store.Claim(st.Ctx, st.Pool, "acct_k", "order-1", "v1:new", [16]byte{5}, time.Minute)
-	require.NoError(t, err)
-	require.True(t, res.Claimed)
-	require.EqualValues(t, 4, res.Key.Version)
+		// The next request for the key is a first execution, one version on.
+		res, err := st.Store.Claim(st.Ctx, st.Pool, "acct_k", "order-1", "v1:new", [16]byte{5}, time.Minute)
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		require.EqualValues(t, 4, res.Key.Version)
 
-	code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "order-1")
-	testenv.RequireOneLineError(t, code, stdout, stderr, "in progress")
-	code, _, stderr = runAPI(t, env, "keys", "purge", "--force", "acct_k", "order-1")
-	require.Equal(t, 0, code, stderr)
-	_, err = st.Store.Complete(st.Ctx, st.Pool, "acct_k", "order-1", [16]byte{5}, outbox.Response{Status: 201})
-	require.ErrorIs(t, err, outbox.ErrLeaseLost, "the purged execution cannot complete")
+		code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "order-1")
+		testenv.RequireOneLineError(t, code, stdout, stderr, "in progress")
+		code, _, stderr = runAPI(t, env, "keys", "purge", "--force", "acct_k", "order-1")
+		require.Equal(t, 0, code, stderr)
+		_, err = st.Store.Complete(st.Ctx, st.Pool, "acct_k", "order-1", [16]byte{5}, outbox.Response{Status: 201})
+		require.ErrorIs(t, err, outbox.ErrLeaseLost, "the purged execution cannot complete")
 
-	code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k", "nothing")
-	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, `"postgres": null`)
-	code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "nothing")
-	testenv.RequireOneLineError(t, code, stdout, stderr, "no such key")
-	code, stdout, stderr = runAPI(t, env, "keys", "drop", "acct_k", "x")
-	testenv.RequireOneLineError(t, code, stdout, stderr, `unknown command "drop"`)
-	code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k")
-	testenv.RequireOneLineError(t, code, stdout, stderr, "SCOPE KEY")
+		code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k", "nothing")
+		require.Equal(t, 0, code, stderr)
+		require.Contains(t, stdout, `"postgres": null`)
+		code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "nothing")
+		testenv.RequireOneLineError(t, code, stdout, stderr, "no such key")
+		code, stdout, stderr = runAPI(t, env, "keys", "drop", "acct_k", "x")
+		testenv.RequireOneLineError(t, code, stdout, stderr, `unknown command "drop"`)
+		code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k")
+		testenv.RequireOneLineError(t, code, stdout, stderr, "SCOPE KEY")
+	})
 }
 
 func TestProbe(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/cache"
@@ -65,31 +66,33 @@ func seed(t *testing.T, dbURL string, n int) {
 }
 
 func TestOncePrintsTheReport(t *testing.T) {
-	dbURL := testenv.DatabaseURL(t)
-	_, prefix := testenv.Redis(t)
-	seed(t, dbURL, 4)
-	env := map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL(t), "REDIS_PREFIX": prefix}
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		dbURL := testenv.DatabaseURL(t)
+		prefix := testenv.KeyPrefix(t, rdb)
+		seed(t, dbURL, 4)
+		env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
 
-	for _, tc := range []struct {
-		args            []string
-		missing, repair int
-	}{
-		{[]string{"--once", "--dry-run"}, 4, 0},
-		{[]string{"--once"}, 4, 4},
-		{[]string{"--once"}, 0, 0},
-	} {
-		code, stdout, stderr := testenv.RunMain(t, run, env, tc.args...)
-		require.Equal(t, 0, code, stderr)
-		var rep map[string]any
-		require.NoError(t, json.Unmarshal([]byte(stdout), &rep), "one JSON line: %q", stdout)
-		for _, field := range []string{"scanned", "in_sync", "missing", "stale", "orphaned", "repaired",
-			"leases_reaped", "expired_deleted", "duration_ms"} {
-			require.Contains(t, rep, field)
+		for _, tc := range []struct {
+			args            []string
+			missing, repair int
+		}{
+			{[]string{"--once", "--dry-run"}, 4, 0},
+			{[]string{"--once"}, 4, 4},
+			{[]string{"--once"}, 0, 0},
+		} {
+			code, stdout, stderr := testenv.RunMain(t, run, env, tc.args...)
+			require.Equal(t, 0, code, stderr)
+			var rep map[string]any
+			require.NoError(t, json.Unmarshal([]byte(stdout), &rep), "one JSON line: %q", stdout)
+			for _, field := range []string{"scanned", "in_sync", "missing", "stale", "orphaned", "repaired",
+				"leases_reaped", "expired_deleted", "duration_ms"} {
+				require.Contains(t, rep, field)
+			}
+			require.EqualValues(t, 4, rep["scanned"])
+			require.EqualValues(t, tc.missing, rep["missing"], tc.args)
+			require.EqualValues(t, tc.repair, rep["repaired"], tc.args)
 		}
-		require.EqualValues(t, 4, rep["scanned"])
-		require.EqualValues(t, tc.missing, rep["missing"], tc.args)
-		require.EqualValues(t, tc.repair, rep["repaired"], tc.args)
-	}
+	})
 }
 
 // TestDaemon runs the reconciler binary on a short schedule: it repairs a

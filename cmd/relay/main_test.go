@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/cache"
@@ -53,34 +54,36 @@ func TestRefusesAnOutdatedSchema(t *testing.T) {
 }
 
 func TestOncePrintsASummary(t *testing.T) {
-	dbURL := testenv.DatabaseURL(t)
-	rdb, prefix := testenv.Redis(t)
-	pool := testenv.Pool(t, dbURL)
-	ctx := testenv.Context(t)
-	store := outbox.New(outbox.Config{})
-	owner := [16]byte{1}
-	for _, key := range []string{"a", "b", "c"} {
-		_, err := store.Claim(ctx, pool, "s", key, "v1:fp", owner, time.Minute)
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		dbURL := testenv.DatabaseURL(t)
+		prefix := testenv.KeyPrefix(t, rdb)
+		pool := testenv.Pool(t, dbURL)
+		ctx := testenv.Context(t)
+		store := outbox.New(outbox.Config{})
+		owner := [16]byte{1}
+		for _, key := range []string{"a", "b", "c"} {
+			_, err := store.Claim(ctx, pool, "s", key, "v1:fp", owner, time.Minute)
+			require.NoError(t, err)
+		}
+		env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
+
+		code, stdout, stderr := testenv.RunMain(t, run, env, "--once")
+		require.Equal(t, 0, code, stderr)
+		var summary map[string]int64
+		require.NoError(t, json.Unmarshal([]byte(stdout), &summary), "stdout is one JSON line: %q", stdout)
+		require.EqualValues(t, 3, summary["published"])
+		require.Contains(t, summary, "duration_ms")
+		require.Equal(t, 1, strings.Count(stdout, "\n"))
+
+		e, found, err := cache.New(rdb, cache.Options{Prefix: prefix}).Read(ctx, "s", "b")
 		require.NoError(t, err)
-	}
-	env := map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": testenv.RedisURL(t), "REDIS_PREFIX": prefix}
+		require.True(t, found)
+		require.Equal(t, cache.StateInProgress, e.State)
 
-	code, stdout, stderr := testenv.RunMain(t, run, env, "--once")
-	require.Equal(t, 0, code, stderr)
-	var summary map[string]int64
-	require.NoError(t, json.Unmarshal([]byte(stdout), &summary), "stdout is one JSON line: %q", stdout)
-	require.EqualValues(t, 3, summary["published"])
-	require.Contains(t, summary, "duration_ms")
-	require.Equal(t, 1, strings.Count(stdout, "\n"))
-
-	e, found, err := cache.New(rdb, cache.Options{Prefix: prefix}).Read(ctx, "s", "b")
-	require.NoError(t, err)
-	require.True(t, found)
-	require.Equal(t, cache.StateInProgress, e.State)
-
-	code, stdout, _ = testenv.RunMain(t, run, env, "--once")
-	require.Equal(t, 0, code)
-	require.Contains(t, stdout, `"published":0`)
+		code, stdout, _ = testenv.RunMain(t, run, env, "--once")
+		require.Equal(t, 0, code)
+		require.Contains(t, stdout, `"published":0`)
+	})
 }
 
 // TestDaemon runs the relay binary: it delivers, serves its metrics, and

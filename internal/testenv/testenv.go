@@ -346,3 +346,17 @@ func init() {
 	// Tests stop Redis on purpose; go-redis's own dial-failure lines are noise.
 	logging.Disable()
 }
+
+// RedisEnv returns the environment that points a command at rdb's server:
+// REDIS_URL for a single node, REDIS_CLUSTER_URL for a cluster, plus
+// REDIS_PREFIX.
+func RedisEnv(rdb redis.UniversalClient, prefix string) map[string]string {
+	env := map[string]string{"REDIS_PREFIX": prefix}
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		env["REDIS_CLUSTER_URL"] = ClusterURL(c.Options().Addrs)
+	case *redis.Client:
+		env["REDIS_URL"] = fmt.Sprintf("redis://%s/%d", c.Options().Addr, c.Options().DB)
+	}
+	return env
+}
