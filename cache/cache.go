@@ -227,9 +227,10 @@ type ApplyResult struct {
 	Err     error
 }
 
-// ApplyBatch writes every update in one pipeline of EVALSHA calls (the script
-// is loaded first). The returned error covers the pipeline as a whole (Redis
-// unreachable); per-update failures are in the results.
+// ApplyBatch writes every update in one pipeline of EVALSHA calls; a cluster
+// client splits the pipeline per node. The returned error covers the batch
+// as a whole (no call reached Redis); per-update failures are in the
+// results, those for want of Redis wrapping ErrUnavailable.
 func (c *Cache) ApplyBatch(ctx context.Context, updates []Update) ([]ApplyResult, error) {
 	return c.applyNamed(ctx, len(updates), func(i int) (string, []any, error) {
 		args, err := c.args(updates[i])
@@ -238,64 +239,79 @@ func (c *Cache) ApplyBatch(ctx context.Context, updates []Update) ([]ApplyResult
 }
 
 // applyNamed runs n apply calls in one pipeline; call i gets its key name
-// and ARGV from argsOf.
+// and ARGV from argsOf. The calls are EVALSHA without loading the script
+// first: a server that lost its scripts (restarted, or new in the cluster)
+// answers NOSCRIPT, and only those calls go again once the script is loaded.
 func (c *Cache) applyNamed(ctx context.Context, n int, argsOf func(i int) (string, []any, error)) ([]ApplyResult, error) {
 	results := make([]ApplyResult, n)
-	if n == 0 {
-		return results, nil
-	}
-	if err := c.apply.Load(ctx, c.rdb).Err(); err != nil {
-		return nil, fmt.Errorf("apply batch: load script: %w", err)
-	}
-	cmds := make([]*redis.Cmd, n)
 	names := make([]string, n)
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range n {
-			name, args, err := argsOf(i)
-			names[i] = name
-			if err != nil {
-				results[i].Err = err
-				continue
-			}
-			cmds[i] = c.apply.EvalSha(ctx, p, []string{name}, args...)
-		}
-		return nil
-	})
-	for i, cmd := range cmds {
-		if cmd == nil {
+	argv := make([][]any, n)
+	sent := make([]int, 0, n)
+	for i := range n {
+		var err error
+		names[i], argv[i], err = argsOf(i)
+		if err != nil {
+			results[i].Err = err
 			continue
 		}
-		applied, cerr := cmd.Int()
-		if cerr != nil {
-			if isConnectionError(cerr) {
-				return nil, fmt.Errorf("apply batch: %w", cerr)
-			}
-			results[i].Err = fmt.Errorf("apply %s: %w", names[i], cerr)
-			continue
-		}
-		results[i].Applied = applied == 1
+		sent = append(sent, i)
 	}
-	if err != nil && allFailed(results, cmds) {
-		return nil, fmt.Errorf("apply batch: %w", err)
+	noScript, err := c.evalApply(ctx, sent, names, argv, results)
+	if len(noScript) > 0 {
+		// A node that is down fails the load; its calls fail again below.
+		if lerr := c.apply.Load(ctx, c.rdb).Err(); lerr != nil && !Unavailable(lerr) {
+			return nil, fmt.Errorf("apply batch: load script: %w", lerr)
+		}
+		_, err = c.evalApply(ctx, noScript, names, argv, results)
+	}
+	if err != nil && allUnavailable(results, sent) {
+		return nil, fmt.Errorf("apply batch: %w: %w", ErrUnavailable, err)
 	}
 	return results, nil
 }
 
-// allFailed reports whether every sent command failed.
-func allFailed(results []ApplyResult, cmds []*redis.Cmd) bool {
-	for i, cmd := range cmds {
-		if cmd != nil && results[i].Err == nil {
+// evalApply sends the apply calls idx in one pipeline and records their
+// results; it returns the calls answered NOSCRIPT, and the pipeline's
+// first error.
+func (c *Cache) evalApply(ctx context.Context, idx []int, names []string, argv [][]any, results []ApplyResult) (noScript []int, err error) {
+	if len(idx) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.Cmd, len(idx))
+	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for j, i := range idx {
+			cmds[j] = c.apply.EvalSha(ctx, p, []string{names[i]}, argv[i]...)
+		}
+		return nil
+	})
+	for j, i := range idx {
+		applied, cerr := cmds[j].Int()
+		switch {
+		case cerr == nil:
+			results[i] = ApplyResult{Applied: applied == 1}
+			continue
+		case redis.HasErrorPrefix(cerr, "NOSCRIPT"):
+			noScript = append(noScript, i)
+		}
+		if Unavailable(cerr) {
+			// A cluster node that is down fails only the keys it holds.
+			results[i].Err = fmt.Errorf("apply %s: %w: %w", names[i], ErrUnavailable, cerr)
+		} else {
+			results[i].Err = fmt.Errorf("apply %s: %w", names[i], cerr)
+		}
+	}
+	return noScript, err
+}
+
+// allUnavailable reports whether every sent call failed for want of Redis:
+// the batch as a whole did not reach it.
+func allUnavailable(results []ApplyResult, sent []int) bool {
+	for _, i := range sent {
+		if !errors.Is(results[i].Err, ErrUnavailable) {
 			return false
 		}
 	}
 	return true
-}
-
-// isConnectionError reports whether err is about reaching Redis rather than
-// about one command (a script error, a wrong type).
-func isConnectionError(err error) bool {
-	var rerr redis.Error
-	return !errors.As(err, &rerr)
 }
 
 // Release drops owner's provisional claim on (scope, key); it reports whether

@@ -98,7 +98,7 @@ func (c *Cache) ReadHeaders(ctx context.Context, keys []string) ([]Header, error
 		raw, cerr := cmd.Result()
 		switch {
 		case cerr == nil:
-		case isConnectionError(cerr):
+		case Unavailable(cerr):
 			return nil, fmt.Errorf("read headers: %w", cerr)
 		default: // WRONGTYPE: a foreign value
 			headers[i] = Header{Found: true, Corrupt: true}

@@ -103,12 +103,17 @@ func (s *Store) CurrentKeys(ctx context.Context, db DB, refs []Ref, maxBody int)
 type FailedEvent struct {
 	Event
 	Err error
+	// Unavailable is true when Redis could not serve the event's key (a
+	// node down, a slot moving): it goes back without counting an attempt,
+	// since nothing is wrong with the event.
+	Unavailable bool
 }
 
 // Requeue writes back events taken by TakeEvents that could not be
-// delivered, one attempt more, behind everything pending so they never
-// block the rest. An event that reaches maxAttempts is parked: the relay no
-// longer takes it, and last_error says why. It returns how many it parked.
+// delivered, behind everything pending so they never block the rest, with
+// one attempt more unless Redis was unavailable. An event that reaches
+// maxAttempts is parked: the relay no longer takes it, and last_error says
+// why. It returns how many it parked.
 func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAttempts int) (parked int, err error) {
 	if len(failed) == 0 {
 		return 0, nil
@@ -119,9 +124,12 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 	created := make([]time.Time, n)
 	for i, f := range failed {
 		scopes[i], keys[i], versions[i], created[i] = f.Scope, f.Key, f.Version, f.CreatedAt
-		attempts[i] = int32(f.Attempts + 1)
+		attempts[i] = int32(f.Attempts)
+		if !f.Unavailable {
+			attempts[i]++
+		}
 		errs[i] = f.Err.Error()
-		if f.Attempts+1 >= maxAttempts {
+		if int(attempts[i]) >= maxAttempts {
 			parked++
 		}
 	}

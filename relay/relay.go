@@ -171,9 +171,10 @@ func (r *Relay) drain(ctx context.Context) (published int, err error) {
 	return published, nil
 }
 
-// batchResult counts what one batch did.
+// batchResult counts what one batch did. Deferred events (Redis could not
+// serve their keys) are among the failed ones.
 type batchResult struct {
-	taken, published, failed, parked int
+	taken, published, failed, deferred, parked int
 }
 
 // deliverBatch takes one batch of events, applies the keys' current rows to
@@ -231,7 +232,29 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 	if r.delivered != nil && res.taken > 0 {
 		r.delivered(events, failed, ackedAt)
 	}
+	// The rest of the batch is delivered; the caller backs off before
+	// trying the keys Redis could not serve again.
+	for _, f := range failed {
+		if f.Unavailable {
+			res.deferred++
+		}
+	}
+	if res.deferred > 0 {
+		r.metrics.errors.WithLabelValues(stageRedis).Inc()
+		return res, fmt.Errorf("deliver batch: %d of %d events wait for Redis: %w", res.deferred, res.taken, firstUnavailable(failed))
+	}
 	return res, nil
+}
+
+// firstUnavailable returns the error of the first event deferred for want
+// of Redis.
+func firstUnavailable(failed []outbox.FailedEvent) error {
+	for _, f := range failed {
+		if f.Unavailable {
+			return f.Err
+		}
+	}
+	return nil
 }
 
 // updates reads the current row of every key in events, once per key, and
@@ -280,7 +303,11 @@ func (r *Relay) failedEvents(events []outbox.Event, refs []outbox.Ref, results [
 		if !ok {
 			continue
 		}
-		failed = append(failed, outbox.FailedEvent{Event: e, Err: err})
+		unavailable := errors.Is(err, cache.ErrUnavailable)
+		failed = append(failed, outbox.FailedEvent{Event: e, Err: err, Unavailable: unavailable})
+		if unavailable {
+			continue // counted and logged once for the batch
+		}
 		r.metrics.errors.WithLabelValues(stageEvent).Inc()
 		if e.Attempts+1 >= r.cfg.MaxAttempts {
 			r.log.Error("outbox event parked: it cannot be applied", "event_id", e.ID,

@@ -278,6 +278,45 @@ func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
 	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "during%")
 }
 
+// TestClusterNodeDownDefersOnlyItsKeys: with one master of a cluster down,
+// the keys on the other masters are delivered at once; the rest wait in the
+// outbox without using up attempts (so nothing is parked, however long the
+// node stays away) and arrive when it is back.
+func TestClusterNodeDownDefersOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	cluster := testenv.NewRedisCluster(t)
+	rdb := cluster.Client(t)
+	b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+	const keys = 60
+	for i := range keys {
+		b.Complete(t, "s", fmt.Sprintf("k%d", i), "{}")
+	}
+	cluster.Nodes[1].Stop()
+	r := b.relay(t, Config{BatchSize: 1000, MaxAttempts: 2})
+	n, err := r.Drain(b.Ctx)
+	require.ErrorIs(t, err, cache.ErrUnavailable)
+	require.Positive(t, n, "the keys on the masters that are up are delivered")
+	for range 3 { // more tries than MaxAttempts
+		n, err := r.Drain(b.Ctx)
+		require.ErrorIs(t, err, cache.ErrUnavailable)
+		require.Zero(t, n)
+	}
+	var waiting, attempts, parked int
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*), coalesce(sum(attempts), 0), count(parked_at) FROM outbox`).
+		Scan(&waiting, &attempts, &parked))
+	require.Positive(t, waiting, "the down master's keys wait")
+	require.Less(t, waiting, 2*keys)
+	require.Zero(t, attempts, "waiting for Redis uses up no attempt")
+	require.Zero(t, parked)
+
+	cluster.Nodes[1].Start()
+	cluster.WaitHealthy()
+	_, err = r.Drain(b.Ctx)
+	require.NoError(t, err)
+	require.Zero(t, b.outboxLen(t))
+	b.requireConverged(t)
+}
+
 func TestCrashAfterPushBeforeDeleteIsHarmless(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

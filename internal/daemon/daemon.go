@@ -81,31 +81,38 @@ func OpenPostgres(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, erro
 }
 
 // RedisOptions validates REDIS_URL / REDIS_CLUSTER_URL (exactly one) and
-// returns universal client options.
+// returns universal client options: redis.NewUniversalClient makes a
+// cluster client of the second, whose pipelines it splits per node.
+//
+// A cache must fail fast: when a server (or one master) is unreachable, the
+// api answers from Postgres and the relay defers that node's keys, so a
+// failed dial is retried once after 10ms rather than go-redis's default of
+// five times 100ms, and every call is bounded by one-second timeouts.
 func RedisOptions(url, clusterURL string) (*redis.UniversalOptions, error) {
+	var o *redis.UniversalOptions
 	switch {
 	case url != "" && clusterURL != "":
 		return nil, errors.New("bad configuration: set REDIS_URL or REDIS_CLUSTER_URL, not both")
 	case clusterURL != "":
-		o, err := redis.ParseClusterURL(clusterURL)
+		c, err := redis.ParseClusterURL(clusterURL)
 		if err != nil {
 			return nil, fmt.Errorf("bad configuration: REDIS_CLUSTER_URL: %w", err)
 		}
-		return &redis.UniversalOptions{
-			Addrs: o.Addrs, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig,
-			IsClusterMode: true, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
-		}, nil
+		o = &redis.UniversalOptions{Addrs: c.Addrs, Username: c.Username, Password: c.Password,
+			TLSConfig: c.TLSConfig, IsClusterMode: true, PoolSize: c.PoolSize}
 	case url != "":
-		o, err := redis.ParseURL(url)
+		c, err := redis.ParseURL(url)
 		if err != nil {
 			return nil, fmt.Errorf("bad configuration: REDIS_URL: %w", err)
 		}
-		return &redis.UniversalOptions{
-			Addrs: []string{o.Addr}, Username: o.Username, Password: o.Password, DB: o.DB, TLSConfig: o.TLSConfig,
-			DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: o.PoolSize,
-		}, nil
+		o = &redis.UniversalOptions{Addrs: []string{c.Addr}, Username: c.Username, Password: c.Password,
+			DB: c.DB, TLSConfig: c.TLSConfig, PoolSize: c.PoolSize}
+	default:
+		return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL) is required")
 	}
-	return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL) is required")
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second
+	o.DialerRetries, o.DialerRetryTimeout = 1, 10*time.Millisecond
+	return o, nil
 }
 
 // Registry returns a Prometheus registry with the Go and process collectors.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/internal/daemon"
 )
 
 // RedisCluster is a Redis Cluster of the test's own: three masters without
@@ -120,15 +122,15 @@ func (c *RedisCluster) Client(tb testing.TB) *redis.ClusterClient {
 	return ClusterClient(tb, c.URL())
 }
 
-// ClusterClient opens a cluster client on url that is closed when the test
-// ends.
+// ClusterClient opens a cluster client on url, configured as the commands
+// configure theirs, that is closed when the test ends.
 func ClusterClient(tb testing.TB, url string) *redis.ClusterClient {
 	tb.Helper()
-	opts, err := redis.ParseClusterURL(url)
+	opts, err := daemon.RedisOptions("", url)
 	if err != nil {
-		tb.Fatalf("parse Redis Cluster URL: %v", err)
+		tb.Fatalf("Redis Cluster URL: %v", err)
 	}
-	rdb := redis.NewClusterClient(opts)
+	rdb := redis.NewUniversalClient(opts).(*redis.ClusterClient)
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		tb.Fatalf("connect to Redis Cluster (%s): %v\n%s", redact(url), err, howToStart)
 	}
