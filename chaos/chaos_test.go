@@ -1,11 +1,13 @@
 // Package chaos runs the whole system — two api processes, two relays and a
 // reconciler, as real binaries on real Postgres and Redis servers — under a
 // load of retried payments while processes are killed and servers flushed
-// and restarted, then checks the invariants.
+// and restarted, then checks the invariants. It runs once on a single Redis
+// server and once on a three-master Redis Cluster, where slots also move.
 //
 // CHAOS_DURATION (default 20s) sets the length of the load, CHAOS_PAYMENTS
-// (default 800) the number of logical payments, CHAOS_SUMMARY a path for the
-// JSON summary. `make chaos` runs a long one.
+// (default 800) the number of logical payments (per run), CHAOS_REDIS
+// "single" or "cluster" one run only, CHAOS_SUMMARY a path for the JSON
+// summaries. `make chaos` runs long ones.
 package chaos
 
 import (
@@ -90,18 +92,78 @@ func envInt(name string, def int) int {
 	return def
 }
 
+// TestChaos runs the stack once on a single Redis server and once on a
+// three-master Redis Cluster (CHAOS_REDIS=single or cluster picks one).
 func TestChaos(t *testing.T) {
 	duration, err := time.ParseDuration(os.Getenv("CHAOS_DURATION"))
 	if err != nil || duration <= 0 {
 		duration = 20 * time.Second
 	}
 	payments := envInt("CHAOS_PAYMENTS", 800)
-	ctx := testenv.Context(t)
-
 	bins := buildCommands(t)
+	summaries := map[string]Summary{}
+	for _, target := range []string{"single", "cluster"} {
+		if only := os.Getenv("CHAOS_REDIS"); only != "" && only != target {
+			continue
+		}
+		t.Run(target, func(t *testing.T) {
+			summaries[target] = runChaos(t, bins, target, duration, payments)
+		})
+	}
+	out, _ := json.MarshalIndent(summaries, "", "  ")
+	if path := os.Getenv("CHAOS_SUMMARY"); path != "" {
+		if err := os.WriteFile(path, out, 0o644); err != nil {
+			t.Errorf("write summary: %v", err)
+		}
+	}
+}
+
+// chaosRedis is the Redis a chaos run uses: one server, or a cluster.
+type chaosRedis struct {
+	env     string                 // REDIS_URL=… or REDIS_CLUSTER_URL=…
+	servers []*testenv.RedisServer // the server, or the cluster's masters
+	cluster *testenv.RedisCluster  // nil for a single server
+	client  redis.UniversalClient
+}
+
+func newChaosRedis(t *testing.T, target string) *chaosRedis {
+	if target == "cluster" {
+		c := testenv.NewRedisCluster(t)
+		return &chaosRedis{env: "REDIS_CLUSTER_URL=" + c.URL(), servers: c.Nodes, cluster: c, client: c.Client(t)}
+	}
+	srv := testenv.NewRedisServer(t)
+	return &chaosRedis{env: "REDIS_URL=" + srv.URL(), servers: []*testenv.RedisServer{srv}, client: testenv.RedisClient(t, srv.URL())}
+}
+
+// flush empties every server.
+func (r *chaosRedis) flush(ctx context.Context) error {
+	return cache.ForEachNode(ctx, r.client, func(ctx context.Context, node redis.UniversalClient) error {
+		return node.FlushAll(ctx).Err()
+	})
+}
+
+// restart restarts one server (a random master) empty.
+func (r *chaosRedis) restart() { r.servers[rand.IntN(len(r.servers))].Restart() }
+
+// moveSlot moves a random slot to another master, if the cluster is healthy
+// enough to start a migration; it reports whether it did.
+func (r *chaosRedis) moveSlot(ctx context.Context) (bool, error) {
+	if r.cluster == nil || r.cluster.Healthy(ctx) != nil {
+		return false, nil
+	}
+	slot := rand.IntN(16384)
+	if err := r.cluster.MoveSlot(ctx, slot, r.servers[rand.IntN(len(r.servers))]); err != nil {
+		return false, fmt.Errorf("move slot %d: %w", slot, err)
+	}
+	return true, nil
+}
+
+// runChaos runs one chaos run on target and returns its summary.
+func runChaos(t *testing.T, bins, target string, duration time.Duration, payments int) Summary {
+	ctx := testenv.Context(t)
 	pg := testenv.NewPostgresServer(t)
-	redisSrv := testenv.NewRedisServer(t)
-	env := []string{"DATABASE_URL=" + pg.URL(), "REDIS_URL=" + redisSrv.URL(), "LOG_LEVEL=warn"}
+	rds := newChaosRedis(t, target)
+	env := []string{"DATABASE_URL=" + pg.URL(), rds.env, "LOG_LEVEL=warn"}
 	if _, err := runOnce(ctx, bins+"/api", env, "migrate", "up"); err != nil {
 		t.Fatal(err)
 	}
@@ -145,12 +207,11 @@ func TestChaos(t *testing.T) {
 	}}
 	faults := map[string]int{}
 	var faultErrs []string
-	flusher := testenv.RedisClient(t, redisSrv.URL())
 	loadCtx, endLoad := context.WithCancel(ctx)
 	faultsDone := make(chan struct{})
 	go func() {
 		defer close(faultsDone)
-		faultErrs = injectFaults(loadCtx, duration, apis, relays, redisSrv, flusher, func() {
+		faultErrs = injectFaults(loadCtx, duration, apis, relays, rds, func() {
 			pgMu.Lock()
 			pgDownFrom = time.Now()
 			pgMu.Unlock()
@@ -186,8 +247,11 @@ func TestChaos(t *testing.T) {
 	rec.mu.Unlock()
 	summary.Violations = append(summary.Violations, faultErrs...)
 
+	if rds.cluster != nil {
+		rds.cluster.WaitHealthy()
+	}
 	pool := testenv.Pool(t, pg.URL())
-	summary.Violations = append(summary.Violations, checkInvariants(t, ctx, pool, redisSrv, bins, env, reconciler, answers)...)
+	summary.Violations = append(summary.Violations, checkInvariants(t, ctx, pool, rds.client, bins, env, reconciler, answers)...)
 	for _, p := range all {
 		if err := p.stop(); err != nil {
 			summary.Violations = append(summary.Violations, err.Error())
@@ -196,24 +260,20 @@ func TestChaos(t *testing.T) {
 
 	out, _ := json.MarshalIndent(summary, "", "  ")
 	t.Logf("chaos summary:\n%s", out)
-	if path := os.Getenv("CHAOS_SUMMARY"); path != "" {
-		if err := os.WriteFile(path, out, 0o644); err != nil {
-			t.Errorf("write summary: %v", err)
-		}
-	}
 	for _, v := range summary.Violations {
 		t.Error(v)
 	}
 	if summary.Faults["kill_api"]+summary.Faults["kill_relay"] == 0 || summary.Faults["restart_postgres"] != 1 {
 		t.Errorf("the run injected too few faults: %v", summary.Faults)
 	}
+	return summary
 }
 
 // injectFaults kills and restarts processes and flushes and restarts Redis
 // at random until ctx ends, and restarts Postgres once, near the middle. It
 // returns the processes that failed to come back.
 func injectFaults(ctx context.Context, duration time.Duration, apis, relays []*proc,
-	redisSrv *testenv.RedisServer, rdb *redis.Client, restartPostgres func(), faults map[string]int,
+	rds *chaosRedis, restartPostgres func(), faults map[string]int,
 ) (errs []string) {
 	pgAt := time.Now().Add(duration * 2 / 5)
 	pgDone := false
@@ -237,17 +297,26 @@ func injectFaults(ctx context.Context, duration time.Duration, apis, relays []*p
 			faults["restart_postgres"]++
 			continue
 		}
-		switch rand.IntN(4) {
+		switch rand.IntN(5) {
 		case 0:
 			restart(apis[rand.IntN(len(apis))], "kill_api")
 		case 1:
 			restart(relays[rand.IntN(len(relays))], "kill_relay")
 		case 2:
-			_ = rdb.FlushAll(context.Background()).Err()
-			faults["flush_redis"]++
+			if rds.flush(context.Background()) == nil {
+				faults["flush_redis"]++
+			}
 		case 3:
-			redisSrv.Restart()
+			rds.restart()
 			faults["restart_redis"]++
+		case 4:
+			moved, err := rds.moveSlot(context.Background())
+			if err != nil {
+				errs = append(errs, err.Error())
+			}
+			if moved {
+				faults["move_slot"]++
+			}
 		}
 	}
 }
@@ -304,7 +373,7 @@ func runLoad(ctx context.Context, payments int, duration time.Duration, apis []*
 
 // checkInvariants waits for the system to settle and returns every
 // violation of I1, I2, I5, I7 and I9.
-func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, redisSrv *testenv.RedisServer,
+func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient,
 	bins string, env []string, reconciler *proc, answers map[string][]answer,
 ) []string {
 	var v []string
@@ -341,7 +410,7 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, redi
 	if rep.Drift() != 0 {
 		v = append(v, "I7: reconciler --once after quiescing found drift: "+out)
 	}
-	c := cache.New(testenv.RedisClient(t, redisSrv.URL()), cache.Options{})
+	c := cache.New(rdb, cache.Options{})
 	for _, d := range testenv.Drift(t, ctx, pool, c, "%") {
 		v = append(v, "I7: "+d)
 	}

@@ -81,39 +81,36 @@ func ClusterURL(addrs []string) string {
 // other nodes and all 16384 slots.
 func (c *RedisCluster) WaitHealthy() {
 	c.tb.Helper()
-	waitClusterHealthy(c.tb, c.Addrs())
-}
-
-// waitClusterHealthy waits until every node at addrs reports the cluster ok,
-// knows every other node and sees all 16384 slots assigned.
-func waitClusterHealthy(tb testing.TB, addrs []string) {
-	tb.Helper()
-	ctx := context.Background()
-	var last string
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		last = ""
-		for _, addr := range addrs {
-			rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-			info, err := rdb.ClusterInfo(ctx).Result()
-			_ = rdb.Close()
-			switch {
-			case err != nil:
-				last = fmt.Sprintf("%s: %v", addr, err)
-			case !strings.Contains(info, "cluster_state:ok"),
-				!strings.Contains(info, "cluster_slots_assigned:16384"),
-				!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(len(addrs))):
-				last = fmt.Sprintf("%s: %s", addr, strings.ReplaceAll(info, "\r\n", " "))
-			}
-		}
-		if last == "" {
+		err := c.Healthy(context.Background())
+		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("Redis Cluster not healthy after 20s: %s", last)
+			c.tb.Fatalf("Redis Cluster not healthy after 20s: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// Healthy returns nil when every node reports the cluster ok, knows every
+// other node and sees all 16384 slots assigned; else what is wrong.
+func (c *RedisCluster) Healthy(ctx context.Context) error {
+	for _, n := range c.Nodes {
+		rdb := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+		info, err := rdb.ClusterInfo(ctx).Result()
+		_ = rdb.Close()
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s: %w", n.Addr(), err)
+		case !strings.Contains(info, "cluster_state:ok"),
+			!strings.Contains(info, "cluster_slots_assigned:16384"),
+			!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(len(c.Nodes))):
+			return fmt.Errorf("%s: %s", n.Addr(), strings.ReplaceAll(strings.TrimSpace(info), "\r\n", " "))
+		}
+	}
+	return nil
 }
 
 // Client opens a cluster client that is closed when the test ends.
