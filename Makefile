@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile bench-compare docs tour chaos
+.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile bench-compare bench-scale docs tour chaos
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -43,6 +43,12 @@ bench-reconcile:
 bench-compare:
 	bench/compare.sh
 
+# Scale-out: relay drain with one relay vs two, api throughput with one api
+# process vs two, on a single Redis and on a three-master Redis Cluster
+# (BENCH_EVENTS, BENCH_SECONDS, BENCH_CONNS; see docs/scaling.md).
+bench-scale:
+	bench/scale.sh
+
 # Regenerates docs/configuration.md from the commands' -h output.
 docs:
 	scripts/config-doc.sh
@@ -56,7 +62,8 @@ tour:
 	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" bin/tour
 
 # The chaos suite at length: CHAOS_DURATION (default 5m) of load and faults
-# on a private stack; the summary lands in chaos-summary.json.
+# on a private stack, once on a single Redis and once on a Redis Cluster
+# (CHAOS_REDIS=single|cluster for one); the summaries land in chaos-summary.json.
 chaos:
 	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-20000} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
 		scripts/test.sh -run TestChaos -v -timeout 60m

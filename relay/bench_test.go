@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -10,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/outbox"
 )
 
-// The relay benchmarks run on the servers of TEST_DATABASE_URL and
-// TEST_REDIS_URL; bench/relay.sh runs them on durable servers beside the
+// The relay benchmarks run on the servers of TEST_DATABASE_URL,
+// TEST_REDIS_URL and TEST_REDIS_CLUSTER_URL; bench/relay.sh runs them on durable servers beside the
 // redis-benchmark and pgbench baselines. See docs/BENCHMARKS.md.
 
 // benchEnvInt reads a benchmark size from the environment.
@@ -51,26 +55,64 @@ func seedBacklog(b *testing.B, bd *bundle, n int) {
 	}
 }
 
-// BenchmarkDrain measures how fast one relay drains a backlog of
-// BENCH_EVENTS (default 200k) events, batch BENCH_BATCH (default 500).
+// BenchmarkDrain measures how fast relays drain a backlog of BENCH_EVENTS
+// (default 200k) events, batch BENCH_BATCH (default 500): one relay and two
+// side by side (taking batches with SKIP LOCKED), each into a single Redis
+// and into a Redis Cluster (TEST_REDIS_CLUSTER_URL, else a private one).
 func BenchmarkDrain(b *testing.B) {
 	events := benchEnvInt(b, "BENCH_EVENTS", 200_000)
 	batch := benchEnvInt(b, "BENCH_BATCH", DefaultBatchSize)
-	var total time.Duration
-	for range b.N {
-		b.StopTimer()
-		bd := setup(b)
-		seedBacklog(b, bd, events)
-		r := bd.relay(b, Config{BatchSize: batch})
-		b.StartTimer()
-		began := time.Now()
-		n, err := r.Drain(bd.Ctx)
-		total += time.Since(began)
-		if err != nil || n != events {
-			b.Fatalf("drained %d of %d: %v", n, events, err)
+	for _, target := range []string{"single", "cluster"} {
+		for _, relays := range []int{1, 2} {
+			b.Run(fmt.Sprintf("redis=%s/relays=%d", target, relays), func(b *testing.B) {
+				var total time.Duration
+				for range b.N {
+					b.StopTimer()
+					var rdb redis.UniversalClient
+					if target == "cluster" {
+						rdb = testenv.RedisClusterClient(b)
+					} else {
+						rdb = testenv.RedisClient(b, testenv.RedisURL(b))
+					}
+					bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+					seedBacklog(b, bd, events)
+					rs := make([]*Relay, relays)
+					for i := range rs {
+						rs[i] = bd.relay(b, Config{BatchSize: batch})
+					}
+					b.StartTimer()
+					began := time.Now()
+					n, err := drainAll(bd.Ctx, rs)
+					total += time.Since(began)
+					if err != nil || n != events {
+						b.Fatalf("drained %d of %d: %v", n, events, err)
+					}
+				}
+				b.ReportMetric(float64(events*b.N)/total.Seconds(), "events/s")
+			})
 		}
 	}
-	b.ReportMetric(float64(events*b.N)/total.Seconds(), "events/s")
+}
+
+// drainAll runs Drain on every relay at once and returns how many events
+// they published together.
+func drainAll(ctx context.Context, rs []*Relay) (int, error) {
+	var wg sync.WaitGroup
+	counts := make([]int, len(rs))
+	errs := make([]error, len(rs))
+	for i, r := range rs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			counts[i], errs[i] = r.Drain(ctx)
+		}()
+	}
+	wg.Wait()
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n, errors.Join(errs...)
 }
 
 // BenchmarkLag writes BENCH_RATE (default 1000) transitions per second for

@@ -4,14 +4,17 @@
 # HTTP_ADDR (:8080) with the relay and reconciler beside it when present.
 # Logs are interleaved on stderr, each line labelled. Ctrl-C stops everything.
 #
-# With DATABASE_URL and REDIS_URL set, it uses those servers and starts none.
+# With DATABASE_URL and REDIS_URL (or REDIS_CLUSTER_URL) set, it uses those
+# servers and starts none. REDIS_CLUSTER=1 runs everything on a local
+# three-master Redis Cluster (REDIS_CLUSTER_PORT, 7000-7002) instead of the
+# single Redis.
 # Ports: PG_PORT (5432), REDIS_PORT (6379), HTTP_ADDR (:8080),
 # RELAY_HTTP_ADDR (:8081), RECONCILER_HTTP_ADDR (:8082).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 started=
-if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}" ]; then
+if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}${REDIS_CLUSTER_URL:-}" ]; then
 	pg_port=${PG_PORT:-5432}
 	redis_port=${REDIS_PORT:-6379}
 	scripts/services.sh start .data/dev "$pg_port" "$redis_port"
@@ -20,6 +23,12 @@ if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}" ]; then
 		psql -h 127.0.0.1 -p "$pg_port" -U postgres -qc "CREATE DATABASE onceonly"
 	export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/onceonly?sslmode=disable"
 	export REDIS_URL="redis://127.0.0.1:$redis_port/0"
+	if [ -n "${REDIS_CLUSTER:-}" ]; then
+		p=${REDIS_CLUSTER_PORT:-7000}
+		scripts/services.sh cluster .data/dev "$p"
+		unset REDIS_URL
+		export REDIS_CLUSTER_URL="redis://127.0.0.1:$p?addr=127.0.0.1:$((p + 1))&addr=127.0.0.1:$((p + 2))"
+	fi
 fi
 export LOG_FORMAT=${LOG_FORMAT:-text}
 

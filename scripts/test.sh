@@ -35,3 +35,7 @@ if [ -n "$unformatted" ]; then
 	exit 1
 fi
 go test -race -count=1 -timeout 15m "$@" ./...
+if [ $# -eq 0 ]; then
+	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
+	BENCH_EVENTS=2000 BENCH_RATE=200 BENCH_SECONDS=1 go test -run '^$' -bench . -benchtime 1x ./relay
+fi

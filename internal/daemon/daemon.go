@@ -188,7 +188,7 @@ func DefineCommon(s *config.Set, httpAddr, redisURLText string) *Common {
 	return &Common{
 		DatabaseURL:     s.String("database-url", "DATABASE_URL", "", "Postgres URL (required)"),
 		RedisURL:        s.String("redis-url", "REDIS_URL", "", redisURLText),
-		RedisClusterURL: s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster URL (go-redis form)"),
+		RedisClusterURL: s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster seed nodes, go-redis form: redis://[user:pass@]h1:6379?addr=h2:6379&addr=h3:6379"),
 		RedisPrefix:     s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
 		HTTPAddr:        s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics (and of the API, for the api)"),
 		LogLevel:        s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
