@@ -499,13 +499,16 @@ func TestCompareAndSetApply(t *testing.T) {
 			require.False(t, b.apply(t, cache.Update{Key: "live", Deleted: true, Expect: h.Expect()}))
 			require.True(t, b.read(t, "live").Provisional)
 
-			_, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerA, 5*time.Millisecond)
+			const lease = 300 * time.Millisecond
+			_, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerA, lease)
 			require.NoError(t, err)
 			h = b.header(t, "dead")
 			// The claim's PX is its lease, so give it a longer TTL to see the
 			// expired-lease branch rather than the key vanishing.
-			require.NoError(t, b.rdb.PExpire(b.ctx, b.cache.Key("s", "dead"), time.Minute).Err())
-			time.Sleep(20 * time.Millisecond)
+			extended, err := b.rdb.PExpire(b.ctx, b.cache.Key("s", "dead"), time.Minute).Result()
+			require.NoError(t, err)
+			require.True(t, extended, "the claim outlived its lease before the test could extend it")
+			time.Sleep(lease + 50*time.Millisecond)
 			require.True(t, b.apply(t, cache.Update{Key: "dead", Deleted: true, Expect: h.Expect()}), "an expired provisional claim is an orphan")
 		})
 

@@ -108,10 +108,13 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		b.set(t, b.Cache.Prefix()+"no-scope-separator", "x")                                        // orphan: not a key name
 		_, err := b.Cache.Check(b.Ctx, "s", "inflight", "v1:fp", owner, time.Minute)
 		require.NoError(t, err) // live provisional claim: left alone
-		_, err = b.Cache.Check(b.Ctx, "s", "abandoned", "v1:fp", owner, 5*time.Millisecond)
+		const lease = 300 * time.Millisecond
+		_, err = b.Cache.Check(b.Ctx, "s", "abandoned", "v1:fp", owner, lease)
 		require.NoError(t, err)
-		require.NoError(t, b.Redis.PExpire(b.Ctx, b.Cache.Key("s", "abandoned"), time.Hour).Err())
-		time.Sleep(20 * time.Millisecond) // its lease is over: an orphan
+		extended, err := b.Redis.PExpire(b.Ctx, b.Cache.Key("s", "abandoned"), time.Hour).Result()
+		require.NoError(t, err)
+		require.True(t, extended, "the claim outlived its lease before the test could extend it")
+		time.Sleep(lease + 50*time.Millisecond) // its lease is over: an orphan
 
 		dry := b.pass(t, r, true)
 		rep = b.pass(t, r, false)

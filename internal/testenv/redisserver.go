@@ -59,6 +59,7 @@ func (s *RedisServer) Start() {
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}, s.extra...)
 	s.cmd = exec.Command("redis-server", args...)
+	s.cmd.SysProcAttr = childAttr()
 	if err := s.cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)
 	}
