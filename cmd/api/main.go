@@ -251,12 +251,14 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	if err != nil {
 		return err
 	}
-	checks := map[string]daemon.Check{"postgres": pool.Ping}
+	// Without Redis the api still answers, from Postgres: Redis makes it
+	// degraded, never unready.
+	var optional map[string]daemon.Check
 	if rdb != nil {
-		checks["redis"] = func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
+		optional = map[string]daemon.Check{"redis": daemon.RedisCheck(rdb)}
 	}
 	mux := http.NewServeMux()
-	daemon.OpsHandler(mux, reg, checks)
+	daemon.OpsHandler(mux, reg, map[string]daemon.Check{"postgres": pool.Ping}, optional)
 	mux.Handle("/", payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys,
 		GatewayLatency: *s.gatewayLatency, SlowGatewayDelay: *s.slowGatewayDelay, Logger: log,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -206,4 +207,64 @@ func TestProbe(t *testing.T) {
 
 func TestConfigurationIsDocumented(t *testing.T) {
 	testenv.RequireDocumented(t, run)
+}
+
+// TestReadinessWithoutRedis: Redis, or one master of a cluster, going away
+// makes the api degraded, not unready — it goes on answering from Postgres,
+// so a load balancer must keep it in rotation.
+func TestReadinessWithoutRedis(t *testing.T) {
+	bin := testenv.BuildBinary(t, ".")
+	for _, target := range []string{"single", "cluster"} {
+		t.Run(target, func(t *testing.T) {
+			var redisEnv string
+			var stop func()
+			if target == "cluster" {
+				c := testenv.NewRedisCluster(t)
+				redisEnv, stop = "REDIS_CLUSTER_URL="+c.URL(), c.Nodes[2].Stop
+			} else {
+				srv := testenv.NewRedisServer(t)
+				redisEnv, stop = "REDIS_URL="+srv.URL(), srv.Stop
+			}
+			addr := testenv.FreeAddr(t)
+			cmd := exec.Command(bin)
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.DatabaseURL(t), redisEnv, "HTTP_ADDR="+addr, "LOG_LEVEL=error")
+			require.NoError(t, cmd.Start())
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			testenv.WaitReady(t, addr)
+
+			readyz := func() (int, string) {
+				res, err := http.Get("http://" + addr + "/readyz")
+				require.NoError(t, err)
+				defer res.Body.Close()
+				body, err := io.ReadAll(res.Body)
+				require.NoError(t, err)
+				return res.StatusCode, string(body)
+			}
+			code, body := readyz()
+			require.Equal(t, http.StatusOK, code)
+			require.Contains(t, body, `"status":"ready"`)
+
+			stop()
+			code, body = readyz()
+			require.Equal(t, http.StatusOK, code, body)
+			require.Contains(t, body, `"status":"degraded"`)
+			require.Contains(t, body, `"postgres":"ok"`)
+			require.NotContains(t, body, `"redis":"ok"`)
+
+			for i := range 5 { // and it serves: first executions and replays, from Postgres where needed
+				key := fmt.Sprintf("degraded-%s-%d", target, i)
+				for range 2 {
+					req, _ := http.NewRequest("POST", "http://"+addr+"/v1/payments",
+						strings.NewReader(`{"amount":5,"currency":"eur","customer":"c","source":"tok_visa"}`))
+					req.Header.Set("Authorization", "Bearer sk_test_demo")
+					req.Header.Set("Idempotency-Key", key)
+					req.Header.Set("Content-Type", "application/json")
+					res, err := http.DefaultClient.Do(req)
+					require.NoError(t, err)
+					res.Body.Close()
+					require.Equal(t, http.StatusCreated, res.StatusCode)
+				}
+			}
+		})
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -125,9 +126,12 @@ func Registry() *prometheus.Registry {
 // Check is one readiness check.
 type Check func(ctx context.Context) error
 
-// OpsHandler serves /healthz (the process is up), /readyz (every check
-// passes) and /metrics, on mux.
-func OpsHandler(mux *http.ServeMux, reg *prometheus.Registry, checks map[string]Check) {
+// OpsHandler serves /healthz (the process is up), /readyz and /metrics, on
+// mux. /readyz answers 503 "not_ready" when a required check fails, and 200
+// "degraded" when only optional ones do: the process still does its job,
+// more slowly (the api without Redis answers from Postgres, so a load
+// balancer must keep sending it traffic).
+func OpsHandler(mux *http.ServeMux, reg *prometheus.Registry, required, optional map[string]Check) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
@@ -137,14 +141,23 @@ func OpsHandler(mux *http.ServeMux, reg *prometheus.Registry, checks map[string]
 		defer cancel()
 		status, code := "ready", http.StatusOK
 		var parts []string
-		for name, check := range checks {
-			if err := check(ctx); err != nil {
-				status, code = "not_ready", http.StatusServiceUnavailable
-				parts = append(parts, fmt.Sprintf("%q:%q", name, err.Error()))
-			} else {
-				parts = append(parts, fmt.Sprintf("%q:\"ok\"", name))
+		run := func(checks map[string]Check, failed func()) {
+			for name, check := range checks {
+				if err := check(ctx); err != nil {
+					failed()
+					parts = append(parts, fmt.Sprintf("%q:%q", name, err.Error()))
+				} else {
+					parts = append(parts, fmt.Sprintf("%q:\"ok\"", name))
+				}
 			}
 		}
+		run(required, func() { status, code = "not_ready", http.StatusServiceUnavailable })
+		run(optional, func() {
+			if code == http.StatusOK {
+				status = "degraded"
+			}
+		})
+		slices.Sort(parts)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
 		_, _ = fmt.Fprintf(w, `{"status":%q,"checks":{%s}}`+"\n", status, strings.Join(parts, ","))
@@ -263,6 +276,15 @@ func RunWithOps(ctx context.Context, srv *http.Server, log *slog.Logger, work fu
 	return workErr
 }
 
+// RedisCheck pings every server behind rdb (every master of a cluster).
+func RedisCheck(rdb redis.UniversalClient) Check {
+	return func(ctx context.Context) error {
+		return cache.ForEachNode(ctx, rdb, func(ctx context.Context, node redis.UniversalClient) error {
+			return node.Ping(ctx).Err()
+		})
+	}
+}
+
 // RunWorker runs work — a daemon's loop — beside its ops server on addr
 // (/healthz, /readyz checking Postgres and Redis, /metrics from reg), until
 // ctx ends; see RunWithOps.
@@ -270,10 +292,7 @@ func RunWorker(ctx context.Context, addr string, reg *prometheus.Registry, pool 
 	log *slog.Logger, work func(context.Context) error,
 ) error {
 	mux := http.NewServeMux()
-	OpsHandler(mux, reg, map[string]Check{
-		"postgres": pool.Ping,
-		"redis":    func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
-	})
+	OpsHandler(mux, reg, map[string]Check{"postgres": pool.Ping, "redis": RedisCheck(rdb)}, nil)
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return RunWithOps(ctx, srv, log, work)
 }
