@@ -33,6 +33,9 @@ type Header struct {
 	// LeaseUntilMs is the lease deadline of an in_progress value, in Redis
 	// time (see RedisTimeMs); 0 if not read.
 	LeaseUntilMs int64
+	// Unavailable is true when Redis could not serve the key (its cluster
+	// node is down): nothing is known about it, and Found is false.
+	Unavailable bool
 }
 
 // Expect returns the Update.Expect that applies only if the value is still
@@ -82,7 +85,8 @@ func ParseHeader(raw []byte) Header {
 }
 
 // ReadHeaders reads the start of the values of keys (full Redis key names)
-// in one pipeline.
+// in one pipeline. Keys on a cluster node that cannot serve come back
+// Unavailable; when no key could be read, the error wraps ErrUnavailable.
 func (c *Cache) ReadHeaders(ctx context.Context, keys []string) ([]Header, error) {
 	cmds := make([]*redis.StringCmd, len(keys))
 	// Per-command results carry the errors; a connection failure shows in
@@ -94,12 +98,16 @@ func (c *Cache) ReadHeaders(ctx context.Context, keys []string) ([]Header, error
 		return nil
 	})
 	headers := make([]Header, len(keys))
+	var unavailable int
+	var lastErr error
 	for i, cmd := range cmds {
 		raw, cerr := cmd.Result()
 		switch {
 		case cerr == nil:
 		case Unavailable(cerr):
-			return nil, fmt.Errorf("read headers: %w", cerr)
+			headers[i] = Header{Unavailable: true}
+			unavailable, lastErr = unavailable+1, cerr
+			continue
 		default: // WRONGTYPE: a foreign value
 			headers[i] = Header{Found: true, Corrupt: true}
 			continue
@@ -108,6 +116,9 @@ func (c *Cache) ReadHeaders(ctx context.Context, keys []string) ([]Header, error
 			continue // absent (GETRANGE of a missing key is empty)
 		}
 		headers[i] = ParseHeader([]byte(raw))
+	}
+	if unavailable > 0 && unavailable == len(keys) {
+		return nil, fmt.Errorf("read headers: %w: %w", ErrUnavailable, lastErr)
 	}
 	return headers, nil
 }

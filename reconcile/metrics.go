@@ -11,6 +11,7 @@ const (
 	resultOK      = "ok"
 	resultSkipped = "skipped"
 	resultFailed  = "failed"
+	resultPartial = "partial"
 )
 
 type metrics struct {
@@ -28,7 +29,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceonly_reconcile_passes_total",
-			Help: "Reconcile passes by result: ok, skipped (another instance held the lock), failed.",
+			Help: "Reconcile passes by result: ok, partial (Redis could not serve part of the keyspace), skipped (another instance held the lock), failed.",
 		}, []string{"result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceonly_reconcile_pass_duration_seconds",
@@ -63,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, kind := range driftKinds {
 		m.drift.WithLabelValues(kind)
 	}
-	for _, res := range []string{resultOK, resultSkipped, resultFailed} {
+	for _, res := range []string{resultOK, resultPartial, resultSkipped, resultFailed} {
 		m.passes.WithLabelValues(res)
 	}
 	err := promutil.Register(reg, m.passes, m.duration, m.drift, m.repaired, m.repairErrors, m.reaped, m.expired, m.lastSuccess)

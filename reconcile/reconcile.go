@@ -82,6 +82,11 @@ type Report struct {
 	InFlight int64 `json:"in_flight"`
 	// RedisScanned counts the Redis keys the orphan scan saw.
 	RedisScanned int64 `json:"redis_scanned"`
+	// Unreachable counts the live keys, and UnreachableNodes the Redis
+	// servers (cluster masters) for the orphan scan, that could not be
+	// checked because Redis could not serve them: the pass was partial.
+	Unreachable      int64 `json:"unreachable"`
+	UnreachableNodes int64 `json:"unreachable_nodes"`
 	// Repaired counts the drifted keys written or deleted.
 	Repaired       int64 `json:"repaired"`
 	LeasesReaped   int64 `json:"leases_reaped"`
@@ -223,6 +228,8 @@ func (rep *Report) add(o Report) {
 	rep.Orphaned += o.Orphaned
 	rep.InFlight += o.InFlight
 	rep.RedisScanned += o.RedisScanned
+	rep.Unreachable += o.Unreachable
+	rep.UnreachableNodes += o.UnreachableNodes
 	rep.Repaired += o.Repaired
 }
 
@@ -296,6 +303,10 @@ func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
 		}
 		var drifted []drift
 		for i, k := range page {
+			if headers[i].Unavailable {
+				rep.Unreachable++ // its cluster node is down; the next pass sees it
+				continue
+			}
 			rep.Scanned++
 			kind := compare(k, headers[i])
 			switch kind {
@@ -426,11 +437,31 @@ func (r *Reconciler) scanRedis(ctx context.Context, rep *Report) error {
 			}
 		}
 		if err := iter.Err(); err != nil {
+			if cache.Unavailable(err) {
+				return fmt.Errorf("scan Redis: %w: %w", cache.ErrUnavailable, err)
+			}
 			return fmt.Errorf("scan Redis: %w", err)
 		}
 		return r.checkOrphans(ctx, rep, node, page)
 	}
-	return cache.ForEachNode(ctx, r.cfg.Cache.Client(), scan)
+	// A node that cannot serve (a cluster master down) is skipped and
+	// counted; the pass fails only when no node could be scanned.
+	var nodes int64
+	var lastErr error
+	err := cache.ForEachNode(ctx, r.cfg.Cache.Client(), func(ctx context.Context, node redis.UniversalClient) error {
+		nodes++
+		err := scan(ctx, node)
+		if err != nil && errors.Is(err, cache.ErrUnavailable) {
+			rep.UnreachableNodes++
+			lastErr = err
+			return nil
+		}
+		return err
+	})
+	if err == nil && nodes > 0 && rep.UnreachableNodes == nodes {
+		return fmt.Errorf("scan Redis: no server could be scanned: %w", lastErr)
+	}
+	return err
 }
 
 // checkOrphans finds the values among page (Redis key names, all on node)
@@ -544,12 +575,20 @@ func (r *Reconciler) failed(err error) error {
 
 // record logs a finished pass (one line) and updates the metrics.
 func (r *Reconciler) record(rep Report, took time.Duration) {
-	r.metrics.passes.WithLabelValues(resultOK).Inc()
+	result := resultOK
+	if rep.Unreachable+rep.UnreachableNodes > 0 {
+		result = resultPartial
+		r.log.Warn("reconcile pass partial: Redis could not serve part of the keyspace",
+			"unreachable_keys", rep.Unreachable, "unreachable_nodes", rep.UnreachableNodes)
+	}
+	r.metrics.passes.WithLabelValues(result).Inc()
 	r.metrics.duration.Observe(took.Seconds())
 	if !rep.DryRun {
 		r.metrics.reaped.Add(float64(rep.LeasesReaped))
 		r.metrics.expired.Add(float64(rep.ExpiredDeleted))
-		r.metrics.lastSuccess.SetToCurrentTime()
+		if result == resultOK {
+			r.metrics.lastSuccess.SetToCurrentTime()
+		}
 	}
 	r.log.Info("reconcile pass", "dry_run", rep.DryRun, "scanned", rep.Scanned, "in_sync", rep.InSync,
 		"missing", rep.Missing, "stale", rep.Stale, "wrong_state", rep.WrongState, "corrupt", rep.Corrupt,

@@ -242,6 +242,52 @@ func TestOrphanScanCoversEveryMaster(t *testing.T) {
 	require.EqualValues(t, 1, left, "only the live key is left: %v", after)
 }
 
+// TestMasterDownMakesAPartialPass: with one cluster master down, a pass
+// still reaps, expires and repairs what the other masters hold, counts what
+// it could not check, and reports itself partial; once the master is back,
+// the next pass is whole and refills it.
+func TestMasterDownMakesAPartialPass(t *testing.T) {
+	t.Parallel()
+	st, cluster := testenv.NewClusterStack(t)
+	b := &bundle{st}
+	const keys = 30
+	b.CompleteKeys(t, "s", "k", keys)
+	r := b.reconciler(t, Config{PageSize: 7})
+	require.EqualValues(t, keys, b.pass(t, r, false).Repaired)
+
+	down := cluster.Nodes[1]
+	down.Stop()
+	// Drift on a master that is up: a deleted key.
+	var onLiveMaster string
+	for i := range keys {
+		key := fmt.Sprintf("k%d", i)
+		slot, err := cluster.Nodes[0].Client(t).ClusterKeySlot(b.Ctx, b.Cache.Key("s", key)).Result()
+		require.NoError(t, err)
+		if owner, err := cluster.Owner(b.Ctx, int(slot)); err == nil && owner != down {
+			onLiveMaster = key
+			break
+		}
+	}
+	require.NotEmpty(t, onLiveMaster)
+	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", onLiveMaster)).Err())
+
+	rep := b.pass(t, r, false)
+	require.Positive(t, rep.Unreachable, "the down master's keys are counted, not called missing")
+	require.EqualValues(t, 1, rep.UnreachableNodes)
+	require.EqualValues(t, keys, rep.Scanned+rep.Unreachable)
+	require.EqualValues(t, 1, rep.Missing)
+	require.EqualValues(t, 1, rep.Repaired, "the other masters are repaired")
+	require.EqualValues(t, 1, testutil.ToFloat64(r.metrics.passes.WithLabelValues(resultPartial)))
+
+	down.Start()
+	cluster.WaitHealthy()
+	rep = b.pass(t, r, false)
+	require.Zero(t, rep.Unreachable+rep.UnreachableNodes)
+	require.EqualValues(t, keys, rep.Scanned)
+	require.Positive(t, rep.Repaired, "the restarted master is refilled")
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+}
+
 func TestExpiredKeysAreDeletedInBatches(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {

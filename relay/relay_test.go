@@ -284,13 +284,10 @@ func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
 // node stays away) and arrive when it is back.
 func TestClusterNodeDownDefersOnlyItsKeys(t *testing.T) {
 	t.Parallel()
-	cluster := testenv.NewRedisCluster(t)
-	rdb := cluster.Client(t)
-	b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+	st, cluster := testenv.NewClusterStack(t)
+	b := &bundle{st}
 	const keys = 60
-	for i := range keys {
-		b.Complete(t, "s", fmt.Sprintf("k%d", i), "{}")
-	}
+	b.CompleteKeys(t, "s", "k", keys)
 	cluster.Nodes[1].Stop()
 	r := b.relay(t, Config{BatchSize: 1000, MaxAttempts: 2})
 	n, err := r.Drain(b.Ctx)

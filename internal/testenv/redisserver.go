@@ -104,3 +104,12 @@ func (s *RedisServer) Restart() {
 	s.Stop()
 	s.Start()
 }
+
+// Client opens a client of this server alone that is closed when the test
+// ends.
+func (s *RedisServer) Client(tb testing.TB) *redis.Client {
+	tb.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	tb.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strconv"
 	"testing"
 	"time"
 
@@ -58,6 +59,16 @@ func (s *Stack) Complete(tb testing.TB, scope, key, body string) {
 	}
 }
 
+// CompleteKeys completes n keys, name0 … name<n-1>, in scope (see Complete);
+// each stored body names its key.
+func (s *Stack) CompleteKeys(tb testing.TB, scope, name string, n int) {
+	tb.Helper()
+	for i := range n {
+		key := name + strconv.Itoa(i)
+		s.Complete(tb, scope, key, `{"key":"`+key+`"}`)
+	}
+}
+
 // QuietLogger returns a logger that drops everything, for components whose
 // expected warnings would clutter test output.
 func QuietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -70,4 +81,13 @@ func EnvWith(base map[string]string, k, v string) map[string]string {
 	}
 	env[k] = v
 	return env
+}
+
+// NewClusterStack returns a Stack on a Redis Cluster of the test's own, with
+// the cluster, for tests that stop, restart or reshard its masters.
+func NewClusterStack(tb testing.TB) (*Stack, *RedisCluster) {
+	tb.Helper()
+	c := NewRedisCluster(tb)
+	rdb := c.Client(tb)
+	return NewStackOn(tb, rdb, KeyPrefix(tb, rdb)), c
 }
