@@ -8,7 +8,8 @@
 #   2. api throughput: one api process vs two, replays and first executions,
 #      single Redis and cluster. The real api binary with a relay running;
 #      wrk, BENCH_CONNS (32) connections in all, split evenly over the
-#      processes, BENCH_SECONDS (10) per run. The apis listen on 29021-29022.
+#      processes, BENCH_SECONDS (10) per run, GOMAXPROCS=BENCH_API_PROCS
+#      (all cores) per api. The apis listen on 29021-29022.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pg_port=${BENCH_PG_PORT:-45432}
@@ -75,7 +76,7 @@ for target in single cluster; do
 	HTTP_ADDR=127.0.0.1:29029 bin/relay 2>/dev/null &
 	pids+=($!)
 	for i in 1 2; do
-		HTTP_ADDR=127.0.0.1:$((29020 + i)) LOG_LEVEL=error bin/api 2>/dev/null &
+		GOMAXPROCS=${BENCH_API_PROCS:-$(nproc)} HTTP_ADDR=127.0.0.1:$((29020 + i)) LOG_LEVEL=error bin/api 2>/dev/null &
 		pids+=($!)
 	done
 	for i in 1 2; do
