@@ -32,7 +32,8 @@ fuzz:
 bench-relay:
 	bench/relay.sh
 
-# A reconcile pass over 100k and 1M keys beside a bare SCAN, with peak RSS.
+# A reconcile pass over 100k and 1M keys beside a bare SCAN, with peak RSS
+# (BENCH_REDIS=cluster: on a three-master Redis Cluster).
 bench-reconcile:
 	bench/reconcile.sh
 

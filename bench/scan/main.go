@@ -1,6 +1,7 @@
 // Command scan is the reconciler benchmark's baseline: a bare SCAN MATCH of
-// the keyspace with COUNT 1000 through go-redis, the least work a pass that
-// visits every Redis key can do. It prints keys and keys/s.
+// the keyspace with COUNT 1000 through go-redis (every master of a cluster,
+// one after the other), the least work a pass that visits every Redis key
+// can do. It prints keys and keys/s.
 package main
 
 import (
@@ -11,28 +12,38 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/daemon"
 )
 
 func main() {
-	url := flag.String("redis-url", "redis://127.0.0.1:6379/0", "Redis URL")
+	url := flag.String("redis-url", "", "Redis URL (redis://127.0.0.1:6379/0 when neither URL is given)")
+	clusterURL := flag.String("redis-cluster-url", "", "Redis Cluster URL")
 	match := flag.String("match", "idem:*", "SCAN MATCH pattern")
 	count := flag.Int64("count", 1000, "SCAN COUNT")
 	flag.Parse()
-	opts, err := redis.ParseURL(*url)
+	if *url == "" && *clusterURL == "" {
+		*url = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := daemon.RedisOptions(*url, *clusterURL)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scan:", err)
 		os.Exit(2)
 	}
-	rdb := redis.NewClient(opts)
+	rdb := redis.NewUniversalClient(opts)
 	defer rdb.Close()
 	ctx := context.Background()
 	began := time.Now()
 	var n int
-	iter := rdb.Scan(ctx, 0, *match, *count).Iterator()
-	for iter.Next(ctx) {
-		n++
-	}
-	if err := iter.Err(); err != nil {
+	err = cache.ForEachNode(ctx, rdb, func(ctx context.Context, node redis.UniversalClient) error {
+		iter := node.Scan(ctx, 0, *match, *count).Iterator()
+		for iter.Next(ctx) {
+			n++
+		}
+		return iter.Err()
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "scan:", err)
 		os.Exit(1)
 	}
