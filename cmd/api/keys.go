@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/daemon"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -56,8 +57,7 @@ func keysCommand(ctx context.Context, pgCfg *pgxpool.Config, rdbOpts *redis.Univ
 	}
 	defer pool.Close()
 	var c *cache.Cache
-	if rdbOpts != nil {
-		rdb := redis.NewUniversalClient(rdbOpts)
+	if rdb := daemon.NewRedis(rdbOpts); rdb != nil {
 		defer rdb.Close()
 		c = cache.New(rdb, cache.Options{Prefix: prefix})
 	}

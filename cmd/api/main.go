@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/config"
@@ -227,9 +226,8 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	if v.demoKeys {
 		log.Warn("API_KEYS is unset: accepting the demo key only", "api_key", "sk_test_demo", "merchant", "acct_demo")
 	}
-	var rdb redis.UniversalClient
-	if setup.Redis != nil {
-		rdb = redis.NewUniversalClient(setup.Redis)
+	rdb := daemon.NewRedis(setup.Redis)
+	if rdb != nil {
 		defer rdb.Close()
 	} else {
 		log.Warn("REDIS_URL is unset: serving from Postgres alone")

@@ -14,11 +14,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
 	"github.com/onceonly/onceonly/reconcile"
@@ -91,19 +89,15 @@ func (s *settings) validate() error {
 
 func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Writer) error {
 	log := setup.Log
-	rdb := redis.NewUniversalClient(setup.Redis)
-	defer rdb.Close()
-	pool, err := daemon.OpenPostgres(ctx, setup.Postgres)
+	w, err := daemon.OpenWorker(ctx, setup, *s.RedisPrefix)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	reg := daemon.Registry()
+	defer w.Close()
 	r, err := reconcile.New(reconcile.Config{
-		Pool: pool, Cache: cache.New(rdb, cache.Options{Prefix: *s.RedisPrefix}),
+		Pool: w.Pool, Cache: w.Cache,
 		ReapGrace: *s.reapGrace, FailedTTL: *s.failedTTL, PageSize: *s.page, PassTimeout: *s.passTimeout,
-		Logger: log, Registerer: reg,
+		Logger: log, Registerer: w.Registry,
 	})
 	if err != nil {
 		return err
@@ -117,7 +111,7 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 	}
 
 	log.Info("reconciler started", "addr", *s.HTTPAddr, "schedule", *s.schedule)
-	return daemon.RunWorker(ctx, *s.HTTPAddr, reg, pool, rdb, log, func(ctx context.Context) error {
+	return w.Run(ctx, *s.HTTPAddr, func(ctx context.Context) error {
 		return schedule(ctx, *s.schedule, r, log)
 	})
 }

@@ -12,9 +12,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
 	"github.com/onceonly/onceonly/relay"
@@ -69,19 +66,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Writer) error {
 	log := setup.Log
-	rdb := redis.NewUniversalClient(setup.Redis)
-	defer rdb.Close()
-	pool, err := daemon.OpenPostgres(ctx, setup.Postgres)
+	w, err := daemon.OpenWorker(ctx, setup, *s.RedisPrefix)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	reg := daemon.Registry()
+	defer w.Close()
 	r, err := relay.New(relay.Config{
-		Pool: pool, Cache: cache.New(rdb, cache.Options{Prefix: *s.RedisPrefix}),
+		Pool: w.Pool, Cache: w.Cache,
 		BatchSize: *s.batch, PollInterval: *s.pollInterval, MaxAttempts: *s.maxAttempts,
-		Logger: log, Registerer: reg,
+		Logger: log, Registerer: w.Registry,
 	})
 	if err != nil {
 		return err
@@ -98,5 +91,5 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 	}
 
 	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "poll_interval", s.pollInterval.String())
-	return daemon.RunWorker(ctx, *s.HTTPAddr, reg, pool, rdb, log, r.Run)
+	return w.Run(ctx, *s.HTTPAddr, r.Run)
 }

@@ -285,14 +285,56 @@ func RedisCheck(rdb redis.UniversalClient) Check {
 	}
 }
 
-// RunWorker runs work — a daemon's loop — beside its ops server on addr
-// (/healthz, /readyz checking Postgres and Redis, /metrics from reg), until
-// ctx ends; see RunWithOps.
-func RunWorker(ctx context.Context, addr string, reg *prometheus.Registry, pool *pgxpool.Pool, rdb redis.UniversalClient,
-	log *slog.Logger, work func(context.Context) error,
-) error {
+// NewRedis is the one place a command makes its Redis client: a cluster
+// client for REDIS_CLUSTER_URL, a single-server one for REDIS_URL (see
+// RedisOptions), nil when opts is nil (no Redis configured).
+func NewRedis(opts *redis.UniversalOptions) redis.UniversalClient {
+	if opts == nil {
+		return nil
+	}
+	return redis.NewUniversalClient(opts)
+}
+
+// Worker is what a worker daemon (the relay, the reconciler) runs on: its
+// Postgres pool, its Redis client and the cache over it, and its metrics.
+type Worker struct {
+	Pool     *pgxpool.Pool
+	Redis    redis.UniversalClient
+	Cache    *cache.Cache
+	Registry *prometheus.Registry
+	log      *slog.Logger
+}
+
+// OpenWorker connects Redis and Postgres (checking the schema) as setup
+// says, with cache keys under prefix. Close releases both.
+func OpenWorker(ctx context.Context, setup Setup, prefix string) (*Worker, error) {
+	rdb := NewRedis(setup.Redis)
+	if rdb == nil {
+		return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL) is required")
+	}
+	pool, err := OpenPostgres(ctx, setup.Postgres)
+	if err != nil {
+		_ = rdb.Close()
+		return nil, err
+	}
+	return &Worker{
+		Pool: pool, Redis: rdb, Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
+		Registry: Registry(), log: setup.Log,
+	}, nil
+}
+
+// Close closes the pool and the Redis client.
+func (w *Worker) Close() {
+	w.Pool.Close()
+	_ = w.Redis.Close()
+}
+
+// Run runs work — the daemon's loop — beside its ops server on addr
+// (/healthz, /readyz checking Postgres and every Redis master, /metrics),
+// until ctx ends; see RunWithOps.
+func (w *Worker) Run(ctx context.Context, addr string, work func(context.Context) error) error {
 	mux := http.NewServeMux()
-	OpsHandler(mux, reg, map[string]Check{"postgres": pool.Ping, "redis": RedisCheck(rdb)}, nil)
+	OpsHandler(mux, w.Registry, map[string]Check{"postgres": w.Pool.Ping, "redis": RedisCheck(w.Redis)}, nil)
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	return RunWithOps(ctx, srv, log, work)
+	return RunWithOps(ctx, srv, w.log, work)
 }
