@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -100,27 +101,15 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("onceonly: Config.Pool is required")
 	}
-	if cfg.LeaseTimeout <= 0 {
-		cfg.LeaseTimeout = DefaultLeaseTimeout
-	}
-	if cfg.CompletedTTL <= 0 {
-		cfg.CompletedTTL = DefaultCompletedTTL
-	}
-	if cfg.FailedTTL <= 0 {
-		cfg.FailedTTL = DefaultFailedTTL
-	}
-	if cfg.RedisTimeout <= 0 {
-		cfg.RedisTimeout = DefaultRedisTimeout
-	}
-	if cfg.MaxCachedBody <= 0 {
-		cfg.MaxCachedBody = cache.DefaultMaxBody
-	}
+	defaults.Positive(&cfg.LeaseTimeout, DefaultLeaseTimeout)
+	defaults.Positive(&cfg.CompletedTTL, DefaultCompletedTTL)
+	defaults.Positive(&cfg.FailedTTL, DefaultFailedTTL)
+	defaults.Positive(&cfg.RedisTimeout, DefaultRedisTimeout)
+	defaults.Positive(&cfg.MaxCachedBody, cache.DefaultMaxBody)
 	if cfg.ShouldStore == nil {
 		cfg.ShouldStore = DefaultShouldStore
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	defaults.Logger(&cfg.Logger)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("onceonly: register metrics: %w", err)

@@ -410,24 +410,26 @@ func TestTakenOverWorkerCannotCommit(t *testing.T) {
 func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, setupOpts{rdb: rdb, lease: 300 * time.Millisecond})
-		inside := make(chan struct{})
+		const lease = 300 * time.Millisecond
+		b := setup(t, setupOpts{rdb: rdb, lease: lease})
+		inside, release := make(chan struct{}), make(chan struct{})
 		done := make(chan error)
 		go func() {
 			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 				close(inside)
-				time.Sleep(time.Second) // more than three leases
+				<-release // held for more than three leases
 				return payment(201, "{}")(ctx, tx)
 			})
 			done <- err
 		}()
 		<-inside
-		for range 8 {
+		for began := time.Now(); time.Since(began) < 3*lease+100*time.Millisecond; {
 			time.Sleep(100 * time.Millisecond)
 			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
 			_, inFlight := onceonly.IsInFlight(err)
 			require.True(t, inFlight, "got %v", err)
 		}
+		close(release)
 		require.NoError(t, <-done)
 		require.Equal(t, 1, b.payments(t))
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/defaults"
 )
 
 // NotifyChannel is the LISTEN/NOTIFY channel woken by every outbox write.
@@ -132,12 +133,8 @@ type claimStatements struct{ insert, takeover string }
 
 // New returns a Store; zero durations take the defaults (24h, 5m).
 func New(cfg Config) *Store {
-	if cfg.CompletedTTL <= 0 {
-		cfg.CompletedTTL = 24 * time.Hour
-	}
-	if cfg.FailedTTL <= 0 {
-		cfg.FailedTTL = 5 * time.Minute
-	}
+	defaults.Positive(&cfg.CompletedTTL, 24*time.Hour)
+	defaults.Positive(&cfg.FailedTTL, 5*time.Minute)
 	notify := notifyColumn
 	if cfg.DeferNotify {
 		notify = "false"

@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -118,21 +119,11 @@ func New(cfg Config) (*Reconciler, error) {
 	if cfg.Pool == nil || cfg.Cache == nil {
 		return nil, errors.New("reconcile: Pool and Cache are required")
 	}
-	if cfg.ReapGrace <= 0 {
-		cfg.ReapGrace = DefaultReapGrace
-	}
-	if cfg.PageSize <= 0 {
-		cfg.PageSize = DefaultPageSize
-	}
-	if cfg.PassTimeout <= 0 {
-		cfg.PassTimeout = DefaultPassTimeout
-	}
-	if cfg.MaxCachedBody <= 0 {
-		cfg.MaxCachedBody = cache.DefaultMaxBody
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	defaults.Positive(&cfg.ReapGrace, DefaultReapGrace)
+	defaults.Positive(&cfg.PageSize, DefaultPageSize)
+	defaults.Positive(&cfg.PassTimeout, DefaultPassTimeout)
+	defaults.Positive(&cfg.MaxCachedBody, cache.DefaultMaxBody)
+	defaults.Logger(&cfg.Logger)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)

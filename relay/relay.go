@@ -23,6 +23,7 @@ import (
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/backoff"
+	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -81,24 +82,12 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.Pool == nil || cfg.Cache == nil {
 		return nil, errors.New("relay: Pool and Cache are required")
 	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = DefaultPollInterval
-	}
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.MaxCachedBody <= 0 {
-		cfg.MaxCachedBody = cache.DefaultMaxBody
-	}
-	if cfg.BatchTimeout <= 0 {
-		cfg.BatchTimeout = DefaultBatchTimeout
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	defaults.Positive(&cfg.BatchSize, DefaultBatchSize)
+	defaults.Positive(&cfg.PollInterval, DefaultPollInterval)
+	defaults.Positive(&cfg.MaxAttempts, DefaultMaxAttempts)
+	defaults.Positive(&cfg.MaxCachedBody, cache.DefaultMaxBody)
+	defaults.Positive(&cfg.BatchTimeout, DefaultBatchTimeout)
+	defaults.Logger(&cfg.Logger)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
