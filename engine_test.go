@@ -417,7 +417,11 @@ func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 		go func() {
 			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 				close(inside)
-				<-release // held for more than three leases
+				select { // held for more than three leases
+				case <-release:
+				case <-ctx.Done():
+					return onceonly.Result{}, ctx.Err()
+				}
 				return payment(201, "{}")(ctx, tx)
 			})
 			done <- err
