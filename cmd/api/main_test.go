@@ -28,29 +28,19 @@ func runAPI(t *testing.T, env map[string]string, args ...string) (code int, stdo
 }
 
 func TestBadConfiguration(t *testing.T) {
-	cases := []struct {
-		env  map[string]string
-		args []string
-		want string
-	}{
-		{map[string]string{"DATABASE_URL": ""}, nil, "DATABASE_URL (or -database-url) is required"},
-		{map[string]string{"DATABASE_URL": "postgres://x", "LEASE_TIMEOUT": "ten"}, nil, `LEASE_TIMEOUT="ten": not a duration`},
-		{map[string]string{"DATABASE_URL": "postgres://x", "LOG_LEVEL": "loud"}, nil, `LOG_LEVEL="loud"`},
-		{map[string]string{"DATABASE_URL": "postgres://x", "DEFER_NOTIFY": "maybe"}, nil, `DEFER_NOTIFY="maybe": use true or false`},
-		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"-lease-timeout", "-1s"}, "must not be negative"},
-		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"-nope"}, "flag provided but not defined"},
-		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"migrate"}, "say up, down, status or version"},
-		{map[string]string{"DATABASE_URL": "postgres://x"}, []string{"migrate", "sideways"}, `unknown command "sideways"`},
-		{map[string]string{"DATABASE_URL": "postgres://x", "API_KEYS": "nokey"}, nil, "API_KEYS"},
-		{map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "http://x"}, nil, "REDIS_URL"},
-		{map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://a", "REDIS_CLUSTER_URL": "redis://b"}, nil, "not both"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.want, func(t *testing.T) {
-			code, stdout, stderr := runAPI(t, tc.env, tc.args...)
-			testenv.RequireOneLineError(t, code, stdout, stderr, tc.want)
-		})
-	}
+	testenv.RequireRejections(t, run, []testenv.Rejection{
+		{Env: map[string]string{"DATABASE_URL": ""}, Want: "DATABASE_URL (or -database-url) is required"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "LEASE_TIMEOUT": "ten"}, Want: `LEASE_TIMEOUT="ten": not a duration`},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "LOG_LEVEL": "loud"}, Want: `LOG_LEVEL="loud"`},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "DEFER_NOTIFY": "maybe"}, Want: `DEFER_NOTIFY="maybe": use true or false`},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x"}, Args: []string{"-lease-timeout", "-1s"}, Want: "must not be negative"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x"}, Args: []string{"-nope"}, Want: "flag provided but not defined"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x"}, Args: []string{"migrate"}, Want: "say up, down, status or version"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x"}, Args: []string{"migrate", "sideways"}, Want: `unknown command "sideways"`},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "API_KEYS": "nokey"}, Want: "API_KEYS"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "http://x"}, Want: "REDIS_URL"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://a", "REDIS_CLUSTER_URL": "redis://b"}, Want: "not both"},
+	})
 }
 
 func TestMigrateAndSchemaCheck(t *testing.T) {

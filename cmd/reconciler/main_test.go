@@ -19,27 +19,17 @@ import (
 
 func TestBadConfiguration(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
-	cases := []struct {
-		env  map[string]string
-		args []string
-		want string
-	}{
-		{testenv.EnvWith(base, "DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
-		{testenv.EnvWith(base, "REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
-		{testenv.EnvWith(base, "RECONCILE_SCHEDULE", "every minute"), nil, `RECONCILE_SCHEDULE="every minute"`},
-		{testenv.EnvWith(base, "RECONCILE_SCHEDULE", "@every soon"), nil, `RECONCILE_SCHEDULE="@every soon"`},
-		{testenv.EnvWith(base, "REAP_GRACE", "1 second"), nil, `REAP_GRACE="1 second": not a duration`},
-		{testenv.EnvWith(base, "FAILED_TTL", "0s"), nil, "FAILED_TTL must be positive"},
-		{testenv.EnvWith(base, "RECONCILE_PAGE_SIZE", "many"), nil, "RECONCILE_PAGE_SIZE"},
-		{base, []string{"--dry-run"}, "--dry-run needs --once"},
-		{base, []string{"--once", "extra"}, `unexpected argument "extra"`},
-	}
-	for _, tc := range cases {
-		t.Run(tc.want, func(t *testing.T) {
-			code, stdout, stderr := testenv.RunMain(t, run, tc.env, tc.args...)
-			testenv.RequireOneLineError(t, code, stdout, stderr, tc.want)
-		})
-	}
+	testenv.RequireRejections(t, run, []testenv.Rejection{
+		{Env: testenv.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
+		{Env: testenv.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{Env: testenv.EnvWith(base, "RECONCILE_SCHEDULE", "every minute"), Want: `RECONCILE_SCHEDULE="every minute"`},
+		{Env: testenv.EnvWith(base, "RECONCILE_SCHEDULE", "@every soon"), Want: `RECONCILE_SCHEDULE="@every soon"`},
+		{Env: testenv.EnvWith(base, "REAP_GRACE", "1 second"), Want: `REAP_GRACE="1 second": not a duration`},
+		{Env: testenv.EnvWith(base, "FAILED_TTL", "0s"), Want: "FAILED_TTL must be positive"},
+		{Env: testenv.EnvWith(base, "RECONCILE_PAGE_SIZE", "many"), Want: "RECONCILE_PAGE_SIZE"},
+		{Env: base, Args: []string{"--dry-run"}, Want: "--dry-run needs --once"},
+		{Env: base, Args: []string{"--once", "extra"}, Want: `unexpected argument "extra"`},
+	})
 }
 
 func TestRefusesAnOutdatedSchema(t *testing.T) {

@@ -23,27 +23,17 @@ import (
 
 func TestBadConfiguration(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
-	cases := []struct {
-		env  map[string]string
-		args []string
-		want string
-	}{
-		{testenv.EnvWith(base, "DATABASE_URL", ""), nil, "DATABASE_URL (or -database-url) is required"},
-		{testenv.EnvWith(base, "REDIS_URL", ""), nil, "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
-		{testenv.EnvWith(base, "REDIS_URL", "http://x"), nil, "REDIS_URL"},
-		{testenv.EnvWith(base, "RELAY_BATCH", "0"), nil, `RELAY_BATCH="0": must be a positive integer`},
-		{testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "soon"), nil, `RELAY_POLL_INTERVAL="soon": not a duration`},
-		{testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "0s"), nil, "RELAY_POLL_INTERVAL must be positive"},
-		{testenv.EnvWith(base, "RELAY_MAX_ATTEMPTS", "-3"), nil, "RELAY_MAX_ATTEMPTS"},
-		{base, []string{"--nope"}, "flag provided but not defined"},
-		{base, []string{"now"}, `unexpected argument "now"`},
-	}
-	for _, tc := range cases {
-		t.Run(tc.want, func(t *testing.T) {
-			code, stdout, stderr := testenv.RunMain(t, run, tc.env, tc.args...)
-			testenv.RequireOneLineError(t, code, stdout, stderr, tc.want)
-		})
-	}
+	testenv.RequireRejections(t, run, []testenv.Rejection{
+		{Env: testenv.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
+		{Env: testenv.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{Env: testenv.EnvWith(base, "REDIS_URL", "http://x"), Want: "REDIS_URL"},
+		{Env: testenv.EnvWith(base, "RELAY_BATCH", "0"), Want: `RELAY_BATCH="0": must be a positive integer`},
+		{Env: testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "soon"), Want: `RELAY_POLL_INTERVAL="soon": not a duration`},
+		{Env: testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "0s"), Want: "RELAY_POLL_INTERVAL must be positive"},
+		{Env: testenv.EnvWith(base, "RELAY_MAX_ATTEMPTS", "-3"), Want: "RELAY_MAX_ATTEMPTS"},
+		{Env: base, Args: []string{"--nope"}, Want: "flag provided but not defined"},
+		{Env: base, Args: []string{"now"}, Want: `unexpected argument "now"`},
+	})
 }
 
 func TestRefusesAnOutdatedSchema(t *testing.T) {

@@ -76,6 +76,27 @@ func RunMain(tb testing.TB, run func(args []string, stdout, stderr io.Writer) in
 	return code, out.String(), errOut.String()
 }
 
+// Rejection is bad input a command must refuse: run with Env and Args, it
+// exits non-zero with one line on stderr that contains Want.
+type Rejection struct {
+	Env  map[string]string
+	Args []string
+	Want string
+}
+
+// RequireRejections runs the command's run function once per case, as a
+// subtest named after Want, and checks each refusal (see
+// RequireOneLineError).
+func RequireRejections(t *testing.T, run func(args []string, stdout, stderr io.Writer) int, cases []Rejection) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.Want, func(t *testing.T) {
+			code, stdout, stderr := RunMain(t, run, tc.Env, tc.Args...)
+			RequireOneLineError(t, code, stdout, stderr, tc.Want)
+		})
+	}
+}
+
 // RequireOneLineError checks a failed run: a non-zero code, nothing on
 // stdout, and one line on stderr containing want.
 func RequireOneLineError(tb testing.TB, code int, stdout, stderr, want string) {
