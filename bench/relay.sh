@@ -3,7 +3,9 @@
 # local servers (Postgres with fsync on) under .data/bench:
 #   1. redis-benchmark: pipelined EVALSHA of the apply script (the Redis limit)
 #   2. pgbench: one-row INSERT transactions (the Postgres commit limit)
-#   3. BenchmarkDrain: one relay draining a backlog of BENCH_EVENTS (200k)
+#   3. BenchmarkDrain: one relay, then two, draining a backlog of BENCH_EVENTS
+#      (200k) into this Redis and into a Redis Cluster (TEST_REDIS_CLUSTER_URL,
+#      else a private three-master one)
 #   4. BenchmarkLag: commit→Redis lag at BENCH_RATE (1000) events/s
 # Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379).
 set -euo pipefail

@@ -74,17 +74,28 @@ start() {
 		as_pg "$bin/pg_ctl" -D "$dir/pg" -l "$dir/pg/server.log" -o "$opts" -w -t 60 start >/dev/null
 		log "postgres on 127.0.0.1:$pg_port"
 	fi
-	if ! redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+	if ! redis_up "$redis_port"; then
 		local persist=(--save "" --appendonly no)
 		[ "$mode" = test ] || persist=(--save 60 1 --appendonly no)
 		redis-server --port "$redis_port" --bind 127.0.0.1 --daemonize yes \
 			--dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "${persist[@]}"
-		for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 		log "redis on 127.0.0.1:$redis_port"
 	fi
+	wait_redis "$redis_port"
 }
 
+# redis_up: something answers on the port (PONG, or LOADING while a saved
+# dataset loads); redis_ready: it answers PONG.
 redis_up() { redis-cli -p "$1" ping >/dev/null 2>&1; }
+redis_ready() { [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ]; }
+
+# wait_redis PORT: until it answers PONG; loading a large saved dataset can
+# take a while.
+wait_redis() {
+	for _ in $(seq 600); do redis_ready "$1" && return; sleep 0.1; done
+	log "redis on port $1 is not ready after 60s"
+	exit 1
+}
 
 cluster_ok() {
 	local port
@@ -113,8 +124,8 @@ cluster() {
 			--pidfile "$node/redis.pid" --logfile "$node/redis.log" "${persist[@]}" \
 			--cluster-enabled yes --cluster-config-file nodes.conf --cluster-port "$bus" \
 			--cluster-node-timeout 2000 --cluster-require-full-coverage no
-		for _ in $(seq 50); do redis_up "$port" && break; sleep 0.1; done
 	done
+	for port in "${ports[@]}"; do wait_redis "$port"; done
 	for _ in $(seq 30); do cluster_ok "${ports[@]}" && break; sleep 0.1; done
 	if ! cluster_ok "${ports[@]}"; then
 		# New nodes, or nodes whose saved cluster state no longer fits: start over.
