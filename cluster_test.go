@@ -15,6 +15,7 @@ import (
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/reconcile"
 	"github.com/onceonly/onceonly/relay"
 )
@@ -54,7 +55,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	for i := range 150 {
 		keys = append(keys, fmt.Sprintf("plain-%d", i))
 	}
-	slot, err := rdb.ClusterKeySlot(b.ctx, c.Key("m", keys[0])).Result()
+	slot, err := rdb.ClusterKeySlot(b.ctx, c.Key(keystate.Ref{Scope: "m", Key: keys[0]})).Result()
 	require.NoError(t, err)
 	from, err := cluster.Owner(b.ctx, int(slot))
 	require.NoError(t, err)

@@ -2,7 +2,6 @@ package onceonly
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,14 +14,15 @@ import (
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
 // Defaults of Config.
 const (
 	DefaultLeaseTimeout = 30 * time.Second
-	DefaultCompletedTTL = 24 * time.Hour
-	DefaultFailedTTL    = 5 * time.Minute
+	DefaultCompletedTTL = outbox.DefaultCompletedTTL
+	DefaultFailedTTL    = outbox.DefaultFailedTTL
 	DefaultRedisTimeout = 100 * time.Millisecond
 )
 
@@ -66,11 +66,7 @@ type Config struct {
 
 // Result is what a handler produced: the response that is stored and
 // replayed. Status 0 means 200.
-type Result struct {
-	Status      int
-	ContentType string
-	Body        []byte
-}
+type Result = keystate.Response
 
 // Outcome is the answer for one request.
 type Outcome struct {
@@ -162,17 +158,17 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint string, fn
 		outcome = outcomeInvalid
 		return Outcome{}, err
 	}
-	var owner [16]byte
-	_, _ = rand.Read(owner[:])
+	ref := keystate.Ref{Scope: scope, Key: key}
+	owner := keystate.NewOwner()
 
-	out, outcome, done, err := e.checkCache(ctx, scope, key, fingerprint, owner)
+	out, outcome, done, err := e.checkCache(ctx, ref, fingerprint, owner)
 	if done {
 		return out, err
 	}
 
-	claim, err := e.store.Claim(ctx, e.cfg.Pool, scope, key, fingerprint, owner, e.cfg.LeaseTimeout)
+	claim, err := e.store.Claim(ctx, e.cfg.Pool, ref, fingerprint, owner, e.cfg.LeaseTimeout)
 	if err != nil {
-		e.releaseCache(scope, key, owner)
+		e.releaseCache(ref, owner)
 		outcome = outcomeUnavailable
 		if ctx.Err() != nil {
 			return Outcome{}, ctx.Err()
@@ -185,17 +181,17 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint string, fn
 		return out, err
 	}
 
-	out, outcome, err = e.run(ctx, scope, key, owner, fn)
+	out, outcome, err = e.run(ctx, ref, owner, fn)
 	return out, err
 }
 
 // checkCache asks Redis first. done is true when Redis answered the request.
-func (e *Engine) checkCache(ctx context.Context, scope, key, fingerprint string, owner [16]byte) (Outcome, string, bool, error) {
+func (e *Engine) checkCache(ctx context.Context, ref keystate.Ref, fingerprint string, owner keystate.Owner) (Outcome, string, bool, error) {
 	if e.cache == nil {
 		return Outcome{}, "", false, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.RedisTimeout)
-	res, err := e.cache.Check(rctx, scope, key, fingerprint, owner, e.cfg.LeaseTimeout)
+	res, err := e.cache.Check(rctx, ref, fingerprint, owner, e.cfg.LeaseTimeout)
 	cancel()
 	if err != nil {
 		e.redisFailed(redisOpCheck, err)
@@ -206,9 +202,7 @@ func (e *Engine) checkCache(ctx context.Context, scope, key, fingerprint string,
 		if res.Entry.BodyInPostgres {
 			return Outcome{}, "", false, nil // Postgres answers with the body
 		}
-		r := res.Entry.Response
-		return Outcome{Result: Result{Status: r.Status, ContentType: r.ContentType, Body: r.Body}, Replayed: true},
-			outcomeReplayedCache, true, nil
+		return Outcome{Result: res.Entry.Response, Replayed: true}, outcomeReplayedCache, true, nil
 	case cache.InFlight:
 		return Outcome{}, outcomeInFlight, true, &InFlightError{RetryAfter: res.RetryAfter}
 	case cache.Mismatch:
@@ -219,41 +213,40 @@ func (e *Engine) checkCache(ctx context.Context, scope, key, fingerprint string,
 
 // answerHeld answers from the Postgres row of a key this request could not
 // claim.
-func (e *Engine) answerHeld(k outbox.Key, fingerprint string) (Outcome, string, error) {
+func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string, error) {
 	if k.Fingerprint != fingerprint {
 		return Outcome{}, outcomeReused, ErrKeyReused
 	}
 	switch k.Status {
-	case outbox.StatusCompleted:
-		r := k.Response
-		return Outcome{Result: Result{Status: r.Status, ContentType: r.ContentType, Body: r.Body}, Replayed: true},
-			outcomeReplayedDB, nil
-	case outbox.StatusInProgress:
+	case keystate.Completed:
+		return Outcome{Result: k.Response, Replayed: true}, outcomeReplayedDB, nil
+	case keystate.InProgress:
 		return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: max(k.LeaseRemaining, time.Second)}
+	case keystate.Failed:
 	}
 	// failed between our claim and our read: the next try claims it.
 	return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: time.Second}
 }
 
 // run executes fn under owner's lease and records the result.
-func (e *Engine) run(ctx context.Context, scope, key string, owner [16]byte, fn Handler) (Outcome, string, error) {
+func (e *Engine) run(ctx context.Context, ref keystate.Ref, owner keystate.Owner, fn Handler) (Outcome, string, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopHeartbeat := e.heartbeat(hctx, cancel, scope, key, owner)
+	stopHeartbeat := e.heartbeat(hctx, cancel, ref, owner)
 	defer stopHeartbeat()
 
 	var (
 		res       Result
 		handled   bool
 		handleErr error
-		stored    outbox.Key
+		stored    keystate.Key
 	)
 	txErr := pgx.BeginFunc(hctx, e.cfg.Pool, func(tx pgx.Tx) error {
 		defer func() {
 			if p := recover(); p != nil {
 				// Roll back and fail the key before the panic goes on.
 				_ = tx.Rollback(context.WithoutCancel(hctx))
-				e.fail(scope, key, owner)
+				e.fail(ref, owner)
 				panic(p)
 			}
 		}()
@@ -266,9 +259,7 @@ func (e *Engine) run(ctx context.Context, scope, key string, owner [16]byte, fn 
 			return errRollback
 		}
 		var err error
-		stored, err = e.store.Complete(hctx, tx, scope, key, owner, outbox.Response{
-			Status: res.Status, ContentType: res.ContentType, Body: res.Body,
-		})
+		stored, err = e.store.Complete(hctx, tx, ref, owner, res)
 		return err
 	})
 	switch {
@@ -278,7 +269,7 @@ func (e *Engine) run(ctx context.Context, scope, key string, owner [16]byte, fn 
 	case errors.Is(txErr, outbox.ErrLeaseLost) || errors.Is(context.Cause(hctx), outbox.ErrLeaseLost):
 		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 	}
-	e.fail(scope, key, owner)
+	e.fail(ref, owner)
 	switch {
 	case handleErr != nil:
 		return Outcome{}, outcomeHandlerError, handleErr
@@ -297,7 +288,7 @@ var errRollback = errors.New("rollback: result not stored")
 
 // heartbeat renews the lease every third of LeaseTimeout until stopped; if
 // the lease is lost it cancels the handler's context with ErrLeaseLost.
-func (e *Engine) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, scope, key string, owner [16]byte) (stop func()) {
+func (e *Engine) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, ref keystate.Ref, owner keystate.Owner) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
@@ -311,13 +302,13 @@ func (e *Engine) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, 
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				err := e.store.Heartbeat(ctx, e.cfg.Pool, scope, key, owner, e.cfg.LeaseTimeout)
+				err := e.store.Heartbeat(ctx, e.cfg.Pool, ref, owner, e.cfg.LeaseTimeout)
 				if errors.Is(err, outbox.ErrLeaseLost) {
 					cancel(outbox.ErrLeaseLost)
 					return
 				}
 				if err != nil && ctx.Err() == nil {
-					e.log.Warn("lease heartbeat failed", "scope", scope, "key", key, "err", err)
+					e.log.Warn("lease heartbeat failed", "scope", ref.Scope, "key", ref.Key, "err", err)
 				}
 			}
 		}
@@ -327,13 +318,13 @@ func (e *Engine) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, 
 
 // fail marks the key failed, on a context of its own: a request canceled by
 // its client must not leave the key claimed.
-func (e *Engine) fail(scope, key string, owner [16]byte) {
+func (e *Engine) fail(ref keystate.Ref, owner keystate.Owner) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	k, err := e.store.Fail(ctx, e.cfg.Pool, scope, key, owner)
+	k, err := e.store.Fail(ctx, e.cfg.Pool, ref, owner)
 	if err != nil {
 		if !errors.Is(err, outbox.ErrLeaseLost) {
-			e.log.Error("mark key failed; it stays claimed until its lease ends", "scope", scope, "key", key, "err", err)
+			e.log.Error("mark key failed; it stays claimed until its lease ends", "scope", ref.Scope, "key", ref.Key, "err", err)
 		}
 		return
 	}
@@ -342,7 +333,7 @@ func (e *Engine) fail(scope, key string, owner [16]byte) {
 
 // writeThrough copies a transition this engine committed into Redis. With
 // DeferRelayNotify, a copy that did not land wakes the relay instead.
-func (e *Engine) writeThrough(k outbox.Key) {
+func (e *Engine) writeThrough(k keystate.Key) {
 	if e.applyCache(k) || !e.cfg.DeferRelayNotify {
 		return
 	}
@@ -356,13 +347,13 @@ func (e *Engine) writeThrough(k outbox.Key) {
 // applyCache writes a Postgres state through to Redis, best effort: the
 // relay delivers it anyway. It reports whether Redis took the write (or
 // already held it).
-func (e *Engine) applyCache(k outbox.Key) bool {
+func (e *Engine) applyCache(k keystate.Key) bool {
 	if e.cache == nil {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
 	defer cancel()
-	if _, err := e.cache.Apply(ctx, k.CacheUpdate()); err != nil {
+	if _, err := e.cache.Apply(ctx, k); err != nil {
 		e.redisFailed(redisOpApply, err)
 		return false
 	}
@@ -370,13 +361,13 @@ func (e *Engine) applyCache(k outbox.Key) bool {
 }
 
 // releaseCache drops this request's provisional claim, best effort.
-func (e *Engine) releaseCache(scope, key string, owner [16]byte) {
+func (e *Engine) releaseCache(ref keystate.Ref, owner keystate.Owner) {
 	if e.cache == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
 	defer cancel()
-	if _, err := e.cache.Release(ctx, scope, key, owner); err != nil {
+	if _, err := e.cache.Release(ctx, ref, owner); err != nil {
 		e.redisFailed(redisOpRelease, err)
 	}
 }

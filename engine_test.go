@@ -18,6 +18,7 @@ import (
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -278,8 +279,8 @@ func TestRedisLossIsHarmless(t *testing.T) {
 	require.True(t, again.Replayed)
 	require.Equal(t, first.Result, again.Result)
 	testenv.Eventually(t, time.Second, "read-repair of the cache", func() bool {
-		e, found, _ := cache.New(rdb, cache.Options{Prefix: b.prefix}).Read(b.ctx, "m", "k")
-		return found && e.State == cache.StateCompleted
+		e, found, _ := cache.New(rdb, cache.Options{Prefix: b.prefix}).Read(b.ctx, keystate.Ref{Scope: "m", Key: "k"})
+		return found && e.State == keystate.Completed
 	})
 
 	srv.Stop()

@@ -31,6 +31,38 @@ type MiddlewareOptions struct {
 	Scope func(r *http.Request) (string, error)
 	// MaxBody is the largest request body accepted (DefaultMaxBody).
 	MaxBody int64
+	// WriteError writes the middleware's own error answers (400, 401, 409,
+	// 413, 422, 503) in the service's error format. Retry-After is already
+	// set when it is called. Default: WriteProblem.
+	WriteError func(w http.ResponseWriter, r *http.Request, e *HTTPError)
+}
+
+// HTTPError is an answer the middleware gives without running the handler.
+type HTTPError struct {
+	// Status is the HTTP status code.
+	Status int
+	// Code is a stable machine-readable reason, e.g. "idempotency_key_in_use".
+	Code string
+	// Message is a sentence for people.
+	Message string
+	// Param names the offending header or field, if any.
+	Param string
+}
+
+// WriteProblem writes e as RFC 9457 problem details
+// (application/problem+json) with its code as an extension member.
+func WriteProblem(w http.ResponseWriter, _ *http.Request, e *HTTPError) {
+	body, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+		Code   string `json:"code"`
+		Param  string `json:"param,omitempty"`
+	}{"about:blank", http.StatusText(e.Status), e.Status, e.Message, e.Code, e.Param})
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(append(body, '\n'))
 }
 
 type txKey struct{}
@@ -55,36 +87,42 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = DefaultMaxBody
 	}
+	if opts.WriteError == nil {
+		opts.WriteError = WriteProblem
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fail := func(status int, code, message, param string) {
+				opts.WriteError(w, r, &HTTPError{Status: status, Code: code, Message: message, Param: param})
+			}
 			key, present := r.Header[http.CanonicalHeaderKey(HeaderKey)]
 			if !present {
-				WriteError(w, http.StatusBadRequest, "idempotency_key_missing", "The Idempotency-Key header is required.", HeaderKey)
+				fail(http.StatusBadRequest, "idempotency_key_missing", "The Idempotency-Key header is required.", HeaderKey)
 				return
 			}
 			if len(key) != 1 || ValidateKey(key[0]) != nil {
-				WriteError(w, http.StatusBadRequest, "idempotency_key_invalid", ErrInvalidKey.Error()+".", HeaderKey)
+				fail(http.StatusBadRequest, "idempotency_key_invalid", ErrInvalidKey.Error()+".", HeaderKey)
 				return
 			}
 			scope, err := opts.Scope(r)
 			if err != nil || validateScope(scope) != nil {
-				WriteError(w, http.StatusUnauthorized, "unauthorized", "The request has no valid scope.", "")
+				fail(http.StatusUnauthorized, "unauthorized", "The request has no valid scope.", "")
 				return
 			}
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBody))
 			if err != nil {
 				var tooLarge *http.MaxBytesError
 				if errors.As(err, &tooLarge) {
-					WriteError(w, http.StatusRequestEntityTooLarge, "request_too_large",
+					fail(http.StatusRequestEntityTooLarge, "request_too_large",
 						"The request body is larger than "+strconv.FormatInt(opts.MaxBody, 10)+" bytes.", "")
 					return
 				}
-				WriteError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
+				fail(http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
 				return
 			}
 			fingerprint, err := requestFingerprint(r, body)
 			if err != nil {
-				WriteError(w, http.StatusBadRequest, "invalid_json", "The request body is not valid JSON.", "")
+				fail(http.StatusBadRequest, "invalid_json", "The request body is not valid JSON.", "")
 				return
 			}
 			out, err := e.execute(r.Context(), scope, key[0], fingerprint, func(ctx context.Context, tx pgx.Tx) (Result, error) {
@@ -95,13 +133,13 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				return rec.result(), nil
 			})
 			if err != nil {
-				writeEngineError(w, err)
+				writeEngineError(w, err, fail)
 				return
 			}
 			if out.Replayed {
 				w.Header().Set(HeaderReplayed, "true")
 			}
-			WriteResult(w, out.Result)
+			writeResult(w, out.Result)
 		})
 	}
 }
@@ -115,8 +153,8 @@ func requestFingerprint(r *http.Request, body []byte) (string, error) {
 	return fingerprintOf(r.Method, r.URL.Path, body), nil
 }
 
-// WriteResult writes a stored or fresh result.
-func WriteResult(w http.ResponseWriter, res Result) {
+// writeResult writes a stored or fresh result.
+func writeResult(w http.ResponseWriter, res Result) {
 	if res.ContentType != "" {
 		w.Header().Set("Content-Type", res.ContentType)
 	}
@@ -130,64 +168,38 @@ func WriteResult(w http.ResponseWriter, res Result) {
 // and a retry that comes early costs one Redis round trip.
 const maxRetryAfter = time.Second
 
-func writeEngineError(w http.ResponseWriter, err error) {
+// writeEngineError answers an error of the engine through fail.
+func writeEngineError(w http.ResponseWriter, err error, fail func(status int, code, message, param string)) {
 	if inFlight, ok := IsInFlight(err); ok {
 		writeRetryAfter(w, min(inFlight.RetryAfter, maxRetryAfter).Seconds())
-		WriteError(w, http.StatusConflict, "idempotency_key_in_use",
+		fail(http.StatusConflict, "idempotency_key_in_use",
 			"A request with this Idempotency-Key is already in progress; retry later.", "")
 		return
 	}
 	switch {
 	case errors.Is(err, ErrKeyReused):
-		WriteError(w, http.StatusUnprocessableEntity, "idempotency_key_reused",
+		fail(http.StatusUnprocessableEntity, "idempotency_key_reused",
 			"This Idempotency-Key was already used with a different request.", "")
 	case errors.Is(err, ErrLeaseLost):
 		writeRetryAfter(w, 1)
-		WriteError(w, http.StatusConflict, "idempotency_key_in_use",
+		fail(http.StatusConflict, "idempotency_key_in_use",
 			"Another request took this Idempotency-Key over; retry later.", "")
 	case errors.Is(err, context.Canceled):
 		// The client is gone; nothing it could read.
-		w.WriteHeader(499)
+		w.WriteHeader(statusClientClosedRequest)
 	default:
 		writeRetryAfter(w, 1)
-		WriteError(w, http.StatusServiceUnavailable, "service_unavailable",
+		fail(http.StatusServiceUnavailable, "service_unavailable",
 			"The service is temporarily unavailable; retry later.", "")
 	}
 }
 
+// statusClientClosedRequest is the status logged for a request whose client
+// went away (nginx's 499); the client never reads it.
+const statusClientClosedRequest = 499
+
 func writeRetryAfter(w http.ResponseWriter, seconds float64) {
 	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(seconds)))))
-}
-
-// WriteError writes the API's JSON error:
-// {"error":{"type":…,"code":…,"message":…,"param":…}}.
-func WriteError(w http.ResponseWriter, status int, code, message, param string) {
-	type apiError struct {
-		Type    string `json:"type"`
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		Param   string `json:"param,omitempty"`
-	}
-	body, _ := json.Marshal(struct {
-		Error apiError `json:"error"`
-	}{apiError{Type: errorType(status), Code: code, Message: message, Param: param}})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
-}
-
-func errorType(status int) string {
-	switch {
-	case status == http.StatusUnauthorized:
-		return "authentication_error"
-	case status == http.StatusPaymentRequired:
-		return "card_error"
-	case status == http.StatusConflict || status == http.StatusUnprocessableEntity:
-		return "idempotency_error"
-	case status >= 500:
-		return "api_error"
-	}
-	return "invalid_request_error"
 }
 
 // recorder captures what the wrapped handler writes.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/lua"
 )
 
@@ -102,8 +103,8 @@ func (c *Cache) Prefix() string { return c.prefix }
 // Client returns the Redis client.
 func (c *Cache) Client() redis.UniversalClient { return c.rdb }
 
-// Key returns the Redis key of (scope, key).
-func (c *Cache) Key(scope, key string) string { return KeyName(c.prefix, scope, key) }
+// Key returns the Redis key of ref.
+func (c *Cache) Key(ref keystate.Ref) string { return KeyName(c.prefix, ref) }
 
 // Load loads every script into Redis, so pipelines of EVALSHA do not meet
 // NOSCRIPT.
@@ -118,8 +119,8 @@ func (c *Cache) Load(ctx context.Context) error {
 
 // Check answers a request from the cache, or records a provisional claim
 // for owner that lasts lease.
-func (c *Cache) Check(ctx context.Context, scope, key, fingerprint string, owner [16]byte, lease time.Duration) (CheckResult, error) {
-	reply, err := c.check.Run(ctx, c.rdb, []string{c.Key(scope, key)},
+func (c *Cache) Check(ctx context.Context, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (CheckResult, error) {
+	reply, err := c.check.Run(ctx, c.rdb, []string{c.Key(ref)},
 		Digest(fingerprint), owner[:], lease.Milliseconds()).Slice()
 	if err != nil {
 		return CheckResult{}, fmt.Errorf("check key: %w", err)
@@ -154,69 +155,41 @@ func interpretCheck(reply []any) (CheckResult, error) {
 	return CheckResult{}, fmt.Errorf("check key: unexpected reply %v", reply)
 }
 
-// Update is a Postgres state to write into the cache.
-type Update struct {
-	Scope, Key string
-	Version    int64
-	// Deleted means the key is gone from Postgres; the cache drops it.
-	Deleted     bool
-	State       State
-	Fingerprint string
-	// TTL is the time left until the Postgres expiry.
-	TTL time.Duration
-	// Owner and LeaseRemaining describe an in_progress lease.
-	Owner          [16]byte
-	LeaseRemaining time.Duration
-	// Response of a completed key. BodyOmitted means the reader did not load
-	// the body because it is larger than the cache keeps.
-	Response    Response
-	BodyOmitted bool
-	// Expect turns the write into the reconciler's compare-and-set: it
-	// applies only if the held value still starts with Expect (a Header the
-	// caller read) or, for ExpectAbsent, only if there is no value; versions
-	// are not compared. A live provisional claim is never overwritten.
-	Expect string
-}
-
-// args returns the apply script's ARGV for u.
-func (c *Cache) args(u Update) ([]any, error) {
-	ttl := u.TTL.Milliseconds()
-	if u.Deleted {
-		return []any{u.Version, "", 0, "", "", u.Expect}, nil
-	}
+// args returns the apply script's ARGV that writes k, a Postgres state,
+// with the compare-and-set expectation expect ("" for a plain versioned
+// apply). A key that is gone (ExpiresIn ≤ 0) is deleted.
+func (c *Cache) args(k keystate.Key, expect string) ([]any, error) {
+	ttl := k.ExpiresIn.Milliseconds()
 	if ttl < 1 {
-		ttl = 0 // expired: apply.lua deletes it
+		return []any{k.Version, "", 0, "", "", expect}, nil
 	}
-	digest := Digest(u.Fingerprint)
-	switch u.State {
-	case StateInProgress:
-		lease := u.LeaseRemaining.Milliseconds()
-		if lease < 0 {
-			lease = 0
+	digest := Digest(k.Fingerprint)
+	switch k.Status {
+	case keystate.InProgress:
+		lease := max(k.LeaseRemaining.Milliseconds(), 0)
+		return []any{k.Version, head(nil, keystate.InProgress, k.Version, flagConfirmed, digest), ttl, lease, k.Owner[:], expect}, nil
+	case keystate.Completed:
+		if k.Response.Status < 100 || k.Response.Status > 999 {
+			return nil, fmt.Errorf("apply %s:%s: response status %d out of range", k.Scope, k.Key, k.Response.Status)
 		}
-		return []any{u.Version, head(nil, StateInProgress, u.Version, flagConfirmed, digest), ttl, lease, u.Owner[:], u.Expect}, nil
-	case StateCompleted:
-		if u.Response.Status < 100 || u.Response.Status > 999 {
-			return nil, fmt.Errorf("apply %s:%s: response status %d out of range", u.Scope, u.Key, u.Response.Status)
-		}
-		large := u.BodyOmitted || len(u.Response.Body) > c.maxBody
-		return []any{u.Version, encodeCompleted(u.Version, digest, u.Response, large), ttl, "", "", u.Expect}, nil
-	case StateFailed:
-		return []any{u.Version, head(nil, StateFailed, u.Version, flagConfirmed, digest), ttl, "", "", u.Expect}, nil
+		large := k.BodyOmitted || len(k.Response.Body) > c.maxBody
+		return []any{k.Version, encodeCompleted(k.Version, digest, k.Response, large), ttl, "", "", expect}, nil
+	case keystate.Failed:
+		return []any{k.Version, head(nil, keystate.Failed, k.Version, flagConfirmed, digest), ttl, "", "", expect}, nil
 	}
-	return nil, fmt.Errorf("apply %s:%s: unknown state %q", u.Scope, u.Key, u.State)
+	return nil, fmt.Errorf("apply %s:%s: unknown state %q", k.Scope, k.Key, k.Status)
 }
 
-// Apply writes u unless the cache holds its version or a newer one; it
-// reports whether it wrote.
-func (c *Cache) Apply(ctx context.Context, u Update) (bool, error) {
-	args, err := c.args(u)
+// Apply writes k, a Postgres state, unless the cache holds its version or a
+// newer one (a key that is gone is deleted); it reports whether it wrote.
+func (c *Cache) Apply(ctx context.Context, k keystate.Key) (bool, error) {
+	args, err := c.args(k, "")
 	if err != nil {
 		return false, err
 	}
-	n, err := c.apply.Run(ctx, c.rdb, []string{c.Key(u.Scope, u.Key)}, args...).Int()
+	n, err := c.apply.Run(ctx, c.rdb, []string{c.Key(k.Ref)}, args...).Int()
 	if err != nil {
-		return false, fmt.Errorf("apply %s:%s: %w", u.Scope, u.Key, err)
+		return false, fmt.Errorf("apply %s:%s: %w", k.Scope, k.Key, err)
 	}
 	return n == 1, nil
 }
@@ -227,14 +200,26 @@ type ApplyResult struct {
 	Err     error
 }
 
-// ApplyBatch writes every update in one pipeline of EVALSHA calls; a cluster
-// client splits the pipeline per node. The returned error covers the batch
-// as a whole (no call reached Redis); per-update failures are in the
-// results, those for want of Redis wrapping ErrUnavailable.
-func (c *Cache) ApplyBatch(ctx context.Context, updates []Update) ([]ApplyResult, error) {
-	return c.applyNamed(ctx, len(updates), func(i int) (string, []any, error) {
-		args, err := c.args(updates[i])
-		return c.Key(updates[i].Scope, updates[i].Key), args, err
+// ApplyBatch applies every key as Apply does, in one pipeline of EVALSHA
+// calls; a cluster client splits the pipeline per node. The returned error
+// covers the batch as a whole (no call reached Redis); per-key failures are
+// in the results, those for want of Redis wrapping ErrUnavailable.
+func (c *Cache) ApplyBatch(ctx context.Context, keys []keystate.Key) ([]ApplyResult, error) {
+	return c.applyNamed(ctx, len(keys), func(i int) (string, []any, error) {
+		args, err := c.args(keys[i], "")
+		return c.Key(keys[i].Ref), args, err
+	})
+}
+
+// RepairBatch is the reconciler's compare-and-set form of ApplyBatch: key i
+// is written only if the value held still starts with expect[i] (a
+// Header's Expect: what the reconciler saw) or, for ExpectAbsent, only if
+// there is no value; versions are not compared. A provisional claim under a
+// live lease (a request in flight) is never overwritten this way.
+func (c *Cache) RepairBatch(ctx context.Context, keys []keystate.Key, expect []string) ([]ApplyResult, error) {
+	return c.applyNamed(ctx, len(keys), func(i int) (string, []any, error) {
+		args, err := c.args(keys[i], expect[i])
+		return c.Key(keys[i].Ref), args, err
 	})
 }
 
@@ -314,20 +299,20 @@ func allUnavailable(results []ApplyResult, sent []int) bool {
 	return true
 }
 
-// Release drops owner's provisional claim on (scope, key); it reports whether
-// there was one.
-func (c *Cache) Release(ctx context.Context, scope, key string, owner [16]byte) (bool, error) {
-	n, err := c.release.Run(ctx, c.rdb, []string{c.Key(scope, key)}, owner[:]).Int()
+// Release drops owner's provisional claim on ref; it reports whether there
+// was one.
+func (c *Cache) Release(ctx context.Context, ref keystate.Ref, owner keystate.Owner) (bool, error) {
+	n, err := c.release.Run(ctx, c.rdb, []string{c.Key(ref)}, owner[:]).Int()
 	if err != nil {
 		return false, fmt.Errorf("release key: %w", err)
 	}
 	return n == 1, nil
 }
 
-// Read returns the decoded entry of (scope, key). found is false for a
-// missing key; a value that does not decode returns ErrCorrupt.
-func (c *Cache) Read(ctx context.Context, scope, key string) (entry Entry, found bool, err error) {
-	raw, err := c.rdb.Get(ctx, c.Key(scope, key)).Bytes()
+// Read returns the decoded entry of ref. found is false for a missing key;
+// a value that does not decode returns ErrCorrupt.
+func (c *Cache) Read(ctx context.Context, ref keystate.Ref) (entry Entry, found bool, err error) {
+	raw, err := c.rdb.Get(ctx, c.Key(ref)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return Entry{}, false, nil
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 type testBundle struct {
@@ -32,8 +33,8 @@ func setup(t *testing.T, rdb redis.UniversalClient) *testBundle {
 }
 
 var (
-	ownerA = [16]byte{'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a'}
-	ownerB = [16]byte{'b', 0, ':', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b'}
+	ownerA = keystate.Owner{'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a', 'a'}
+	ownerB = keystate.Owner{'b', 0, ':', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b', 'b'}
 )
 
 const (
@@ -43,26 +44,57 @@ const (
 
 func (b *testBundle) read(t *testing.T, key string) cache.Entry {
 	t.Helper()
-	e, found, err := b.cache.Read(b.ctx, "s", key)
+	e, found, err := b.cache.Read(b.ctx, keystate.Ref{Scope: "s", Key: key})
 	require.NoError(t, err)
 	require.True(t, found, "key %s is missing", key)
 	return e
 }
 
-func (b *testBundle) apply(t *testing.T, u cache.Update) bool {
-	t.Helper()
-	u.Scope = "s"
+// update is a test's write into the cache: a key's state in scope "s" (an
+// hour to live unless TTL says otherwise), or its deletion, optionally as a
+// compare-and-set against Expect.
+type update struct {
+	Key            string
+	Version        int64
+	State          keystate.Status
+	Fingerprint    string
+	TTL            time.Duration
+	Owner          keystate.Owner
+	LeaseRemaining time.Duration
+	Response       keystate.Response
+	Deleted        bool
+	Expect         string
+}
+
+// state returns the key state u writes.
+func (u update) state() keystate.Key {
+	ref := keystate.Ref{Scope: "s", Key: u.Key}
+	if u.Deleted {
+		return keystate.Gone(ref, u.Version)
+	}
 	if u.TTL == 0 {
 		u.TTL = time.Hour
 	}
-	applied, err := b.cache.Apply(b.ctx, u)
-	require.NoError(t, err)
-	return applied
+	return keystate.Key{Ref: ref, Version: u.Version, Status: u.State, Fingerprint: u.Fingerprint, ExpiresIn: u.TTL,
+		Owner: u.Owner, LeaseRemaining: u.LeaseRemaining, Response: u.Response}
 }
 
-func completed(key string, version int64, fp string, body string) cache.Update {
-	return cache.Update{Key: key, Version: version, State: cache.StateCompleted, Fingerprint: fp,
-		Response: cache.Response{Status: 201, ContentType: "application/json", Body: []byte(body)}}
+func (b *testBundle) apply(t *testing.T, u update) bool {
+	t.Helper()
+	if u.Expect == "" {
+		applied, err := b.cache.Apply(b.ctx, u.state())
+		require.NoError(t, err)
+		return applied
+	}
+	res, err := b.cache.RepairBatch(b.ctx, []keystate.Key{u.state()}, []string{u.Expect})
+	require.NoError(t, err)
+	require.NoError(t, res[0].Err)
+	return res[0].Applied
+}
+
+func completed(key string, version int64, fp string, body string) update {
+	return update{Key: key, Version: version, State: keystate.Completed, Fingerprint: fp,
+		Response: keystate.Response{Status: 201, ContentType: "application/json", Body: []byte(body)}}
 }
 
 func TestCheck(t *testing.T) {
@@ -72,29 +104,29 @@ func TestCheck(t *testing.T) {
 		t.Run("MissClaimsProvisionally", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Claimed, res.Verdict)
 			e := b.read(t, "k")
-			require.Equal(t, cache.StateInProgress, e.State)
+			require.Equal(t, keystate.InProgress, e.State)
 			require.True(t, e.Provisional)
 			require.Equal(t, int64(0), e.Version)
 			require.Equal(t, ownerA, e.Owner)
 			require.Equal(t, cache.Digest(fp1), e.Digest)
-			ttl := b.rdb.PTTL(b.ctx, b.cache.Key("s", "k")).Val()
+			ttl := b.rdb.PTTL(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})).Val()
 			require.Greater(t, ttl, 50*time.Second)
 			require.LessOrEqual(t, ttl, time.Minute)
-			raw := b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()
+			raw := b.rdb.Get(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})).Val()
 			require.True(t, strings.HasPrefix(raw, "in_progress:0:"), raw)
 		})
 
 		t.Run("LiveClaimIsInFlightForAnyFingerprint", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+			_, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Minute)
 			require.NoError(t, err)
 			for _, fp := range []string{fp1, fp2} {
-				res, err := b.cache.Check(b.ctx, "s", "k", fp, ownerB, time.Minute)
+				res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp, ownerB, time.Minute)
 				require.NoError(t, err)
 				require.Equal(t, cache.InFlight, res.Verdict, fp)
 				require.Greater(t, res.RetryAfter, 50*time.Second)
@@ -107,12 +139,12 @@ func TestCheck(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
 			// The lease ends (1ms) before the key's TTL would: set a long TTL by hand.
-			_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Millisecond)
+			_, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Millisecond)
 			require.NoError(t, err)
-			raw := b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()
-			require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key("s", "k"), raw, time.Minute).Err())
+			raw := b.rdb.Get(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})).Val()
+			require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"}), raw, time.Minute).Err())
 			time.Sleep(5 * time.Millisecond)
-			res, err := b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp2, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Claimed, res.Verdict)
 			e := b.read(t, "k")
@@ -123,22 +155,22 @@ func TestCheck(t *testing.T) {
 		t.Run("ConfirmedClaim", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.apply(t, cache.Update{Key: "live", Version: 3, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
-			b.apply(t, cache.Update{Key: "dead", Version: 3, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: 0})
+			b.apply(t, update{Key: "live", Version: 3, State: keystate.InProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
+			b.apply(t, update{Key: "dead", Version: 3, State: keystate.InProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: 0})
 
-			res, err := b.cache.Check(b.ctx, "s", "live", fp1, ownerB, time.Minute)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "live"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.InFlight, res.Verdict)
 
-			res, err = b.cache.Check(b.ctx, "s", "live", fp2, ownerB, time.Minute)
+			res, err = b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "live"}, fp2, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Mismatch, res.Verdict, "Postgres confirmed fp1 for this key")
 
-			res, err = b.cache.Check(b.ctx, "s", "dead", fp2, ownerB, time.Minute)
+			res, err = b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "dead"}, fp2, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Mismatch, res.Verdict)
 
-			res, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerB, time.Minute)
+			res, err = b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "dead"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Claimed, res.Verdict, "an expired lease is taken over")
 			e := b.read(t, "dead")
@@ -152,7 +184,7 @@ func TestCheck(t *testing.T) {
 			b := setup(t, rdb)
 			body := `{"id":"pay_1","note":"colons: and\nnewlines"}`
 			b.apply(t, completed("k", 2, fp1, body))
-			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Replay, res.Verdict)
 			require.Equal(t, 201, res.Entry.Response.Status)
@@ -160,10 +192,10 @@ func TestCheck(t *testing.T) {
 			require.Equal(t, body, string(res.Entry.Response.Body))
 			require.False(t, res.Entry.BodyInPostgres)
 
-			res, err = b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
+			res, err = b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp2, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Mismatch, res.Verdict)
-			require.Equal(t, cache.StateCompleted, b.read(t, "k").State, "a mismatch changes nothing")
+			require.Equal(t, keystate.Completed, b.read(t, "k").State, "a mismatch changes nothing")
 		})
 
 		t.Run("CompletedOtherContentType", func(t *testing.T) {
@@ -173,7 +205,7 @@ func TestCheck(t *testing.T) {
 			u.Response.ContentType = "text/plain; charset=utf-8"
 			u.Response.Status = 402
 			b.apply(t, u)
-			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Replay, res.Verdict)
 			require.Equal(t, u.Response, res.Entry.Response)
@@ -183,28 +215,28 @@ func TestCheck(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
 			b.apply(t, completed("k", 2, fp1, strings.Repeat("x", 65)))
-			res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Replay, res.Verdict)
 			require.True(t, res.Entry.BodyInPostgres)
 			require.Equal(t, 201, res.Entry.Response.Status)
 			require.Nil(t, res.Entry.Response.Body)
-			require.Less(t, len(b.rdb.Get(b.ctx, b.cache.Key("s", "k")).Val()), 40)
+			require.Less(t, len(b.rdb.Get(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})).Val()), 40)
 		})
 
 		t.Run("Failed", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.apply(t, cache.Update{Key: "k", Version: 4, State: cache.StateFailed, Fingerprint: fp1})
-			res, err := b.cache.Check(b.ctx, "s", "k", fp2, ownerB, time.Minute)
+			b.apply(t, update{Key: "k", Version: 4, State: keystate.Failed, Fingerprint: fp1})
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp2, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Mismatch, res.Verdict, "a failed key stays bound to its payload")
 
-			res, err = b.cache.Check(b.ctx, "s", "k", fp1, ownerB, time.Minute)
+			res, err = b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Claimed, res.Verdict)
 			e := b.read(t, "k")
-			require.Equal(t, cache.StateInProgress, e.State)
+			require.Equal(t, keystate.InProgress, e.State)
 			require.Equal(t, int64(4), e.Version)
 			require.True(t, e.Provisional)
 		})
@@ -212,7 +244,7 @@ func TestCheck(t *testing.T) {
 		t.Run("UndecodableValueIsAMiss", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			k := b.cache.Key("s", "k")
+			k := b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})
 			for _, corrupt := range []func(){
 				func() { b.rdb.Set(b.ctx, k, "garbage", 0) },
 				func() { b.rdb.Set(b.ctx, k, "completed:x:c", 0) },
@@ -220,7 +252,7 @@ func TestCheck(t *testing.T) {
 				func() { b.rdb.Del(b.ctx, k); b.rdb.HSet(b.ctx, k, "state", "completed") },
 			} {
 				corrupt()
-				res, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+				res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Minute)
 				require.NoError(t, err)
 				require.Equal(t, cache.Claimed, res.Verdict)
 				require.True(t, b.read(t, "k").Provisional)
@@ -240,27 +272,27 @@ func TestApply(t *testing.T) {
 			require.False(t, b.apply(t, completed("k", 4, fp1, "four")), "lower")
 			require.False(t, b.apply(t, completed("k", 5, fp1, "five again")), "same version")
 			require.Equal(t, "five", string(b.read(t, "k").Response.Body))
-			require.True(t, b.apply(t, cache.Update{Key: "k", Version: 6, State: cache.StateFailed, Fingerprint: fp1}))
-			require.Equal(t, cache.StateFailed, b.read(t, "k").State)
+			require.True(t, b.apply(t, update{Key: "k", Version: 6, State: keystate.Failed, Fingerprint: fp1}))
+			require.Equal(t, keystate.Failed, b.read(t, "k").State)
 		})
 
 		t.Run("ConfirmsAProvisionalClaimOfTheSameVersion", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+			_, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Minute)
 			require.NoError(t, err)
 			// Postgres answered that the key failed at version 0? Versions start at
 			// 1, so the provisional claim (version 0) always yields to Postgres.
-			require.True(t, b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute}))
+			require.True(t, b.apply(t, update{Key: "k", Version: 1, State: keystate.InProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute}))
 			e := b.read(t, "k")
 			require.False(t, e.Provisional)
 			require.Equal(t, int64(1), e.Version)
 
-			b.apply(t, cache.Update{Key: "f", Version: 3, State: cache.StateFailed, Fingerprint: fp1})
-			_, err = b.cache.Check(b.ctx, "s", "f", fp1, ownerA, time.Minute)
+			b.apply(t, update{Key: "f", Version: 3, State: keystate.Failed, Fingerprint: fp1})
+			_, err = b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "f"}, fp1, ownerA, time.Minute)
 			require.NoError(t, err)
 			require.True(t, b.read(t, "f").Provisional)
-			require.True(t, b.apply(t, cache.Update{Key: "f", Version: 3, State: cache.StateFailed, Fingerprint: fp1}),
+			require.True(t, b.apply(t, update{Key: "f", Version: 3, State: keystate.Failed, Fingerprint: fp1}),
 				"a Postgres version replaces a provisional claim of the same version")
 			require.False(t, b.read(t, "f").Provisional)
 		})
@@ -268,7 +300,7 @@ func TestApply(t *testing.T) {
 		t.Run("InProgressLeaseUsesRedisTime", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerB, LeaseRemaining: 30 * time.Second})
+			b.apply(t, update{Key: "k", Version: 1, State: keystate.InProgress, Fingerprint: fp1, Owner: ownerB, LeaseRemaining: 30 * time.Second})
 			tm, err := b.rdb.Time(b.ctx).Result()
 			require.NoError(t, err)
 			e := b.read(t, "k")
@@ -282,7 +314,7 @@ func TestApply(t *testing.T) {
 			u := completed("k", 1, fp1, "b")
 			u.TTL = 90 * time.Second
 			b.apply(t, u)
-			ttl := b.rdb.PTTL(b.ctx, b.cache.Key("s", "k")).Val()
+			ttl := b.rdb.PTTL(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})).Val()
 			require.InDelta(t, float64(90*time.Second), float64(ttl), float64(2*time.Second))
 		})
 
@@ -290,9 +322,9 @@ func TestApply(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
 			b.apply(t, completed("k", 5, fp1, "b"))
-			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 4, Deleted: true}), "older delete")
-			require.True(t, b.apply(t, cache.Update{Key: "k", Version: 6, Deleted: true}))
-			_, found, err := b.cache.Read(b.ctx, "s", "k")
+			require.False(t, b.apply(t, update{Key: "k", Version: 4, Deleted: true}), "older delete")
+			require.True(t, b.apply(t, update{Key: "k", Version: 6, Deleted: true}))
+			_, found, err := b.cache.Read(b.ctx, keystate.Ref{Scope: "s", Key: "k"})
 			require.NoError(t, err)
 			require.False(t, found)
 
@@ -300,13 +332,13 @@ func TestApply(t *testing.T) {
 			u := completed("e", 2, fp1, "b")
 			u.TTL = -time.Second
 			require.True(t, b.apply(t, u))
-			require.Zero(t, b.rdb.Exists(b.ctx, b.cache.Key("s", "e")).Val(), "a key past its Postgres expiry is dropped")
+			require.Zero(t, b.rdb.Exists(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "e"})).Val(), "a key past its Postgres expiry is dropped")
 		})
 
 		t.Run("OverwritesUndecodable", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.rdb.HSet(b.ctx, b.cache.Key("s", "k"), "x", "y")
+			b.rdb.HSet(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"}), "x", "y")
 			require.True(t, b.apply(t, completed("k", 1, fp1, "b")))
 			require.Equal(t, "b", string(b.read(t, "k").Response.Body))
 		})
@@ -314,9 +346,9 @@ func TestApply(t *testing.T) {
 		t.Run("RejectsBadInputWithoutCallingRedis", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			_, err := b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 1, State: "weird", TTL: time.Hour})
+			_, err := b.cache.Apply(b.ctx, update{Key: "k", Version: 1, State: "weird", TTL: time.Hour}.state())
 			require.ErrorContains(t, err, "unknown state")
-			_, err = b.cache.Apply(b.ctx, cache.Update{Scope: "s", Key: "k", Version: 1, State: cache.StateCompleted, TTL: time.Hour})
+			_, err = b.cache.Apply(b.ctx, update{Key: "k", Version: 1, State: keystate.Completed, TTL: time.Hour}.state())
 			require.ErrorContains(t, err, "out of range")
 		})
 
@@ -325,13 +357,11 @@ func TestApply(t *testing.T) {
 			b := setup(t, rdb)
 			require.NoError(t, b.rdb.ScriptFlush(b.ctx).Err()) // EVALSHA must survive an empty script cache
 			b.apply(t, completed("k3", 9, fp1, "newer"))
-			var updates []cache.Update
+			var updates []keystate.Key
 			for _, k := range []string{"k1", "k2", "k3"} {
-				u := completed(k, 2, fp1, "v2")
-				u.Scope, u.TTL = "s", time.Hour
-				updates = append(updates, u)
+				updates = append(updates, completed(k, 2, fp1, "v2").state())
 			}
-			updates = append(updates, cache.Update{Scope: "s", Key: "bad", Version: 1, State: "weird", TTL: time.Hour})
+			updates = append(updates, update{Key: "bad", Version: 1, State: "weird", TTL: time.Hour}.state())
 			res, err := b.cache.ApplyBatch(b.ctx, updates)
 			require.NoError(t, err)
 			require.True(t, res[0].Applied)
@@ -348,23 +378,23 @@ func TestRelease(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, rdb)
-		_, err := b.cache.Check(b.ctx, "s", "k", fp1, ownerA, time.Minute)
+		_, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Minute)
 		require.NoError(t, err)
 
-		released, err := b.cache.Release(b.ctx, "s", "k", ownerB)
+		released, err := b.cache.Release(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, ownerB)
 		require.NoError(t, err)
 		require.False(t, released, "another owner's claim")
 
-		released, err = b.cache.Release(b.ctx, "s", "k", ownerA)
+		released, err = b.cache.Release(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
 		require.NoError(t, err)
 		require.True(t, released)
 
-		released, err = b.cache.Release(b.ctx, "s", "k", ownerA)
+		released, err = b.cache.Release(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
 		require.NoError(t, err)
 		require.False(t, released, "absent")
 
-		b.apply(t, cache.Update{Key: "c", Version: 1, State: cache.StateInProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
-		released, err = b.cache.Release(b.ctx, "s", "c", ownerA)
+		b.apply(t, update{Key: "c", Version: 1, State: keystate.InProgress, Fingerprint: fp1, Owner: ownerA, LeaseRemaining: time.Minute})
+		released, err = b.cache.Release(b.ctx, keystate.Ref{Scope: "s", Key: "c"}, ownerA)
 		require.NoError(t, err)
 		require.False(t, released, "a claim Postgres confirmed is left to the versioned apply")
 	})
@@ -382,8 +412,8 @@ func TestCheckHammer(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				owner := [16]byte{byte(i), byte(i >> 8)}
-				res, err := b.cache.Check(b.ctx, "s", "k", fp1, owner, time.Minute)
+				owner := keystate.Owner{byte(i), byte(i >> 8)}
+				res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, owner, time.Minute)
 				if err != nil {
 					t.Error(err)
 					return
@@ -415,9 +445,7 @@ func TestApplyNeverRegresses(t *testing.T) {
 				defer wg.Done()
 				for i := range 100 {
 					v := int64((i*7+worker*13)%100 + 1)
-					u := completed("k", v, fp1, "x")
-					u.Scope, u.TTL = "s", time.Hour
-					if _, err := b.cache.Apply(b.ctx, u); err != nil {
+					if _, err := b.cache.Apply(b.ctx, completed("k", v, fp1, "x").state()); err != nil {
 						t.Error(err)
 						return
 					}
@@ -431,13 +459,13 @@ func TestApplyNeverRegresses(t *testing.T) {
 
 func TestKeyNames(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "idem:acct_1:k:with:colons", cache.KeyName("idem:", "acct_1", "k:with:colons"))
-	scope, key, ok := cache.SplitKeyName("idem:", "idem:acct_1:k:with:colons")
+	require.Equal(t, "idem:acct_1:k:with:colons", cache.KeyName("idem:", keystate.Ref{Scope: "acct_1", Key: "k:with:colons"}))
+	ref, ok := cache.SplitKeyName("idem:", "idem:acct_1:k:with:colons")
 	require.True(t, ok)
-	require.Equal(t, "acct_1", scope)
-	require.Equal(t, "k:with:colons", key)
+	require.Equal(t, "acct_1", ref.Scope)
+	require.Equal(t, "k:with:colons", ref.Key)
 	for _, bad := range []string{"other:a:b", "idem:", "idem:nokey", "idem::k", "idem:s:"} {
-		_, _, ok := cache.SplitKeyName("idem:", bad)
+		_, ok := cache.SplitKeyName("idem:", bad)
 		require.False(t, ok, bad)
 	}
 }
@@ -445,7 +473,7 @@ func TestKeyNames(t *testing.T) {
 // header reads the header of one key of the test's scope.
 func (b *testBundle) header(t *testing.T, key string) cache.Header {
 	t.Helper()
-	h, err := b.cache.ReadHeaders(b.ctx, []string{b.cache.Key("s", key)})
+	h, err := b.cache.ReadHeaders(b.ctx, []string{b.cache.Key(keystate.Ref{Scope: "s", Key: key})})
 	require.NoError(t, err)
 	return h[0]
 }
@@ -459,9 +487,9 @@ func TestCompareAndSetApply(t *testing.T) {
 			b := setup(t, rdb)
 			b.apply(t, completed("k", 9, fp1, "wrong"))
 			h := b.header(t, "k")
-			require.Equal(t, cache.StateCompleted, h.State)
+			require.Equal(t, keystate.Completed, h.State)
 			require.EqualValues(t, 9, h.Version)
-			u := cache.Update{Key: "k", Version: 3, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}
+			u := update{Key: "k", Version: 3, State: keystate.Failed, Fingerprint: fp1, Expect: h.Expect()}
 			require.True(t, b.apply(t, u), "the reconciler may lower a version Postgres never had")
 			require.EqualValues(t, 3, b.read(t, "k").Version)
 		})
@@ -472,9 +500,9 @@ func TestCompareAndSetApply(t *testing.T) {
 			b.apply(t, completed("k", 4, fp1, "seen"))
 			h := b.header(t, "k")
 			b.apply(t, completed("k", 5, fp1, "written meanwhile"))
-			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 4, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+			require.False(t, b.apply(t, update{Key: "k", Version: 4, State: keystate.Failed, Fingerprint: fp1, Expect: h.Expect()}))
 			require.EqualValues(t, 5, b.read(t, "k").Version)
-			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 5, Deleted: true, Expect: h.Expect()}))
+			require.False(t, b.apply(t, update{Key: "k", Version: 5, Deleted: true, Expect: h.Expect()}))
 			require.EqualValues(t, 5, b.read(t, "k").Version)
 		})
 
@@ -485,42 +513,42 @@ func TestCompareAndSetApply(t *testing.T) {
 			require.False(t, h.Found)
 			require.Equal(t, cache.ExpectAbsent, h.Expect())
 			b.apply(t, completed("k", 1, fp1, "raced"))
-			require.False(t, b.apply(t, cache.Update{Key: "k", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
-			require.True(t, b.apply(t, cache.Update{Key: "new", Version: 1, State: cache.StateFailed, Fingerprint: fp1, Expect: cache.ExpectAbsent}))
+			require.False(t, b.apply(t, update{Key: "k", Version: 1, State: keystate.Failed, Fingerprint: fp1, Expect: h.Expect()}))
+			require.True(t, b.apply(t, update{Key: "new", Version: 1, State: keystate.Failed, Fingerprint: fp1, Expect: cache.ExpectAbsent}))
 		})
 
 		t.Run("NeverClobbersALiveProvisionalClaim", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			_, err := b.cache.Check(b.ctx, "s", "live", fp1, ownerA, time.Minute)
+			_, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "live"}, fp1, ownerA, time.Minute)
 			require.NoError(t, err)
 			h := b.header(t, "live")
 			require.True(t, h.Provisional)
-			require.False(t, b.apply(t, cache.Update{Key: "live", Deleted: true, Expect: h.Expect()}))
+			require.False(t, b.apply(t, update{Key: "live", Deleted: true, Expect: h.Expect()}))
 			require.True(t, b.read(t, "live").Provisional)
 
 			const lease = 300 * time.Millisecond
-			_, err = b.cache.Check(b.ctx, "s", "dead", fp1, ownerA, lease)
+			_, err = b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "dead"}, fp1, ownerA, lease)
 			require.NoError(t, err)
 			h = b.header(t, "dead")
 			// The claim's PX is its lease, so give it a longer TTL to see the
 			// expired-lease branch rather than the key vanishing.
-			extended, err := b.rdb.PExpire(b.ctx, b.cache.Key("s", "dead"), time.Minute).Result()
+			extended, err := b.rdb.PExpire(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "dead"}), time.Minute).Result()
 			require.NoError(t, err)
 			require.True(t, extended, "the claim outlived its lease before the test could extend it")
 			time.Sleep(lease + 50*time.Millisecond)
-			require.True(t, b.apply(t, cache.Update{Key: "dead", Deleted: true, Expect: h.Expect()}), "an expired provisional claim is an orphan")
+			require.True(t, b.apply(t, update{Key: "dead", Deleted: true, Expect: h.Expect()}), "an expired provisional claim is an orphan")
 		})
 
 		t.Run("CorruptAndForeignValues", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key("s", "junk"), "not ours", 0).Err())
-			require.NoError(t, b.rdb.HSet(b.ctx, b.cache.Key("s", "hash"), "state", "completed").Err())
+			require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "junk"}), "not ours", 0).Err())
+			require.NoError(t, b.rdb.HSet(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "hash"}), "state", "completed").Err())
 			for _, key := range []string{"junk", "hash"} {
 				h := b.header(t, key)
 				require.True(t, h.Found && h.Corrupt, key)
-				require.True(t, b.apply(t, cache.Update{Key: key, Version: 2, State: cache.StateFailed, Fingerprint: fp1, Expect: h.Expect()}))
+				require.True(t, b.apply(t, update{Key: key, Version: 2, State: keystate.Failed, Fingerprint: fp1, Expect: h.Expect()}))
 				require.EqualValues(t, 2, b.read(t, key).Version)
 			}
 		})

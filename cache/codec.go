@@ -5,20 +5,12 @@ import (
 	"crypto/sha256"
 	"errors"
 	"strconv"
+
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // The value layout is documented in lua/decode.lua, which reads it in Redis;
 // this file writes and reads it in Go.
-
-// State is the state of an idempotency key, spelled as in Postgres.
-type State string
-
-// The states of an idempotency key.
-const (
-	StateInProgress State = "in_progress"
-	StateCompleted  State = "completed"
-	StateFailed     State = "failed"
-)
 
 const (
 	flagProvisional = 'p'
@@ -44,7 +36,7 @@ func Digest(fingerprint string) string {
 
 // Entry is a decoded cache value.
 type Entry struct {
-	State   State
+	State   keystate.Status
 	Version int64
 	// Provisional is true for a claim made by the check script that Postgres
 	// has not confirmed yet.
@@ -54,20 +46,13 @@ type Entry struct {
 	// LeaseUntilMs is the lease deadline in Redis time (in_progress only).
 	LeaseUntilMs int64
 	// Owner is the lease holder's token (in_progress only).
-	Owner [16]byte
+	Owner keystate.Owner
 	// Response is the stored response (completed only). Its Body is nil when
 	// BodyInPostgres is true.
-	Response Response
+	Response keystate.Response
 	// BodyInPostgres marks a completed key whose body was too large for the
 	// cache: the caller reads it from Postgres.
 	BodyInPostgres bool
-}
-
-// Response is a stored response.
-type Response struct {
-	Status      int
-	ContentType string
-	Body        []byte
 }
 
 // Decode parses a cache value.
@@ -82,10 +67,8 @@ func Decode(v []byte) (Entry, error) {
 		return e, ErrCorrupt
 	}
 	b += a + 1
-	e.State = State(v[:a])
-	switch e.State {
-	case StateInProgress, StateCompleted, StateFailed:
-	default:
+	e.State = keystate.Status(v[:a])
+	if !e.State.Valid() {
 		return e, ErrCorrupt
 	}
 	version, err := strconv.ParseInt(string(v[a+1:b]), 10, 64)
@@ -97,7 +80,7 @@ func Decode(v []byte) (Entry, error) {
 	e.Digest = string(v[b+2 : b+2+digestLen])
 	tail := v[b+2+digestLen:]
 	switch e.State {
-	case StateInProgress:
+	case keystate.InProgress:
 		e.Provisional = flag == flagProvisional
 		c := bytes.IndexByte(tail, ':')
 		if c < 0 || len(tail)-c-1 != ownerLen {
@@ -107,7 +90,7 @@ func Decode(v []byte) (Entry, error) {
 			return e, ErrCorrupt
 		}
 		copy(e.Owner[:], tail[c+1:])
-	case StateCompleted:
+	case keystate.Completed:
 		if len(tail) < 3 {
 			return e, ErrCorrupt
 		}
@@ -132,7 +115,7 @@ func Decode(v []byte) (Entry, error) {
 }
 
 // head encodes everything up to and including the fingerprint digest.
-func head(buf []byte, state State, version int64, flag byte, digest string) []byte {
+func head(buf []byte, state keystate.Status, version int64, flag byte, digest string) []byte {
 	buf = append(buf, state...)
 	buf = append(buf, ':')
 	buf = strconv.AppendInt(buf, version, 10)
@@ -142,13 +125,13 @@ func head(buf []byte, state State, version int64, flag byte, digest string) []by
 
 // encodeCompleted encodes a completed value; large marks a body kept in
 // Postgres only.
-func encodeCompleted(version int64, digest string, r Response, large bool) []byte {
+func encodeCompleted(version int64, digest string, r keystate.Response, large bool) []byte {
 	flag := byte(flagConfirmed)
 	if large {
 		flag = flagMarker
 	}
 	buf := make([]byte, 0, 32+len(r.ContentType)+len(r.Body))
-	buf = head(buf, StateCompleted, version, flag, digest)
+	buf = head(buf, keystate.Completed, version, flag, digest)
 	buf = strconv.AppendInt(buf, int64(r.Status), 10)
 	if large {
 		return buf

@@ -7,9 +7,11 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/keystate"
 )
 
-// ExpectAbsent is the Update.Expect of a write that applies only where the
+// ExpectAbsent is the expectation of a compare-and-set write that applies only where the
 // cache holds no value.
 const ExpectAbsent = "!absent"
 
@@ -20,14 +22,15 @@ const headerLen = 64
 // Header is the start of a cache value as ReadHeaders saw it.
 type Header struct {
 	// Raw is the value's first bytes; empty when the key is absent. Passed as
-	// Update.Expect, it makes a compare-and-set against what was seen.
+	// the expectation of RepairBatch, it makes a compare-and-set against what
+	// was seen.
 	Raw string
 	// Found is false when the key is absent.
 	Found bool
 	// Corrupt is true for a value that is not in the layout (or not a
 	// string); State and Version are then unset.
 	Corrupt     bool
-	State       State
+	State       keystate.Status
 	Version     int64
 	Provisional bool
 	// LeaseUntilMs is the lease deadline of an in_progress value, in Redis
@@ -38,7 +41,7 @@ type Header struct {
 	Unavailable bool
 }
 
-// Expect returns the Update.Expect that applies only if the value is still
+// Expect returns the expectation (see RepairBatch) that applies only if the value is still
 // the one this header was read from.
 func (h Header) Expect() string {
 	if !h.Found {
@@ -64,10 +67,8 @@ func ParseHeader(raw []byte) Header {
 		return h
 	}
 	b += a + 1
-	state := State(raw[:a])
-	switch state {
-	case StateInProgress, StateCompleted, StateFailed:
-	default:
+	state := keystate.Status(raw[:a])
+	if !state.Valid() {
 		return h
 	}
 	version, err := strconv.ParseInt(string(raw[a+1:b]), 10, 64)
@@ -76,7 +77,7 @@ func ParseHeader(raw []byte) Header {
 		return h
 	}
 	h.Corrupt, h.State, h.Version, h.Provisional = false, state, version, raw[b+1] == flagProvisional
-	if state == StateInProgress {
+	if state == keystate.InProgress {
 		if c := bytes.IndexByte(raw[tail:], ':'); c > 0 {
 			h.LeaseUntilMs, _ = strconv.ParseInt(string(raw[tail:tail+c]), 10, 64)
 		}
@@ -135,7 +136,7 @@ func RedisTimeMs(ctx context.Context, c redis.Cmdable) (int64, error) {
 
 // DeleteBatch deletes the values of names (full Redis key names) in one
 // pipeline, each only if it still starts with the matching expect (see
-// Update.Expect; a live provisional claim is never deleted).
+// RepairBatch; a live provisional claim is never deleted).
 func (c *Cache) DeleteBatch(ctx context.Context, names, expect []string) ([]ApplyResult, error) {
 	return c.applyNamed(ctx, len(names), func(i int) (string, []any, error) {
 		return names[i], []any{0, "", 0, "", "", expect[i]}, nil

@@ -4,8 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
+
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // Event is one outbox row: the key (Scope, Key) reached Version.
@@ -19,11 +22,8 @@ type Event struct {
 	Attempts int
 }
 
-// Ref names an idempotency key.
-type Ref struct{ Scope, Key string }
-
 // refColumns splits refs into the two arrays a query unnests.
-func refColumns(refs []Ref) (scopes, keys []string) {
+func refColumns(refs []keystate.Ref) (scopes, keys []string) {
 	scopes, keys = make([]string, len(refs)), make([]string, len(refs))
 	for i, r := range refs {
 		scopes[i], keys[i] = r.Scope, r.Key
@@ -32,17 +32,7 @@ func refColumns(refs []Ref) (scopes, keys []string) {
 }
 
 // Ref returns the key the event is about.
-func (e Event) Ref() Ref { return Ref{e.Scope, e.Key} }
-
-// takeEventsSQL deletes the oldest unparked events that no other transaction
-// holds. The ids are materialized first so the LIMIT and the row locks apply
-// once, whatever plan the DELETE gets.
-const takeEventsSQL = `
-WITH ids AS MATERIALIZED (
-	SELECT id FROM outbox WHERE parked_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
-)
-DELETE FROM outbox o USING ids WHERE o.id = ids.id
-RETURNING o.id, o.scope, o.key, o.version, o.created_at, o.attempts`
+func (e Event) Ref() keystate.Ref { return keystate.Ref{Scope: e.Scope, Key: e.Key} }
 
 // TakeEvents deletes up to limit unparked events, oldest first, skipping
 // rows other transactions hold, and returns them ordered by id. The deletes
@@ -73,25 +63,20 @@ func (s *Store) TakeEvents(ctx context.Context, tx DB, limit int) ([]Event, erro
 // CurrentKeys reads the current row of every key in refs. Bodies longer
 // than maxBody bytes are not read (Key.BodyOmitted). A key missing from the
 // result is gone from Postgres.
-func (s *Store) CurrentKeys(ctx context.Context, db DB, refs []Ref, maxBody int) (map[Ref]Key, error) {
+func (s *Store) CurrentKeys(ctx context.Context, db DB, refs []keystate.Ref, maxBody int) (map[keystate.Ref]keystate.Key, error) {
 	scopes, keys := refColumns(refs)
-	query := `SELECT ` + projection(
-		`CASE WHEN octet_length(k.response_body) <= $3 THEN k.response_body END`,
-		`coalesce(octet_length(k.response_body) > $3, false)`) + `
-		FROM unnest($1::text[], $2::text[]) AS r(scope, key)
-		JOIN idempotency_keys k ON k.scope = r.scope AND k.key = r.key`
-	rows, err := db.Query(ctx, query, scopes, keys, maxBody)
+	rows, err := db.Query(ctx, currentKeysSQL, scopes, keys, maxBody)
 	if err != nil {
 		return nil, fmt.Errorf("read current keys: %w", err)
 	}
 	defer rows.Close()
-	current := make(map[Ref]Key, len(refs))
+	current := make(map[keystate.Ref]keystate.Key, len(refs))
 	for rows.Next() {
 		k, err := scanKey(rows)
 		if err != nil {
 			return nil, fmt.Errorf("read current keys: %w", err)
 		}
-		current[Ref{k.Scope, k.Key}] = k
+		current[k.Ref] = k
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read current keys: %w", err)
@@ -124,7 +109,7 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 	created := make([]time.Time, n)
 	for i, f := range failed {
 		scopes[i], keys[i], versions[i], created[i] = f.Scope, f.Key, f.Version, f.CreatedAt
-		attempts[i] = int32(f.Attempts)
+		attempts[i] = int32(min(f.Attempts, math.MaxInt32-1))
 		if !f.Unavailable {
 			attempts[i]++
 		}
@@ -133,12 +118,7 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 			parked++
 		}
 	}
-	_, err = db.Exec(ctx, `
-		INSERT INTO outbox (scope, key, version, created_at, attempts, last_error, parked_at)
-		SELECT scope, key, version, created_at, attempts, last_error,
-			CASE WHEN attempts >= $7 THEN clock_timestamp() END
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::int[], $6::text[])
-			AS f(scope, key, version, created_at, attempts, last_error)`,
+	_, err = db.Exec(ctx, requeueEventsSQL,
 		scopes, keys, versions, created, attempts, errs, maxAttempts)
 	if err != nil {
 		return 0, fmt.Errorf("requeue outbox events: %w", err)
@@ -149,8 +129,7 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 // CountEvents returns the number of events waiting for delivery and of
 // parked ones.
 func (s *Store) CountEvents(ctx context.Context, db DB) (pending, parked int64, err error) {
-	err = db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE parked_at IS NULL),
-		count(*) FILTER (WHERE parked_at IS NOT NULL) FROM outbox`).Scan(&pending, &parked)
+	err = db.QueryRow(ctx, countEventsSQL).Scan(&pending, &parked)
 	if err != nil {
 		return 0, 0, fmt.Errorf("count outbox events: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -30,8 +31,8 @@ func setup(t *testing.T) *testBundle {
 }
 
 var (
-	ownerA = [16]byte{1}
-	ownerB = [16]byte{2}
+	ownerA = keystate.Owner{1}
+	ownerB = keystate.Owner{2}
 )
 
 func (b *testBundle) events(t *testing.T) []int64 {
@@ -56,10 +57,10 @@ func TestClaim(t *testing.T) {
 	t.Run("NewKey", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
-		require.Equal(t, outbox.StatusInProgress, res.Key.Status)
+		require.Equal(t, keystate.InProgress, res.Key.Status)
 		require.Equal(t, int64(1), res.Key.Version)
 		require.Equal(t, ownerA, res.Key.Owner)
 		require.InDelta(t, float64(time.Minute), float64(res.Key.LeaseRemaining), float64(time.Second))
@@ -70,10 +71,10 @@ func TestClaim(t *testing.T) {
 	t.Run("HeldKeyIsReported", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
 		for _, fp := range []string{"fp", "other"} {
-			res, err := b.store.Claim(b.ctx, b.pool, "s", "k", fp, ownerB, time.Minute)
+			res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, fp, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.False(t, res.Claimed)
 			require.Equal(t, ownerA, res.Key.Owner)
@@ -85,15 +86,15 @@ func TestClaim(t *testing.T) {
 	t.Run("ExpiredLeaseIsTakenOver", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
 		b.expireLease(t, "k")
 
-		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "other", ownerB, time.Minute)
+		res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "other", ownerB, time.Minute)
 		require.NoError(t, err)
 		require.False(t, res.Claimed, "a takeover needs the same fingerprint")
 
-		res, err = b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+		res, err = b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		require.Equal(t, int64(2), res.Key.Version)
@@ -104,15 +105,15 @@ func TestClaim(t *testing.T) {
 	t.Run("FailedKeyIsReclaimed", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
-		k, err := b.store.Fail(b.ctx, b.pool, "s", "k", ownerA)
+		k, err := b.store.Fail(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
 		require.NoError(t, err)
-		require.Equal(t, outbox.StatusFailed, k.Status)
+		require.Equal(t, keystate.Failed, k.Status)
 		require.Equal(t, int64(2), k.Version)
 		require.InDelta(t, float64(time.Minute), float64(k.ExpiresIn), float64(time.Second))
 
-		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+		res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		require.Equal(t, int64(3), res.Key.Version)
@@ -121,14 +122,14 @@ func TestClaim(t *testing.T) {
 	t.Run("ExpiredRowStartsANewLifecycle", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
-		_, err = b.store.Complete(b.ctx, b.pool, "s", "k", ownerA, outbox.Response{Status: 201, ContentType: "application/json", Body: []byte("{}")})
+		_, err = b.store.Complete(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 201, ContentType: "application/json", Body: []byte("{}")})
 		require.NoError(t, err)
 		_, err = b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s'`)
 		require.NoError(t, err)
 
-		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "another payload", ownerB, time.Minute)
+		res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "another payload", ownerB, time.Minute)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		require.Equal(t, int64(3), res.Key.Version, "versions keep counting so the cache never regresses")
@@ -138,15 +139,15 @@ func TestClaim(t *testing.T) {
 	t.Run("CompletedKeyIsReported", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
-		resp := outbox.Response{Status: 402, ContentType: "application/json", Body: []byte(`{"x":1}`)}
-		_, err = b.store.Complete(b.ctx, b.pool, "s", "k", ownerA, resp)
+		resp := keystate.Response{Status: 402, ContentType: "application/json", Body: []byte(`{"x":1}`)}
+		_, err = b.store.Complete(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, resp)
 		require.NoError(t, err)
-		res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+		res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
 		require.NoError(t, err)
 		require.False(t, res.Claimed)
-		require.Equal(t, outbox.StatusCompleted, res.Key.Status)
+		require.Equal(t, keystate.Completed, res.Key.Status)
 		require.Equal(t, resp, res.Key.Response)
 		// Refused, the claim neither wrote nor locked the row: replays
 		// answered from Postgres do not queue behind each other.
@@ -177,13 +178,13 @@ func TestClaimKeepsCallerTransactionDurable(t *testing.T) {
 	tx, err := conn.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	res, err := b.store.Claim(b.ctx, tx, "s", "in-tx", "fp", ownerA, time.Minute)
+	res, err := b.store.Claim(b.ctx, tx, keystate.Ref{Scope: "s", Key: "in-tx"}, "fp", ownerA, time.Minute)
 	require.NoError(t, err)
 	require.True(t, res.Claimed)
 	require.Equal(t, "on", syncCommit(tx))
 	require.NoError(t, tx.Commit(b.ctx))
 
-	res, err = b.store.Claim(b.ctx, conn, "s", "own-commit", "fp", ownerA, time.Minute)
+	res, err = b.store.Claim(b.ctx, conn, keystate.Ref{Scope: "s", Key: "own-commit"}, "fp", ownerA, time.Minute)
 	require.NoError(t, err)
 	require.True(t, res.Claimed)
 	require.Equal(t, "on", syncCommit(conn), "the setting must end with the claim's own commit")
@@ -194,7 +195,7 @@ func TestTakeoverHammer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	for round := range 5 {
-		held, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", [16]byte{byte(round), 9}, time.Minute)
+		held, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", keystate.Owner{byte(round), 9}, time.Minute)
 		require.NoError(t, err)
 		if round == 0 {
 			require.True(t, held.Claimed)
@@ -206,7 +207,7 @@ func TestTakeoverHammer(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", [16]byte{byte(round), byte(i), 1}, time.Minute)
+				res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", keystate.Owner{byte(round), byte(i), 1}, time.Minute)
 				if err != nil {
 					t.Error(err)
 					return
@@ -227,19 +228,19 @@ func TestTakeoverHammer(t *testing.T) {
 func TestCompleteIsFencedByOwner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Minute)
+	_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 	require.NoError(t, err)
 	b.expireLease(t, "k")
-	_, err = b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerB, time.Minute)
+	_, err = b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
 	require.NoError(t, err)
 
-	_, err = b.store.Complete(b.ctx, b.pool, "s", "k", ownerA, outbox.Response{Status: 200})
+	_, err = b.store.Complete(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
 	require.ErrorIs(t, err, outbox.ErrLeaseLost)
-	_, err = b.store.Fail(b.ctx, b.pool, "s", "k", ownerA)
+	_, err = b.store.Fail(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
 	require.ErrorIs(t, err, outbox.ErrLeaseLost)
-	require.ErrorIs(t, b.store.Heartbeat(b.ctx, b.pool, "s", "k", ownerA, time.Minute), outbox.ErrLeaseLost)
+	require.ErrorIs(t, b.store.Heartbeat(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Minute), outbox.ErrLeaseLost)
 
-	k, err := b.store.Complete(b.ctx, b.pool, "s", "k", ownerB, outbox.Response{Status: 200, Body: []byte("ok")})
+	k, err := b.store.Complete(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerB, keystate.Response{Status: 200, Body: []byte("ok")})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), k.Version)
 	require.Equal(t, []int64{1, 2, 3}, b.events(t))
@@ -253,7 +254,7 @@ func TestTakeoverRacesComplete(t *testing.T) {
 	b := setup(t)
 	for i := range 20 {
 		key := "k" + string(rune('a'+i))
-		_, err := b.store.Claim(b.ctx, b.pool, "s", key, "fp", ownerA, time.Minute)
+		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: key}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
 		b.expireLease(t, key)
 
@@ -264,14 +265,14 @@ func TestTakeoverRacesComplete(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			completeErr = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				_, err := b.store.Complete(b.ctx, tx, "s", key, ownerA, outbox.Response{Status: 200})
+				_, err := b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: key}, ownerA, keystate.Response{Status: 200})
 				return err
 			})
 		}()
 		go func() {
 			defer wg.Done()
 			var err error
-			takeover, err = b.store.Claim(b.ctx, b.pool, "s", key, "fp", ownerB, time.Minute)
+			takeover, err = b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: key}, "fp", ownerB, time.Minute)
 			require.NoError(t, err)
 		}()
 		wg.Wait()
@@ -279,7 +280,7 @@ func TestTakeoverRacesComplete(t *testing.T) {
 			require.ErrorIs(t, completeErr, outbox.ErrLeaseLost)
 		} else {
 			require.NoError(t, completeErr)
-			require.Equal(t, outbox.StatusCompleted, takeover.Key.Status)
+			require.Equal(t, keystate.Completed, takeover.Key.Status)
 		}
 	}
 }
@@ -287,10 +288,10 @@ func TestTakeoverRacesComplete(t *testing.T) {
 func TestHeartbeatExtendsLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", ownerA, time.Second)
+	_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Second)
 	require.NoError(t, err)
-	require.NoError(t, b.store.Heartbeat(b.ctx, b.pool, "s", "k", ownerA, time.Hour))
-	k, found, err := b.store.Get(b.ctx, b.pool, "s", "k")
+	require.NoError(t, b.store.Heartbeat(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Hour))
+	k, found, err := b.store.Get(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"})
 	require.NoError(t, err)
 	require.True(t, found)
 	require.Greater(t, k.LeaseRemaining, 59*time.Minute)
@@ -307,7 +308,7 @@ func TestClaimHammer(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := b.store.Claim(b.ctx, b.pool, "s", "k", "fp", [16]byte{byte(i), 1}, time.Minute)
+			res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", keystate.Owner{byte(i), 1}, time.Minute)
 			if err != nil {
 				t.Error(err)
 				return

@@ -53,8 +53,9 @@ type merchantKey struct{}
 func NewHandler(cfg Config) http.Handler {
 	a := &api{cfg: cfg}
 	idem := cfg.Engine.Middleware(onceonly.MiddlewareOptions{
-		Scope:   func(r *http.Request) (string, error) { return merchant(r.Context()), nil },
-		MaxBody: onceonly.DefaultMaxBody,
+		Scope:      func(r *http.Request) (string, error) { return merchant(r.Context()), nil },
+		MaxBody:    onceonly.DefaultMaxBody,
+		WriteError: writeEngineError,
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", a.authenticate(a.validateCreate(idem(http.HandlerFunc(a.create)))))
@@ -62,7 +63,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.HandleFunc("/v1/payments", methodNotAllowed("POST"))
 	mux.HandleFunc("/v1/payments/{id}", methodNotAllowed("GET"))
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		onceonly.WriteError(w, http.StatusNotFound, "not_found", "Unknown route.", "")
+		writeError(w, http.StatusNotFound, "not_found", "Unknown route.", "")
 	})
 	return mux
 }
@@ -74,7 +75,7 @@ type api struct {
 func methodNotAllowed(allow string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allow)
-		onceonly.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed here; use "+allow+".", "")
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" is not allowed here; use "+allow+".", "")
 	}
 }
 
@@ -89,7 +90,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		m, known := a.cfg.APIKeys[token]
 		if !ok || !known {
-			onceonly.WriteError(w, http.StatusUnauthorized, "unauthorized", "Missing or unknown API key; send Authorization: Bearer <api key>.", "")
+			writeError(w, http.StatusUnauthorized, "unauthorized", "Missing or unknown API key; send Authorization: Bearer <api key>.", "")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), merchantKey{}, m)))
@@ -104,35 +105,35 @@ func (a *api) validateCreate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		keys, present := r.Header[http.CanonicalHeaderKey(onceonly.HeaderKey)]
 		if !present {
-			onceonly.WriteError(w, http.StatusBadRequest, "idempotency_key_missing", "The Idempotency-Key header is required.", onceonly.HeaderKey)
+			writeError(w, http.StatusBadRequest, "idempotency_key_missing", "The Idempotency-Key header is required.", onceonly.HeaderKey)
 			return
 		}
 		if len(keys) != 1 || onceonly.ValidateKey(keys[0]) != nil {
-			onceonly.WriteError(w, http.StatusBadRequest, "idempotency_key_invalid", "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces.", onceonly.HeaderKey)
+			writeError(w, http.StatusBadRequest, "idempotency_key_invalid", "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces.", onceonly.HeaderKey)
 			return
 		}
 		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-			onceonly.WriteError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Send the body as application/json.", "")
+			writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", "Send the body as application/json.", "")
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, onceonly.DefaultMaxBody))
 		if err != nil {
 			var tooLarge *http.MaxBytesError
 			if errors.As(err, &tooLarge) {
-				onceonly.WriteError(w, http.StatusRequestEntityTooLarge, "request_too_large", "The request body is larger than 64 KiB.", "")
+				writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", "The request body is larger than 64 KiB.", "")
 				return
 			}
-			onceonly.WriteError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
+			writeError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
 			return
 		}
 		req, err := parseCreate(body)
 		if err != nil {
 			var fe *fieldError
 			if errors.As(err, &fe) {
-				onceonly.WriteError(w, http.StatusBadRequest, "invalid_request", fe.message, fe.param)
+				writeError(w, http.StatusBadRequest, "invalid_request", fe.message, fe.param)
 				return
 			}
-			onceonly.WriteError(w, http.StatusBadRequest, "invalid_json", "The request body is not valid JSON.", "")
+			writeError(w, http.StatusBadRequest, "invalid_json", "The request body is not valid JSON.", "")
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -146,7 +147,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	req, _ := ctx.Value(createKey{}).(CreateRequest)
 	tx, ok := onceonly.Tx(ctx)
 	if !ok {
-		onceonly.WriteError(w, http.StatusInternalServerError, "internal_error", "No idempotency transaction.", "")
+		writeError(w, http.StatusInternalServerError, "internal_error", "No idempotency transaction.", "")
 		return
 	}
 	delay := a.cfg.GatewayLatency
@@ -154,13 +155,13 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		delay += a.cfg.SlowGatewayDelay
 	}
 	if !sleep(ctx, delay) {
-		onceonly.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "The request was canceled.", "")
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The request was canceled.", "")
 		return
 	}
 	status, httpStatus := "succeeded", http.StatusCreated
 	switch req.Source {
 	case SourceGatewayError:
-		onceonly.WriteError(w, http.StatusBadGateway, "gateway_error", "The payment gateway failed; retry with the same Idempotency-Key.", "")
+		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway failed; retry with the same Idempotency-Key.", "")
 		return
 	case SourceDeclined:
 		status, httpStatus = "declined", http.StatusPaymentRequired
@@ -169,7 +170,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		a.cfg.Logger.Error("insert payment", "err", err)
 		w.Header().Set("Retry-After", "1")
-		onceonly.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "The payment could not be recorded; retry.", "")
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The payment could not be recorded; retry.", "")
 		return
 	}
 	if httpStatus == http.StatusPaymentRequired {
@@ -216,11 +217,11 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		`SELECT `+paymentColumns+` FROM payments WHERE id = $1 AND merchant_id = $2`, r.PathValue("id"), merchant(r.Context())))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		onceonly.WriteError(w, http.StatusNotFound, "not_found", "No such payment.", "id")
+		writeError(w, http.StatusNotFound, "not_found", "No such payment.", "id")
 	case err != nil:
 		a.cfg.Logger.Warn("get payment", "err", err)
 		w.Header().Set("Retry-After", "1")
-		onceonly.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "The service is temporarily unavailable; retry later.", "")
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The service is temporarily unavailable; retry later.", "")
 	default:
 		writeJSON(w, http.StatusOK, p)
 	}

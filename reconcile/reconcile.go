@@ -25,14 +25,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/robfig/cron/v3"
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
 // Defaults of Config.
 const (
+	DefaultSchedule    = "@every 1m"
 	DefaultReapGrace   = time.Second
 	DefaultPageSize    = 1000
 	DefaultPassTimeout = 10 * time.Minute
@@ -47,6 +50,9 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Cache is the Redis cache (required).
 	Cache *cache.Cache
+	// Schedule says when Run starts passes: a cron spec (5 fields) or
+	// "@every <duration>" (RECONCILE_SCHEDULE; DefaultSchedule when empty).
+	Schedule string
 	// ReapGrace is how long after its lease ran out an in_progress key is
 	// marked failed (REAP_GRACE).
 	ReapGrace time.Duration
@@ -118,6 +124,12 @@ type Reconciler struct {
 func New(cfg Config) (*Reconciler, error) {
 	if cfg.Pool == nil || cfg.Cache == nil {
 		return nil, errors.New("reconcile: Pool and Cache are required")
+	}
+	if cfg.Schedule == "" {
+		cfg.Schedule = DefaultSchedule
+	}
+	if _, err := cron.ParseStandard(cfg.Schedule); err != nil {
+		return nil, fmt.Errorf("reconcile: schedule %q: %w", cfg.Schedule, err)
 	}
 	defaults.Positive(&cfg.ReapGrace, DefaultReapGrace)
 	defaults.Positive(&cfg.PageSize, DefaultPageSize)
@@ -261,10 +273,10 @@ func (r *Reconciler) expire(ctx context.Context, rep *Report) error {
 // the current one is checked in Redis.
 func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
 	type result struct {
-		page []outbox.KeyVersion
+		page []keystate.Key
 		err  error
 	}
-	fetch := func(after outbox.Ref) <-chan result {
+	fetch := func(after keystate.Ref) <-chan result {
 		ch := make(chan result, 1)
 		go func() {
 			page, err := r.store.ScanLive(ctx, r.cfg.Pool, after, r.cfg.PageSize)
@@ -272,7 +284,7 @@ func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
 		}()
 		return ch
 	}
-	next := fetch(outbox.Ref{})
+	next := fetch(keystate.Ref{})
 	names := make([]string, 0, r.cfg.PageSize)
 	for next != nil {
 		res := <-next
@@ -286,7 +298,7 @@ func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
 		}
 		names = names[:0]
 		for _, k := range page {
-			names = append(names, r.cfg.Cache.Key(k.Scope, k.Key))
+			names = append(names, r.cfg.Cache.Key(k.Ref))
 		}
 		headers, err := r.cfg.Cache.ReadHeaders(ctx, names)
 		if err != nil {
@@ -332,7 +344,7 @@ const (
 var driftKinds = []string{kindMissing, kindStale, kindWrongState, kindCorrupt, kindOrphaned}
 
 // compare classifies a live Postgres key against its Redis header.
-func compare(k outbox.KeyVersion, h cache.Header) string {
+func compare(k keystate.Key, h cache.Header) string {
 	switch {
 	case !h.Found:
 		return kindMissing
@@ -343,7 +355,7 @@ func compare(k outbox.KeyVersion, h cache.Header) string {
 		return kindInFlight
 	case h.Version != k.Version:
 		return kindStale
-	case string(h.State) != string(k.Status):
+	case h.State != k.Status:
 		return kindWrongState
 	}
 	return kindInSync
@@ -366,7 +378,7 @@ func (rep *Report) count(kind string) {
 
 // drift is a key found out of step, with the Redis header the pass saw.
 type drift struct {
-	ref    outbox.Ref
+	ref    keystate.Ref
 	kind   string
 	header cache.Header
 }
@@ -381,7 +393,7 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 	for _, d := range drifted {
 		r.metrics.drift.WithLabelValues(d.kind).Inc()
 	}
-	refs := make([]outbox.Ref, len(drifted))
+	refs := make([]keystate.Ref, len(drifted))
 	for i, d := range drifted {
 		refs[i] = d.ref
 	}
@@ -389,22 +401,23 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 	if err != nil {
 		return err
 	}
-	updates := make([]cache.Update, len(drifted))
+	keys := make([]keystate.Key, len(drifted))
+	expect := make([]string, len(drifted))
 	for i, d := range drifted {
-		if k, ok := current[d.ref]; ok && k.ExpiresIn > 0 {
-			updates[i] = k.CacheUpdate()
+		if k, ok := current[d.ref]; ok {
+			keys[i] = k
 		} else {
-			updates[i] = cache.Update{Scope: d.ref.Scope, Key: d.ref.Key, Deleted: true}
+			keys[i] = keystate.Gone(d.ref, 0)
 		}
-		updates[i].Expect = d.header.Expect()
+		expect[i] = d.header.Expect()
 	}
-	results, err := r.cfg.Cache.ApplyBatch(ctx, updates)
+	results, err := r.cfg.Cache.RepairBatch(ctx, keys, expect)
 	if err != nil {
 		return err
 	}
 	names := make([]string, len(drifted))
 	for i, d := range drifted {
-		names[i] = r.cfg.Cache.Key(d.ref.Scope, d.ref.Key)
+		names[i] = r.cfg.Cache.Key(d.ref)
 	}
 	r.countRepairs(rep, names, results)
 	return nil
@@ -470,8 +483,8 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 	// Only keys with no live row are candidates; read just their headers.
 	var candidates []string
 	for _, name := range page {
-		scope, key, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name)
-		if !ok || !live[outbox.Ref{Scope: scope, Key: key}] {
+		ref, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name)
+		if !ok || !live[ref] {
 			candidates = append(candidates, name)
 		}
 	}
@@ -498,7 +511,7 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 		if !h.Found {
 			continue // expired since the SCAN
 		}
-		if scope, key, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name); ok && live[outbox.Ref{Scope: scope, Key: key}] {
+		if ref, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name); ok && live[ref] {
 			continue
 		}
 		if h.Provisional && h.LeaseUntilMs > nowMs {
@@ -521,11 +534,11 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 }
 
 // refsOf returns the idempotency keys of the Redis key names that parse.
-func refsOf(prefix string, names []string) []outbox.Ref {
-	refs := make([]outbox.Ref, 0, len(names))
+func refsOf(prefix string, names []string) []keystate.Ref {
+	refs := make([]keystate.Ref, 0, len(names))
 	for _, name := range names {
-		if scope, key, ok := cache.SplitKeyName(prefix, name); ok {
-			refs = append(refs, outbox.Ref{Scope: scope, Key: key})
+		if ref, ok := cache.SplitKeyName(prefix, name); ok {
+			refs = append(refs, ref)
 		}
 	}
 	return refs

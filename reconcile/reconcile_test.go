@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -56,7 +57,7 @@ func (b *bundle) pass(t *testing.T, r *Reconciler, dryRun bool) Report {
 	return rep
 }
 
-var owner = [16]byte{9}
+var owner = keystate.Owner{9}
 
 // complete runs a key through claim and complete in Postgres only; its
 // stored body names the key.
@@ -67,7 +68,7 @@ func (b *bundle) complete(t *testing.T, key string) {
 
 func (b *bundle) raw(t *testing.T, key string) string {
 	t.Helper()
-	v, err := b.Redis.Get(b.Ctx, b.Cache.Key("s", key)).Result()
+	v, err := b.Redis.Get(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: key})).Result()
 	require.NoError(t, err)
 	return v
 }
@@ -96,22 +97,22 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 
 		// Inject one of each kind.
-		require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k0")).Err())    // missing
-		v := b.raw(t, "k1")                                                     // completed:2:c...
-		b.set(t, b.Cache.Key("s", "k1"), strings.Replace(v, ":2:", ":1:", 1))   // stale (lower)
-		b.set(t, b.Cache.Key("s", "k2"), strings.Replace(v, ":2:", ":7:", 1))   // stale (higher)
-		b.set(t, b.Cache.Key("s", "k3"), "failed:2:c"+v[len("completed:2:c"):]) // wrong state
-		b.set(t, b.Cache.Key("s", "k4"), "not a onceonly value")                // corrupt
-		require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", "k5")).Err())
-		require.NoError(t, b.Redis.HSet(b.Ctx, b.Cache.Key("s", "k5"), "state", "completed").Err()) // corrupt (a hash)
-		b.set(t, b.Cache.Key("s", "ghost"), v)                                                      // orphan: no Postgres row
-		b.set(t, b.Cache.Prefix()+"no-scope-separator", "x")                                        // orphan: not a key name
-		_, err := b.Cache.Check(b.Ctx, "s", "inflight", "v1:fp", owner, time.Minute)
+		require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k0"})).Err())    // missing
+		v := b.raw(t, "k1")                                                                               // completed:2:c...
+		b.set(t, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k1"}), strings.Replace(v, ":2:", ":1:", 1))   // stale (lower)
+		b.set(t, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k2"}), strings.Replace(v, ":2:", ":7:", 1))   // stale (higher)
+		b.set(t, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k3"}), "failed:2:c"+v[len("completed:2:c"):]) // wrong state
+		b.set(t, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k4"}), "not a onceonly value")                // corrupt
+		require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k5"})).Err())
+		require.NoError(t, b.Redis.HSet(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k5"}), "state", "completed").Err()) // corrupt (a hash)
+		b.set(t, b.Cache.Key(keystate.Ref{Scope: "s", Key: "ghost"}), v)                                                      // orphan: no Postgres row
+		b.set(t, b.Cache.Prefix()+"no-scope-separator", "x")                                                                  // orphan: not a key name
+		_, err := b.Cache.Check(b.Ctx, keystate.Ref{Scope: "s", Key: "inflight"}, "v1:fp", owner, time.Minute)
 		require.NoError(t, err) // live provisional claim: left alone
 		const lease = 300 * time.Millisecond
-		_, err = b.Cache.Check(b.Ctx, "s", "abandoned", "v1:fp", owner, lease)
+		_, err = b.Cache.Check(b.Ctx, keystate.Ref{Scope: "s", Key: "abandoned"}, "v1:fp", owner, lease)
 		require.NoError(t, err)
-		extended, err := b.Redis.PExpire(b.Ctx, b.Cache.Key("s", "abandoned"), time.Hour).Result()
+		extended, err := b.Redis.PExpire(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "abandoned"}), time.Hour).Result()
 		require.NoError(t, err)
 		require.True(t, extended, "the claim outlived its lease before the test could extend it")
 		time.Sleep(lease + 50*time.Millisecond) // its lease is over: an orphan
@@ -133,13 +134,13 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		require.EqualValues(t, 9, rep.Repaired)
 
 		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
-		for _, name := range []string{b.Cache.Key("s", "ghost"), b.Cache.Key("s", "abandoned"), b.Cache.Prefix() + "no-scope-separator"} {
+		for _, name := range []string{b.Cache.Key(keystate.Ref{Scope: "s", Key: "ghost"}), b.Cache.Key(keystate.Ref{Scope: "s", Key: "abandoned"}), b.Cache.Prefix() + "no-scope-separator"} {
 			require.Zero(t, b.Redis.Exists(b.Ctx, name).Val(), "%s deleted", name)
 		}
-		e, found, err := b.Cache.Read(b.Ctx, "s", "inflight")
+		e, found, err := b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "inflight"})
 		require.NoError(t, err)
 		require.True(t, found && e.Provisional, "the request in flight keeps its claim")
-		e, _, err = b.Cache.Read(b.Ctx, "s", "k1")
+		e, _, err = b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "k1"})
 		require.NoError(t, err)
 		require.Equal(t, `{"key":"k1"}`, string(e.Response.Body), "a repair copies the stored response")
 
@@ -172,24 +173,24 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
-		_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "dead", "v1:fp", owner, time.Millisecond)
+		_, err := b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, "v1:fp", owner, time.Millisecond)
 		require.NoError(t, err)
-		_, err = b.Store.Claim(b.Ctx, b.Pool, "s", "alive", "v1:fp", owner, time.Hour)
+		_, err = b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "alive"}, "v1:fp", owner, time.Hour)
 		require.NoError(t, err)
 		time.Sleep(50 * time.Millisecond)
 		r := b.reconciler(t, Config{ReapGrace: 10 * time.Millisecond})
 
 		dry := b.pass(t, r, true)
 		require.EqualValues(t, 1, dry.LeasesReaped)
-		k, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "dead")
+		k, _, err := b.Store.Get(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"})
 		require.NoError(t, err)
-		require.Equal(t, outbox.StatusInProgress, k.Status, "a dry run reaps nothing")
+		require.Equal(t, keystate.InProgress, k.Status, "a dry run reaps nothing")
 
 		rep := b.pass(t, r, false)
 		require.EqualValues(t, 1, rep.LeasesReaped)
-		k, _, err = b.Store.Get(b.Ctx, b.Pool, "s", "dead")
+		k, _, err = b.Store.Get(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"})
 		require.NoError(t, err)
-		require.Equal(t, outbox.StatusFailed, k.Status)
+		require.Equal(t, keystate.Failed, k.Status)
 		require.EqualValues(t, 2, k.Version)
 		var events int
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox WHERE key = 'dead' AND version = 2`).Scan(&events))
@@ -197,11 +198,11 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 		// The same pass repaired Redis after reaping.
 		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 		// The dead worker can no longer complete.
-		_, err = b.Store.Complete(b.Ctx, b.Pool, "s", "dead", owner, outbox.Response{Status: 201})
+		_, err = b.Store.Complete(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, owner, keystate.Response{Status: 201})
 		require.ErrorIs(t, err, outbox.ErrLeaseLost)
-		alive, _, err := b.Store.Get(b.Ctx, b.Pool, "s", "alive")
+		alive, _, err := b.Store.Get(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "alive"})
 		require.NoError(t, err)
-		require.Equal(t, outbox.StatusInProgress, alive.Status)
+		require.Equal(t, keystate.InProgress, alive.Status)
 	})
 }
 
@@ -214,7 +215,7 @@ func TestOrphanScanCoversEveryMaster(t *testing.T) {
 	b.complete(t, "live")
 	const orphans = 60
 	for i := range orphans {
-		b.set(t, b.Cache.Key("s", fmt.Sprintf("ghost%d", i)), "completed:1:c")
+		b.set(t, b.Cache.Key(keystate.Ref{Scope: "s", Key: fmt.Sprintf("ghost%d", i)}), "completed:1:c")
 	}
 	perMaster := func() []int64 {
 		var counts []int64
@@ -261,7 +262,7 @@ func TestMasterDownMakesAPartialPass(t *testing.T) {
 	var onLiveMaster string
 	for i := range keys {
 		key := fmt.Sprintf("k%d", i)
-		slot, err := cluster.Nodes[0].Client(t).ClusterKeySlot(b.Ctx, b.Cache.Key("s", key)).Result()
+		slot, err := cluster.Nodes[0].Client(t).ClusterKeySlot(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: key})).Result()
 		require.NoError(t, err)
 		if owner, err := cluster.Owner(b.Ctx, int(slot)); err == nil && owner != down {
 			onLiveMaster = key
@@ -269,7 +270,7 @@ func TestMasterDownMakesAPartialPass(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, onLiveMaster)
-	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key("s", onLiveMaster)).Err())
+	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: onLiveMaster})).Err())
 
 	rep := b.pass(t, r, false)
 	require.Positive(t, rep.Unreachable, "the down master's keys are counted, not called missing")

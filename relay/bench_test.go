@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -149,7 +150,7 @@ func BenchmarkLag(b *testing.B) {
 				defer wg.Done()
 				for i := w; i < total; i += writers {
 					time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
-					_, err := bd.Store.Claim(bd.Ctx, bd.Pool, "bench", "lag-"+strconv.Itoa(i), "v1:fp", owner, time.Minute)
+					_, err := bd.Store.Claim(bd.Ctx, bd.Pool, keystate.Ref{Scope: "bench", Key: "lag-" + strconv.Itoa(i)}, "v1:fp", owner, time.Minute)
 					if err != nil {
 						b.Error(err)
 						return

@@ -24,6 +24,7 @@ import (
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/backoff"
 	"github.com/onceonly/onceonly/internal/defaults"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -249,9 +250,9 @@ func firstUnavailable(failed []outbox.FailedEvent) error {
 // updates reads the current row of every key in events, once per key, and
 // returns the cache updates in the order of refs. A key gone from Postgres
 // becomes a deletion at the highest version its events carry.
-func (r *Relay) updates(ctx context.Context, tx pgx.Tx, events []outbox.Event) ([]outbox.Ref, []cache.Update, error) {
-	highest := make(map[outbox.Ref]int64, len(events))
-	refs := make([]outbox.Ref, 0, len(events))
+func (r *Relay) updates(ctx context.Context, tx pgx.Tx, events []outbox.Event) ([]keystate.Ref, []keystate.Key, error) {
+	highest := make(map[keystate.Ref]int64, len(events))
+	refs := make([]keystate.Ref, 0, len(events))
 	for _, e := range events {
 		v, seen := highest[e.Ref()]
 		if !seen {
@@ -263,12 +264,12 @@ func (r *Relay) updates(ctx context.Context, tx pgx.Tx, events []outbox.Event) (
 	if err != nil {
 		return nil, nil, err
 	}
-	updates := make([]cache.Update, len(refs))
+	updates := make([]keystate.Key, len(refs))
 	for i, ref := range refs {
 		if k, ok := current[ref]; ok {
-			updates[i] = k.CacheUpdate()
+			updates[i] = k
 		} else {
-			updates[i] = cache.Update{Scope: ref.Scope, Key: ref.Key, Version: highest[ref], Deleted: true}
+			updates[i] = keystate.Gone(ref, highest[ref])
 		}
 	}
 	return refs, updates, nil
@@ -276,8 +277,8 @@ func (r *Relay) updates(ctx context.Context, tx pgx.Tx, events []outbox.Event) (
 
 // failedEvents returns the events whose key's update Redis refused, and
 // logs each.
-func (r *Relay) failedEvents(events []outbox.Event, refs []outbox.Ref, results []cache.ApplyResult) []outbox.FailedEvent {
-	refused := map[outbox.Ref]error{}
+func (r *Relay) failedEvents(events []outbox.Event, refs []keystate.Ref, results []cache.ApplyResult) []outbox.FailedEvent {
+	refused := map[keystate.Ref]error{}
 	for i, res := range results {
 		if res.Err != nil {
 			refused[refs[i]] = res.Err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -66,21 +67,21 @@ func run(t *testing.T, ctx context.Context, r *Relay) {
 	})
 }
 
-var owner = [16]byte{7}
+var owner = keystate.Owner{7}
 
 // churn moves a key one transition on: claim it (failed or new) or finish it.
 func (b *bundle) churn(ctx context.Context, scope, key string) error {
-	k, found, err := b.Store.Get(ctx, b.Pool, scope, key)
+	k, found, err := b.Store.Get(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key})
 	if err != nil {
 		return err
 	}
-	if !found || k.Status == outbox.StatusFailed {
-		_, err = b.Store.Claim(ctx, b.Pool, scope, key, "v1:fp", owner, time.Minute)
+	if !found || k.Status == keystate.Failed {
+		_, err = b.Store.Claim(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, "v1:fp", owner, time.Minute)
 		return err
 	}
-	if k.Status == outbox.StatusInProgress {
+	if k.Status == keystate.InProgress {
 		// Another writer may have failed it first.
-		if _, err = b.Store.Fail(ctx, b.Pool, scope, key, owner); errors.Is(err, outbox.ErrLeaseLost) {
+		if _, err = b.Store.Fail(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, owner); errors.Is(err, outbox.ErrLeaseLost) {
 			return nil
 		}
 		return err
@@ -111,10 +112,10 @@ func TestDrainDeliversCurrentState(t *testing.T) {
 		}
 		large := strings.Repeat("x", cache.DefaultMaxBody+1)
 		b.Complete(t, "s", "large", large)
-		_, err := b.Store.Claim(b.Ctx, b.Pool, "s", "running", "v1:fp", owner, time.Minute)
+		_, err := b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "running"}, "v1:fp", owner, time.Minute)
 		require.NoError(t, err)
 		// An event whose key is gone from Postgres deletes the Redis copy.
-		_, err = b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "gone", Version: 1, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+		_, err = b.Cache.Apply(b.Ctx, keystate.Key{Ref: keystate.Ref{Scope: "s", Key: "gone"}, Version: 1, Status: keystate.Failed, Fingerprint: "v1:fp", ExpiresIn: time.Hour})
 		require.NoError(t, err)
 		_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s', 'gone', 2)`)
 		require.NoError(t, err)
@@ -126,17 +127,17 @@ func TestDrainDeliversCurrentState(t *testing.T) {
 		require.Zero(t, b.outboxLen(t))
 		b.requireConverged(t)
 
-		e, _, err := b.Cache.Read(b.Ctx, "s", "k3")
+		e, _, err := b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "k3"})
 		require.NoError(t, err)
 		require.Equal(t, `{"ok":true}`, string(e.Response.Body))
-		e, _, err = b.Cache.Read(b.Ctx, "s", "large")
+		e, _, err = b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "large"})
 		require.NoError(t, err)
 		require.True(t, e.BodyInPostgres, "a large body stays in Postgres")
-		e, _, err = b.Cache.Read(b.Ctx, "s", "running")
+		e, _, err = b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "running"})
 		require.NoError(t, err)
-		require.Equal(t, cache.StateInProgress, e.State)
+		require.Equal(t, keystate.InProgress, e.State)
 		require.Equal(t, owner, e.Owner)
-		_, found, err := b.Cache.Read(b.Ctx, "s", "gone")
+		_, found, err := b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "gone"})
 		require.NoError(t, err)
 		require.False(t, found, "a key deleted from Postgres is deleted from Redis")
 
@@ -152,7 +153,7 @@ func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
 		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
 		b.Complete(t, "s", "k", "{}") // Postgres at version 2
 		// Redis already holds a newer version than any pending event.
-		_, err := b.Cache.Apply(b.Ctx, cache.Update{Scope: "s", Key: "k", Version: 9, State: cache.StateFailed, Fingerprint: "v1:fp", TTL: time.Hour})
+		_, err := b.Cache.Apply(b.Ctx, keystate.Key{Ref: keystate.Ref{Scope: "s", Key: "k"}, Version: 9, Status: keystate.Failed, Fingerprint: "v1:fp", ExpiresIn: time.Hour})
 		require.NoError(t, err)
 		// The same events again, out of order.
 		_, err = b.Pool.Exec(b.Ctx, `INSERT INTO outbox (scope, key, version) VALUES ('s','k',2), ('s','k',1), ('s','k',2)`)
@@ -160,10 +161,10 @@ func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
 		r := b.relay(t, Config{BatchSize: 2})
 		_, err = r.Drain(b.Ctx)
 		require.NoError(t, err)
-		e, _, err := b.Cache.Read(b.Ctx, "s", "k")
+		e, _, err := b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "k"})
 		require.NoError(t, err)
 		require.EqualValues(t, 9, e.Version)
-		require.Equal(t, cache.StateFailed, e.State)
+		require.Equal(t, keystate.Failed, e.State)
 		require.Zero(t, b.outboxLen(t))
 	})
 }
@@ -200,7 +201,7 @@ func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 		for ctx.Err() == nil {
 			for i := range keys {
 				key := fmt.Sprintf("hot%d", i)
-				e, found, err := b.Cache.Read(b.Ctx, "s", key)
+				e, found, err := b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: key})
 				require.NoError(t, err)
 				if found {
 					require.GreaterOrEqual(t, e.Version, seen[key], "version of %s went down", key)
@@ -463,7 +464,7 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 		defer wg.Done()
 		for i := 0; ctx.Err() == nil; i++ {
 			key := fmt.Sprintf("k%d", i)
-			if _, err := b.Store.Claim(ctx, writer, "s", key, "v1:fp", owner, time.Minute); err != nil && ctx.Err() == nil {
+			if _, err := b.Store.Claim(ctx, writer, keystate.Ref{Scope: "s", Key: key}, "v1:fp", owner, time.Minute); err != nil && ctx.Err() == nil {
 				t.Error(err)
 				return
 			}

@@ -41,6 +41,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 func main() {
@@ -370,24 +371,24 @@ func (h *harness) dupes(ctx context.Context, n int) (map[string]dupeResult, erro
 func (h *harness) memory(ctx context.Context) (map[string]int64, error) {
 	c := cache.New(h.rdb, cache.Options{Prefix: "mem:"})
 	body := []byte(fmt.Sprintf(`{"id":"pay_%0187d"}`, 0)) // 200 bytes
-	updates := []cache.Update{
-		{Scope: "acct_1234", Key: "order-000000000001", Version: 2, State: cache.StateCompleted, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
-			TTL: 24 * time.Hour, Response: cache.Response{Status: 201, ContentType: "application/json", Body: body}},
-		{Scope: "acct_1234", Key: "order-000000000002", Version: 1, State: cache.StateInProgress, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
-			TTL: 24 * time.Hour, Owner: [16]byte{1}, LeaseRemaining: 30 * time.Second},
+	updates := []keystate.Key{
+		{Ref: keystate.Ref{Scope: "acct_1234", Key: "order-000000000001"}, Version: 2, Status: keystate.Completed, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
+			ExpiresIn: 24 * time.Hour, Response: keystate.Response{Status: 201, ContentType: "application/json", Body: body}},
+		{Ref: keystate.Ref{Scope: "acct_1234", Key: "order-000000000002"}, Version: 1, Status: keystate.InProgress, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
+			ExpiresIn: 24 * time.Hour, Owner: keystate.Owner{1}, LeaseRemaining: 30 * time.Second},
 	}
 	out := map[string]int64{"body_bytes": int64(len(body))}
 	for i, u := range updates {
 		if _, err := c.Apply(ctx, u); err != nil {
 			return nil, err
 		}
-		n, err := h.rdb.MemoryUsage(ctx, c.Key(u.Scope, u.Key)).Result()
+		n, err := h.rdb.MemoryUsage(ctx, c.Key(u.Ref)).Result()
 		if err != nil {
 			return nil, err
 		}
 		out[[]string{"completed_key_bytes", "in_progress_key_bytes"}[i]] = n
 	}
-	bare := c.Key("acct_1234", "order-000000000003") // a key name of the same length
+	bare := c.Key(keystate.Ref{Scope: "acct_1234", Key: "order-000000000003"}) // a key name of the same length
 	if err := h.rdb.Set(ctx, bare, body, 24*time.Hour).Err(); err != nil {
 		return nil, err
 	}

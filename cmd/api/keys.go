@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/daemon"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // keyView is what `api keys show` prints: the Postgres row and the Redis
@@ -56,82 +57,73 @@ func keysCommand(ctx context.Context, pgCfg *pgxpool.Config, rdbOpts *redis.Univ
 		return fmt.Errorf("connect to Postgres: %w", err)
 	}
 	defer pool.Close()
-	var c *cache.Cache
-	if rdb := daemon.NewRedis(rdbOpts); rdb != nil {
+	rdb := daemon.NewRedis(rdbOpts)
+	if rdb != nil {
 		defer rdb.Close()
-		c = cache.New(rdb, cache.Options{Prefix: prefix})
 	}
-	store := outbox.New(outbox.Config{})
+	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
 	switch cmd {
 	case "show":
 	case "purge":
-		k, found, err := store.Purge(ctx, pool, scope, key, force)
-		if errors.Is(err, outbox.ErrKeyInProgress) {
+		cacheErr, err := engine.Purge(ctx, scope, key, force)
+		switch {
+		case errors.Is(err, onceonly.ErrKeyInProgress):
 			return fmt.Errorf("%s:%s: %w (add --force to purge it anyway)", scope, key, err)
-		}
-		if err != nil {
-			return err
-		}
-		if !found {
+		case errors.Is(err, onceonly.ErrNoSuchKey):
 			return fmt.Errorf("%s:%s: no such key", scope, key)
-		}
-		if c != nil {
-			// The relay would do it; doing it now makes the purge visible at once.
-			if _, err := c.Apply(ctx, k.CacheUpdate()); err != nil {
-				fmt.Fprintf(stdout, "warning: Redis not updated now (the relay will): %v\n", err)
-			}
+		case err != nil:
+			return err
+		case cacheErr != nil:
+			fmt.Fprintf(stdout, "warning: Redis not updated now (the relay will): %v\n", cacheErr)
 		}
 	default:
 		return fmt.Errorf("unknown command %q: say show or purge", cmd)
 	}
-	view, err := showKey(ctx, pool, store, c, scope, key)
+	in, err := engine.Inspect(ctx, scope, key)
 	if err != nil {
 		return err
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	return enc.Encode(view)
+	return enc.Encode(viewOf(scope, key, in))
 }
 
-func showKey(ctx context.Context, pool *pgxpool.Pool, store *outbox.Store, c *cache.Cache, scope, key string) (keyView, error) {
+// viewOf turns an inspection into what `api keys show` prints.
+func viewOf(scope, key string, in onceonly.Inspection) keyView {
 	view := keyView{Scope: scope, Key: key}
-	k, found, err := store.Get(ctx, pool, scope, key)
-	if err != nil {
-		return view, err
-	}
-	if found {
+	if k := in.Postgres; k != nil {
 		row := &postgresRow{Status: string(k.Status), Version: k.Version, Fingerprint: k.Fingerprint, ExpiresInMs: k.ExpiresIn.Milliseconds()}
-		if k.Status == outbox.StatusInProgress {
+		switch k.Status {
+		case keystate.InProgress:
 			lease := k.LeaseRemaining.Milliseconds()
-			owner := fmt.Sprintf("%x", k.Owner)
+			owner := fmt.Sprintf("%x", k.Owner[:])
 			row.LeaseRemainingMs, row.Owner = &lease, &owner
-		}
-		if k.Status == outbox.StatusCompleted {
+		case keystate.Completed:
 			n := len(k.Response.Body)
 			row.ResponseStatus, row.ResponseBytes = &k.Response.Status, &n
+		case keystate.Failed:
 		}
 		view.Postgres = row
 	}
-	if c == nil {
-		return view, nil
+	if !in.RedisEnabled {
+		return view
 	}
 	entry := &redisEntry{}
-	e, inRedis, err := c.Read(ctx, scope, key)
-	switch {
-	case err != nil && !inRedis:
-		entry.Error = err.Error()
-	case err != nil:
-		entry.Found, entry.Error = true, "value does not decode: "+err.Error()
-	case inRedis:
+	switch e := in.Redis; {
+	case in.RedisErr != nil && !in.RedisFound:
+		entry.Error = in.RedisErr.Error()
+	case in.RedisErr != nil:
+		entry.Found, entry.Error = true, "value does not decode: "+in.RedisErr.Error()
+	case e != nil:
 		entry.Found, entry.State, entry.Version, entry.Provisional = true, string(e.State), e.Version, e.Provisional
 		entry.BodyInPostgres, entry.ResponseStatus = e.BodyInPostgres, e.Response.Status
-		if ttl, err := c.Client().PTTL(ctx, c.Key(scope, key)).Result(); err == nil && ttl > 0 {
-			entry.TTLMs = ttl.Milliseconds()
-		}
+		entry.TTLMs = in.RedisTTL.Milliseconds()
 	}
 	view.Redis = entry
-	live := found && k.ExpiresIn > 0
-	inSync := live == entry.Found && (!live || (entry.State == string(k.Status) && entry.Version == k.Version))
+	inSync := in.InSync()
 	view.InSync = &inSync
-	return view, nil
+	return view
 }

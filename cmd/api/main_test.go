@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -129,9 +130,9 @@ func TestKeysShowAndPurge(t *testing.T) {
 		st := testenv.NewStackOn(t, rdb, prefix)
 		st.Pool = testenv.Pool(t, dbURL)
 		st.Complete(t, "acct_k", "order-1", `{"ok":true}`)
-		k, _, err := st.Store.Get(st.Ctx, st.Pool, "acct_k", "order-1")
+		k, _, err := st.Store.Get(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"})
 		require.NoError(t, err)
-		_, err = st.Cache.Apply(st.Ctx, k.CacheUpdate())
+		_, err = st.Cache.Apply(st.Ctx, k)
 		require.NoError(t, err)
 		env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
 
@@ -156,7 +157,7 @@ func TestKeysShowAndPurge(t *testing.T) {
 		require.Equal(t, 1, events, "the purge goes through the outbox")
 
 		// The next request for the key is a first execution, one version on.
-		res, err := st.Store.Claim(st.Ctx, st.Pool, "acct_k", "order-1", "v1:new", [16]byte{5}, time.Minute)
+		res, err := st.Store.Claim(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"}, "v1:new", keystate.Owner{5}, time.Minute)
 		require.NoError(t, err)
 		require.True(t, res.Claimed)
 		require.EqualValues(t, 4, res.Key.Version)
@@ -165,7 +166,7 @@ func TestKeysShowAndPurge(t *testing.T) {
 		testenv.RequireOneLineError(t, code, stdout, stderr, "in progress")
 		code, _, stderr = runAPI(t, env, "keys", "purge", "--force", "acct_k", "order-1")
 		require.Equal(t, 0, code, stderr)
-		_, err = st.Store.Complete(st.Ctx, st.Pool, "acct_k", "order-1", [16]byte{5}, outbox.Response{Status: 201})
+		_, err = st.Store.Complete(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"}, keystate.Owner{5}, keystate.Response{Status: 201})
 		require.ErrorIs(t, err, outbox.ErrLeaseLost, "the purged execution cannot complete")
 
 		code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k", "nothing")

@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"time"
 
@@ -38,7 +37,7 @@ type settings struct {
 func define(s *config.Set) *settings {
 	return &settings{
 		Common:      daemon.DefineCommon(s, ":8082", "Redis URL, redis:// or rediss:// (this or REDIS_CLUSTER_URL is required)"),
-		schedule:    s.String("schedule", "RECONCILE_SCHEDULE", "@every 1m", "when passes run: a cron spec (5 fields) or @every <duration>"),
+		schedule:    s.String("schedule", "RECONCILE_SCHEDULE", reconcile.DefaultSchedule, "when passes run: a cron spec (5 fields) or @every <duration>"),
 		reapGrace:   s.Duration("reap-grace", "REAP_GRACE", reconcile.DefaultReapGrace, "grace after a lease expires before the key is marked failed"),
 		failedTTL:   s.Duration("failed-ttl", "FAILED_TTL", onceonly.DefaultFailedTTL, "how long a reaped (failed) key is kept"),
 		passTimeout: s.Duration("pass-timeout", "RECONCILE_TIMEOUT", reconcile.DefaultPassTimeout, "the longest one pass may run"),
@@ -96,6 +95,7 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 	defer w.Close()
 	r, err := reconcile.New(reconcile.Config{
 		Pool: w.Pool, Cache: w.Cache,
+		Schedule:  *s.schedule,
 		ReapGrace: *s.reapGrace, FailedTTL: *s.failedTTL, PageSize: *s.page, PassTimeout: *s.passTimeout,
 		Logger: log, Registerer: w.Registry,
 	})
@@ -111,53 +111,5 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 	}
 
 	log.Info("reconciler started", "addr", *s.HTTPAddr, "schedule", *s.schedule)
-	return w.Run(ctx, *s.HTTPAddr, func(ctx context.Context) error {
-		return schedule(ctx, *s.schedule, r, log)
-	})
-}
-
-// shutdownWait is how long a stop waits for a running pass before
-// canceling it; the process still exits within 10 s of SIGTERM.
-const shutdownWait = 7 * time.Second
-
-// schedule runs passes on spec until ctx ends. Ticks that come while a pass
-// runs are skipped, not queued. On stop it waits for the running pass, and
-// cancels it if it outlasts shutdownWait.
-func schedule(ctx context.Context, spec string, r *reconcile.Reconciler, log *slog.Logger) error {
-	// Passes are not canceled by the stop signal itself, only after the wait.
-	passCtx, cancelPasses := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelPasses()
-	logger := cronLogger{log}
-	c := cron.New(cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)), cron.WithLogger(logger))
-	if _, err := c.AddFunc(spec, func() {
-		_, _ = r.Pass(passCtx, false) // the pass logs its own line
-	}); err != nil {
-		return fmt.Errorf("schedule %q: %w", spec, err)
-	}
-	c.Start()
-	<-ctx.Done()
-	stopped := c.Stop()
-	select {
-	case <-stopped.Done():
-	case <-time.After(shutdownWait):
-		log.Warn("reconcile pass still running at shutdown: canceling it")
-		cancelPasses()
-		<-stopped.Done()
-	}
-	return nil
-}
-
-// cronLogger routes cron's logs to slog: a skipped tick at info, the rest of
-// its Info lines (every schedule step) at debug.
-type cronLogger struct{ log *slog.Logger }
-
-func (l cronLogger) Info(msg string, kv ...any) {
-	if msg == "skip" {
-		l.log.Info("reconcile tick skipped: the previous pass is still running")
-		return
-	}
-	l.log.Debug("cron: "+msg, kv...)
-}
-func (l cronLogger) Error(err error, msg string, kv ...any) {
-	l.log.Error("cron: "+msg, append(kv, "err", err)...)
+	return w.Run(ctx, *s.HTTPAddr, r.Run)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -45,12 +46,12 @@ func seed(t *testing.T, dbURL string, n int) {
 	ctx := testenv.Context(t)
 	pool := testenv.Pool(t, dbURL)
 	store := outbox.New(outbox.Config{})
-	owner := [16]byte{3}
+	owner := keystate.Owner{3}
 	for i := range n {
 		key := "k" + string(rune('a'+i))
-		_, err := store.Claim(ctx, pool, "s", key, "v1:fp", owner, time.Minute)
+		_, err := store.Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", owner, time.Minute)
 		require.NoError(t, err)
-		_, err = store.Complete(ctx, pool, "s", key, owner, outbox.Response{Status: 201, Body: []byte("{}")})
+		_, err = store.Complete(ctx, pool, keystate.Ref{Scope: "s", Key: key}, owner, keystate.Response{Status: 201, Body: []byte("{}")})
 		require.NoError(t, err)
 	}
 }
@@ -105,12 +106,12 @@ func TestDaemon(t *testing.T) {
 	ctx := testenv.Context(t)
 	c := cache.New(rdb, cache.Options{Prefix: prefix})
 	testenv.Eventually(t, 10*time.Second, "keys repaired by a scheduled pass", func() bool {
-		_, found, _ := c.Read(ctx, "s", "kb")
+		_, found, _ := c.Read(ctx, keystate.Ref{Scope: "s", Key: "kb"})
 		return found
 	})
-	require.NoError(t, rdb.Del(ctx, c.Key("s", "kb")).Err())
+	require.NoError(t, rdb.Del(ctx, c.Key(keystate.Ref{Scope: "s", Key: "kb"})).Err())
 	testenv.Eventually(t, 10*time.Second, "a deleted key repaired again", func() bool {
-		_, found, _ := c.Read(ctx, "s", "kb")
+		_, found, _ := c.Read(ctx, keystate.Ref{Scope: "s", Key: "kb"})
 		return found
 	})
 

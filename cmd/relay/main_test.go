@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -50,9 +51,9 @@ func TestOncePrintsASummary(t *testing.T) {
 		pool := testenv.Pool(t, dbURL)
 		ctx := testenv.Context(t)
 		store := outbox.New(outbox.Config{})
-		owner := [16]byte{1}
+		owner := keystate.Owner{1}
 		for _, key := range []string{"a", "b", "c"} {
-			_, err := store.Claim(ctx, pool, "s", key, "v1:fp", owner, time.Minute)
+			_, err := store.Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", owner, time.Minute)
 			require.NoError(t, err)
 		}
 		env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
@@ -65,10 +66,10 @@ func TestOncePrintsASummary(t *testing.T) {
 		require.Contains(t, summary, "duration_ms")
 		require.Equal(t, 1, strings.Count(stdout, "\n"))
 
-		e, found, err := cache.New(rdb, cache.Options{Prefix: prefix}).Read(ctx, "s", "b")
+		e, found, err := cache.New(rdb, cache.Options{Prefix: prefix}).Read(ctx, keystate.Ref{Scope: "s", Key: "b"})
 		require.NoError(t, err)
 		require.True(t, found)
-		require.Equal(t, cache.StateInProgress, e.State)
+		require.Equal(t, keystate.InProgress, e.State)
 
 		code, stdout, _ = testenv.RunMain(t, run, env, "--once")
 		require.Equal(t, 0, code)
@@ -94,11 +95,11 @@ func TestDaemon(t *testing.T) {
 
 	ctx := testenv.Context(t)
 	pool := testenv.Pool(t, dbURL)
-	_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, "s", "k", "v1:fp", [16]byte{1}, time.Minute)
+	_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: "k"}, "v1:fp", keystate.Owner{1}, time.Minute)
 	require.NoError(t, err)
 	c := cache.New(rdb, cache.Options{Prefix: prefix})
 	testenv.Eventually(t, 5*time.Second, "event delivered", func() bool {
-		_, found, _ := c.Read(ctx, "s", "k")
+		_, found, _ := c.Read(ctx, keystate.Ref{Scope: "s", Key: "k"})
 		return found
 	})
 

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // Drift lists every live Postgres key whose key matches the SQL LIKE
@@ -27,7 +28,7 @@ func Drift(tb testing.TB, ctx context.Context, pool *pgxpool.Pool, c *cache.Cach
 		if err := rows.Scan(&scope, &key, &status, &version); err != nil {
 			tb.Fatalf("read keys: %v", err)
 		}
-		e, found, err := c.Read(ctx, scope, key)
+		e, found, err := c.Read(ctx, keystate.Ref{Scope: scope, Key: key})
 		if err != nil && found {
 			drift = append(drift, fmt.Sprintf("%s:%s: Redis value does not decode: %v", scope, key, err))
 			continue

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -50,11 +51,12 @@ func NewStackOn(tb testing.TB, rdb redis.UniversalClient, prefix string) *Stack 
 // with body as the stored response.
 func (s *Stack) Complete(tb testing.TB, scope, key, body string) {
 	tb.Helper()
-	owner := [16]byte{0xc0}
-	if _, err := s.Store.Claim(s.Ctx, s.Pool, scope, key, "v1:fp", owner, time.Minute); err != nil {
+	owner := keystate.Owner{0xc0}
+	ref := keystate.Ref{Scope: scope, Key: key}
+	if _, err := s.Store.Claim(s.Ctx, s.Pool, ref, "v1:fp", owner, time.Minute); err != nil {
 		tb.Fatalf("claim %s: %v", key, err)
 	}
-	if _, err := s.Store.Complete(s.Ctx, s.Pool, scope, key, owner, outbox.Response{Status: 201, Body: []byte(body)}); err != nil {
+	if _, err := s.Store.Complete(s.Ctx, s.Pool, ref, owner, keystate.Response{Status: 201, Body: []byte(body)}); err != nil {
 		tb.Fatalf("complete %s: %v", key, err)
 	}
 }

@@ -1,0 +1,17 @@
+-- claim_peek: reads the row a claim met, and whether the claim may take it
+-- over (claim_takeover): the row failed or its lease ran out (same
+-- fingerprint), or it is past its expiry (any fingerprint: a new lifecycle
+-- that keeps counting versions). Reading instead of locking keeps replays
+-- and conflicts answered from Postgres free of writes.
+--
+-- $1 scope   $2 key   $3 fingerprint
+SELECT k.scope, k.key, k.status, k.version, k.fingerprint,
+	coalesce(k.owner, '00000000-0000-0000-0000-000000000000'::uuid) AS owner,
+	coalesce((extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint, 0) AS lease_ms,
+	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), k.response_body, false AS body_omitted,
+	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
+	(k.expires_at <= now()
+		OR (k.fingerprint = $3 AND (k.status = 'failed'
+			OR (k.status = 'in_progress' AND k.lease_expires_at <= now())))) AS takeable
+FROM idempotency_keys k
+WHERE k.scope = $1 AND k.key = $2

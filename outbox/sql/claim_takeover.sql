@@ -1,0 +1,30 @@
+-- claim_takeover: claims a row that claim_peek found takeable, if it still
+-- is: in_progress under the caller's owner and lease, one version up, with
+-- its outbox event. No row comes back when another claim took it first (or
+-- retention deleted it): peek again.
+--
+-- $1 scope   $2 key   $3 fingerprint   $4 owner (uuid)   $5 lease (interval)
+-- $6 how long the row lives (interval)
+-- $7 notify the relays in this statement's transaction
+-- $8 commit without waiting for the WAL flush (the claim commits on its own)
+WITH claimed AS (
+	UPDATE idempotency_keys AS k SET
+		status = 'in_progress', version = k.version + 1, fingerprint = $3,
+		owner = $4, lease_expires_at = now() + $5::interval,
+		expires_at = now() + $6::interval, updated_at = now(),
+		response_status = NULL, response_content_type = NULL, response_body = NULL
+	WHERE k.scope = $1 AND k.key = $2
+		AND (k.expires_at <= now()
+			OR (k.fingerprint = $3 AND (k.status = 'failed'
+				OR (k.status = 'in_progress' AND k.lease_expires_at <= now()))))
+	RETURNING k.*
+), event AS (
+	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
+)
+SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
+	(extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint AS lease_ms,
+	0 AS response_status, '' AS response_content_type, NULL::bytea AS response_body, false AS body_omitted,
+	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
+	(CASE WHEN $7 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
+	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true)
+FROM claimed k

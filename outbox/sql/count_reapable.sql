@@ -1,0 +1,5 @@
+-- count_reapable: counts the keys reap_leases would reap.
+--
+-- $1 grace (interval)
+SELECT count(*) FROM idempotency_keys
+WHERE status = 'in_progress' AND lease_expires_at < now() - $1::interval

@@ -1,0 +1,10 @@
+-- delete_expired: deletes up to $1 keys past their expiry, through the
+-- expires_at index and skipping locked rows, so each call is short and holds
+-- few locks. Redis needs no event: its TTLs follow the same expiry.
+--
+-- $1 limit
+DELETE FROM idempotency_keys k USING (
+	SELECT scope, key FROM idempotency_keys WHERE expires_at <= now()
+	ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
+) old
+WHERE k.scope = old.scope AND k.key = old.key AND k.expires_at <= now()

@@ -1,0 +1,22 @@
+-- reap_leases: marks up to $3 keys whose lease ran out more than $1 ago
+-- failed (retryable), as a fail would: one version up, with an outbox event,
+-- so a key whose worker died is released even if no client retries. Rows
+-- other transactions hold are skipped; the next pass gets them.
+--
+-- $1 grace (interval)   $2 how long a failed row lives (interval)   $3 limit
+-- Returns how many keys it reaped.
+WITH dead AS (
+	SELECT scope, key FROM idempotency_keys
+	WHERE status = 'in_progress' AND lease_expires_at < now() - $1::interval
+	ORDER BY lease_expires_at LIMIT $3 FOR UPDATE SKIP LOCKED
+), reaped AS (
+	UPDATE idempotency_keys AS k SET
+		status = 'failed', version = k.version + 1, owner = NULL, lease_expires_at = NULL,
+		expires_at = now() + $2::interval, updated_at = now()
+	FROM dead WHERE k.scope = dead.scope AND k.key = dead.key
+	RETURNING k.scope, k.key, k.version
+), event AS (
+	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM reaped
+)
+SELECT count(*), coalesce(bool_or(pg_notify('onceonly_outbox', '') IS NULL), false) AS notified
+FROM reaped
