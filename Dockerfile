@@ -1,16 +1,16 @@
 # syntax=docker/dockerfile:1
-# Builds the three commands into one small image; docker-compose.yml picks
+# Builds the four commands into one small image; docker-compose.yml picks
 # the command per service. Non-root, no shell, static binaries.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/relay ./cmd/reconciler
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/relay ./cmd/reconciler ./cmd/gateway
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
 USER nonroot:nonroot
-EXPOSE 8080 8081 8082
+EXPOSE 8080 8081 8082 8083
 ENTRYPOINT []
 CMD ["api"]

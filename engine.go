@@ -2,9 +2,12 @@ package onceonly
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +26,8 @@ const (
 	DefaultLeaseTimeout = 30 * time.Second
 	DefaultCompletedTTL = outbox.DefaultCompletedTTL
 	DefaultFailedTTL    = outbox.DefaultFailedTTL
-	DefaultRedisTimeout = 100 * time.Millisecond
+	DefaultRedisTimeout   = 100 * time.Millisecond
+	DefaultResumeInterval = 5 * time.Second
 )
 
 // Config configures an Engine. Only Pool is required.
@@ -52,6 +56,9 @@ type Config struct {
 	ShouldStore func(status int) bool
 	// Logger receives the engine's logs (default slog.Default()).
 	Logger *slog.Logger
+	// ResumeInterval is how often Resume looks for executions to finish
+	// (default 5s; keep it at most the reconciler's interval).
+	ResumeInterval time.Duration
 	// DeferRelayNotify takes the relay's NOTIFY out of the engine's
 	// transactions (see outbox.Config.DeferNotify): commits stop queueing
 	// on the database-wide NOTIFY lock. The engine then notifies after a
@@ -90,6 +97,10 @@ type Engine struct {
 	cache   *cache.Cache // nil without Redis
 	log     *slog.Logger
 	metrics *metrics
+	leases  *leaseKeeper
+
+	mu    sync.Mutex
+	funcs map[string]Func // registered handlers, by name
 }
 
 // New returns an Engine.
@@ -102,6 +113,7 @@ func New(cfg Config) (*Engine, error) {
 	defaults.Positive(&cfg.FailedTTL, DefaultFailedTTL)
 	defaults.Positive(&cfg.RedisTimeout, DefaultRedisTimeout)
 	defaults.Positive(&cfg.MaxCachedBody, cache.DefaultMaxBody)
+	defaults.Positive(&cfg.ResumeInterval, DefaultResumeInterval)
 	if cfg.ShouldStore == nil {
 		cfg.ShouldStore = DefaultShouldStore
 	}
@@ -117,11 +129,22 @@ func New(cfg Config) (*Engine, error) {
 		}),
 		log:     cfg.Logger,
 		metrics: m,
+		funcs:   map[string]Func{},
+	}
+	e.leases = &leaseKeeper{
+		store: e.store, config: cfg.Pool.Config().ConnConfig.Copy(), lease: cfg.LeaseTimeout,
+		log: e.log.Warn, leases: map[keystate.Owner]*lease{},
 	}
 	if cfg.Redis != nil {
 		e.cache = cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody})
 	}
 	return e, nil
+}
+
+// Close stops the engine's lease renewals and closes their connection.
+// Executions still running lose their leases.
+func (e *Engine) Close() {
+	e.leases.close(context.Background())
 }
 
 // DefaultShouldStore stores every status below 500 except 408, 409, 425 and
@@ -137,13 +160,27 @@ func DefaultShouldStore(status int) bool {
 // Do runs fn once for (scope, key): the first call runs it, later calls get
 // its stored Result with Replayed set. payload identifies the request (a
 // message body); the same key with another payload returns ErrKeyReused.
+// fn writes through tx, which commits together with the key's completion.
 // Other errors: *InFlightError, ErrUnavailable, ErrLeaseLost, ErrInvalidKey,
 // ErrInvalidScope, and fn's own error (the key is then failed and retryable).
+// A handler that calls systems outside Postgres is a Func: see Register and
+// Run.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	return e.execute(ctx, scope, key, PayloadFingerprint(payload), fn)
+	return e.execute(ctx, scope, key, PayloadFingerprint(payload), "", func() []byte { return payload }, withTx(fn))
 }
 
-func (e *Engine) execute(ctx context.Context, scope, key, fingerprint string, fn Handler) (out Outcome, err error) {
+// withTx runs a Handler as a Func: the transaction opens first.
+func withTx(fn Handler) Func {
+	return func(ctx context.Context, x *Execution) (Result, error) {
+		tx, err := x.Tx(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		return fn(ctx, tx)
+	}
+}
+
+func (e *Engine) execute(ctx context.Context, scope, key, fingerprint, handler string, request func() []byte, fn Func) (out Outcome, err error) {
 	start := time.Now()
 	outcome := outcomeExecuted
 	defer func() {
@@ -166,6 +203,7 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint string, fn
 		return out, err
 	}
 
+	claimedAt := time.Now()
 	claim, err := e.store.Claim(ctx, e.cfg.Pool, ref, fingerprint, owner, e.cfg.LeaseTimeout)
 	if err != nil {
 		e.releaseCache(ref, owner)
@@ -180,9 +218,21 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint string, fn
 		out, outcome, err = e.answerHeld(claim.Key, fingerprint)
 		return out, err
 	}
-
-	out, outcome, err = e.run(ctx, ref, owner, fn)
+	x := e.newExecution(claim.Key, handler, request)
+	if err := x.loadSteps(claim.Steps); err != nil {
+		e.log.Error("resume from recorded steps: calling them again", "scope", scope, "key", key, "err", err)
+	}
+	out, outcome, err = e.run(ctx, x, claimedAt, fn)
 	return out, err
+}
+
+// newExecution returns the execution of the key k this engine just claimed.
+func (e *Engine) newExecution(k keystate.Key, handler string, request func() []byte) *Execution {
+	return &Execution{
+		engine: e, ref: k.Ref, fence: Fence{Owner: k.Owner, Version: k.Version},
+		handler: handler, request: request,
+		outcomes: map[string]json.RawMessage{}, started: map[string]bool{},
+	}
 }
 
 // checkCache asks Redis first. done is true when Redis answered the request.
@@ -228,103 +278,132 @@ func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string
 	return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: time.Second}
 }
 
-// run executes fn under owner's lease and records the result.
-func (e *Engine) run(ctx context.Context, ref keystate.Ref, owner keystate.Owner, fn Handler) (Outcome, string, error) {
+// run executes fn as x, which holds its key's lease since claimedAt, and
+// records the result: a stored result completes the key in the execution's
+// transaction; otherwise the key is failed (retryable), or handed off for a
+// resumption when a step may have had an effect the key must not forget.
+func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn Func) (Outcome, string, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopHeartbeat := e.heartbeat(hctx, cancel, ref, owner)
-	defer stopHeartbeat()
+	x.lease = e.leases.hold(x.ref, x.fence.Owner, claimedAt, cancel)
+	defer e.leases.release(x.lease)
+	hctx = context.WithValue(hctx, executionKey{}, x)
 
-	var (
-		res       Result
-		handled   bool
-		handleErr error
-		stored    keystate.Key
-	)
-	txErr := pgx.BeginFunc(hctx, e.cfg.Pool, func(tx pgx.Tx) error {
-		defer func() {
-			if p := recover(); p != nil {
-				// Roll back and fail the key before the panic goes on.
-				_ = tx.Rollback(context.WithoutCancel(hctx))
-				e.fail(ref, owner)
-				panic(p)
-			}
-		}()
-		res, handleErr = fn(hctx, tx)
-		handled = true
-		if res.Status == 0 {
-			res.Status = 200
-		}
-		if handleErr != nil || !e.cfg.ShouldStore(res.Status) {
-			return errRollback
-		}
-		var err error
-		stored, err = e.store.Complete(hctx, tx, ref, owner, res)
-		return err
-	})
-	switch {
-	case txErr == nil:
-		e.writeThrough(stored)
-		return Outcome{Result: res}, outcomeExecuted, nil
-	case errors.Is(txErr, outbox.ErrLeaseLost) || errors.Is(context.Cause(hctx), outbox.ErrLeaseLost):
-		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
+	res, handleErr := e.call(hctx, x, fn)
+	if res.Status == 0 {
+		res.Status = http.StatusOK
 	}
-	e.fail(ref, owner)
+	if handleErr == nil && e.cfg.ShouldStore(res.Status) {
+		stored, err := e.complete(hctx, x, res)
+		switch {
+		case err == nil:
+			e.writeThrough(stored)
+			return Outcome{Result: res}, outcomeExecuted, nil
+		case e.leaseLost(hctx, err):
+			return Outcome{}, outcomeLeaseLost, ErrLeaseLost
+		}
+		// The commit (or begin) failed; whether a commit that lost its
+		// connection went through is unknown, so the key is left to the
+		// lease if abandon cannot run either, and the client retries.
+		e.abandon(x, x.anyStep())
+		if ctx.Err() != nil {
+			return Outcome{}, outcomeFailed, ctx.Err()
+		}
+		return Outcome{}, outcomeUnavailable, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	x.rollback()
 	switch {
-	case handleErr != nil:
-		return Outcome{}, outcomeHandlerError, handleErr
-	case handled && errors.Is(txErr, errRollback):
+	case e.leaseLost(hctx, handleErr):
+		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
+	case handleErr == nil:
+		// A deliberate answer that is not stored: retryable, unless a step
+		// is unsettled and must be finished first.
+		e.abandon(x, x.unsettled())
 		return Outcome{Result: res}, outcomeFailed, nil
-	case ctx.Err() != nil:
+	}
+	e.abandon(x, x.anyStep())
+	if ctx.Err() != nil {
 		return Outcome{}, outcomeFailed, ctx.Err()
 	}
-	// The commit (or begin) failed; whether a commit that lost its
-	// connection went through is unknown, so the key is left to the lease
-	// if fail could not run either, and the client retries.
-	return Outcome{}, outcomeUnavailable, fmt.Errorf("%w: %w", ErrUnavailable, txErr)
+	return Outcome{}, outcomeHandlerError, handleErr
 }
 
-var errRollback = errors.New("rollback: result not stored")
-
-// heartbeat renews the lease every third of LeaseTimeout until stopped; if
-// the lease is lost it cancels the handler's context with ErrLeaseLost.
-func (e *Engine) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, ref keystate.Ref, owner keystate.Owner) (stop func()) {
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(e.cfg.LeaseTimeout / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				err := e.store.Heartbeat(ctx, e.cfg.Pool, ref, owner, e.cfg.LeaseTimeout)
-				if errors.Is(err, outbox.ErrLeaseLost) {
-					cancel(outbox.ErrLeaseLost)
-					return
-				}
-				if err != nil && ctx.Err() == nil {
-					e.log.Warn("lease heartbeat failed", "scope", ref.Scope, "key", ref.Key, "err", err)
-				}
-			}
+// call runs fn; a panic rolls the transaction back and abandons the key
+// before it goes on.
+func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error) {
+	defer func() {
+		if p := recover(); p != nil {
+			x.rollback()
+			e.abandon(x, x.anyStep())
+			panic(p)
 		}
 	}()
-	return func() { close(done); <-finished }
+	return fn(ctx, x)
 }
 
-// fail marks the key failed, on a context of its own: a request canceled by
-// its client must not leave the key claimed.
-func (e *Engine) fail(ref keystate.Ref, owner keystate.Owner) {
+// complete stores res and completes the key in the execution's transaction
+// (begun now if the handler never asked for it), then commits.
+func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, error) {
+	tx, err := x.Tx(ctx)
+	if err != nil {
+		return keystate.Key{}, err
+	}
+	stored, err := e.store.Complete(ctx, tx, x.ref, x.fence.Owner, res)
+	if err != nil {
+		x.rollback()
+		return keystate.Key{}, err
+	}
+	if !x.lease.valid() {
+		x.rollback()
+		return keystate.Key{}, ErrLeaseLost
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return keystate.Key{}, fmt.Errorf("commit: %w", err)
+	}
+	return stored, nil
+}
+
+// rollback rolls the execution's transaction back, if it began one.
+func (x *Execution) rollback() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.tx != nil {
+		_ = x.tx.Rollback(context.Background())
+	}
+}
+
+// leaseLost reports whether err, or the cause of ctx, says the execution
+// lost its lease.
+func (e *Engine) leaseLost(ctx context.Context, err error) bool {
+	return errors.Is(err, outbox.ErrLeaseLost) || errors.Is(err, ErrLeaseLost) ||
+		errors.Is(context.Cause(ctx), ErrLeaseLost)
+}
+
+// recordError maps a store error of a step record.
+func (e *Engine) recordError(err error) error {
+	if errors.Is(err, outbox.ErrLeaseLost) {
+		return ErrLeaseLost
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// abandon ends an execution that has no stored result: the key is handed
+// off for a resumption when handOff (a step may have had an effect), else
+// failed, so a retry runs again. Both run on a context of their own: a
+// request canceled by its client must not leave the key claimed.
+func (e *Engine) abandon(x *Execution, handOff bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	k, err := e.store.Fail(ctx, e.cfg.Pool, ref, owner)
+	var k keystate.Key
+	var err error
+	if handOff {
+		k, err = e.store.HandOff(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
+	} else {
+		k, err = e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
+	}
 	if err != nil {
 		if !errors.Is(err, outbox.ErrLeaseLost) {
-			e.log.Error("mark key failed; it stays claimed until its lease ends", "scope", ref.Scope, "key", ref.Key, "err", err)
+			e.log.Error("release key; it stays claimed until its lease ends", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
 		}
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -33,7 +34,7 @@ func exampleEngine() (*onceonly.Engine, func()) {
 	if err != nil {
 		panic(err)
 	}
-	return engine, func() { rdb.Close(); pool.Close(); _ = drop() }
+	return engine, func() { engine.Close(); rdb.Close(); pool.Close(); _ = drop() }
 }
 
 // A message consumer: the message ID is the idempotency key. A redelivery
@@ -50,7 +51,7 @@ func ExampleEngine_Do() {
 			return onceonly.Result{}, err
 		}
 		fmt.Println("charging the card")
-		return onceonly.Result{Status: 200, Body: []byte(fmt.Sprint(n))}, nil
+		return onceonly.Result{Status: 200, Body: []byte(strconv.Itoa(n))}, nil
 	}
 	for range 2 { // the broker delivers the message twice
 		out, err := engine.Do(ctx, "billing", "msg-0001", []byte(`{"amount":1000}`), handle)
@@ -72,7 +73,11 @@ func ExampleEngine_Middleware() {
 	defer cleanup()
 
 	create := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, _ := onceonly.Tx(r.Context())
+		tx, err := onceonly.Tx(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		_, _ = tx.Exec(r.Context(), `SELECT 1`) // the business write
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
@@ -84,7 +89,7 @@ func ExampleEngine_Middleware() {
 	defer srv.Close()
 
 	for range 2 {
-		req, _ := http.NewRequest("POST", srv.URL+"/orders", strings.NewReader(`{"sku":"x"}`))
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"sku":"x"}`))
 		req.Header.Set("Idempotency-Key", "order-42")
 		req.Header.Set("Content-Type", "application/json")
 		res, err := http.DefaultClient.Do(req)

@@ -27,6 +27,7 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	duration      *prometheus.HistogramVec
 	redisFallback *prometheus.CounterVec
+	resumptions   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -44,8 +45,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceonly_redis_fallback_total",
 			Help: "Redis calls that failed or timed out; the engine carried on from Postgres.",
 		}, []string{"op"}),
+		resumptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceonly_resumptions_total",
+			Help: "Executions a live engine took over and finished after their holder died or handed off, by outcome.",
+		}, []string{"outcome"}),
 	}
-	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback); err != nil {
+	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -5,14 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"mime"
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // HeaderKey is the request header carrying the idempotency key.
@@ -31,6 +30,14 @@ type MiddlewareOptions struct {
 	Scope func(r *http.Request) (string, error)
 	// MaxBody is the largest request body accepted (DefaultMaxBody).
 	MaxBody int64
+	// Name registers the wrapped handler under this name (Engine.Register),
+	// so it may call systems outside Postgres through Step and a live engine
+	// can finish an execution whose process died after a step started: it
+	// runs the handler again on the stored request (method, URI, headers
+	// but credentials and cookies, body), with the scope from
+	// ExecutionOf(ctx).Scope(), since the middlewares in front of this one
+	// do not run then. Names are unique per engine; a duplicate panics.
+	Name string
 	// WriteError writes the middleware's own error answers (400, 401, 409,
 	// 413, 422, 503) in the service's error format. Retry-After is already
 	// set when it is called. Default: WriteProblem.
@@ -65,19 +72,11 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, e *HTTPError) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
-type txKey struct{}
-
-// Tx returns the transaction of the current first execution: the wrapped
-// handler writes its business rows through it, and they commit together with
-// the key's completion. ok is false outside the middleware.
-func Tx(ctx context.Context) (tx pgx.Tx, ok bool) {
-	tx, ok = ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok
-}
-
 // Middleware makes the wrapped handler run once per (scope, Idempotency-Key).
-// The first request runs it inside a transaction (see Tx) and stores the
-// status, Content-Type and body it writes; retries get them back
+// The first request runs it as an execution: its business writes go
+// through Tx(r.Context()), which commits together with the key's
+// completion, after any Step (with MiddlewareOptions.Name). The status,
+// Content-Type and body it writes are stored; retries get them back
 // byte-identical with Idempotent-Replayed: true. Errors are JSON:
 // 400 for a missing or invalid key or a body that is not JSON, 409 with
 // Retry-After while another request holds the key, 413 for a body over
@@ -91,6 +90,11 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 		opts.WriteError = WriteProblem
 	}
 	return func(next http.Handler) http.Handler {
+		if opts.Name != "" {
+			if err := e.Register(opts.Name, resumeHTTP(next)); err != nil {
+				panic(err)
+			}
+		}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fail := func(status int, code, message, param string) {
 				opts.WriteError(w, r, &HTTPError{Status: status, Code: code, Message: message, Param: param})
@@ -125,12 +129,11 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				fail(http.StatusBadRequest, "invalid_json", "The request body is not valid JSON.", "")
 				return
 			}
-			out, err := e.execute(r.Context(), scope, key[0], fingerprint, func(ctx context.Context, tx pgx.Tx) (Result, error) {
-				rec := &recorder{header: http.Header{}}
-				inner := r.WithContext(context.WithValue(ctx, txKey{}, tx))
+			request := func() []byte { return encodeRequest(r, body) }
+			out, err := e.execute(r.Context(), scope, key[0], fingerprint, opts.Name, request, func(ctx context.Context, _ *Execution) (Result, error) {
+				inner := r.WithContext(ctx)
 				inner.Body = io.NopCloser(bytes.NewReader(body))
-				next.ServeHTTP(rec, inner)
-				return rec.result(), nil
+				return serve(next, inner), nil
 			})
 			if err != nil {
 				writeEngineError(w, err, fail)
@@ -200,6 +203,52 @@ const statusClientClosedRequest = 499
 
 func writeRetryAfter(w http.ResponseWriter, seconds float64) {
 	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(seconds)))))
+}
+
+// serve runs h on r and returns what it wrote.
+func serve(h http.Handler, r *http.Request) Result {
+	rec := &recorder{header: http.Header{}}
+	h.ServeHTTP(rec, r)
+	return rec.result()
+}
+
+// storedRequest is an HTTP request as an execution keeps it for a
+// resumption.
+type storedRequest struct {
+	Method string      `json:"method"`
+	URI    string      `json:"uri"`
+	Header http.Header `json:"header"`
+	Body   []byte      `json:"body"`
+}
+
+// secretHeaders are not stored with a request: a resumption runs without
+// the caller's credentials.
+var secretHeaders = []string{"Authorization", "Cookie", "Proxy-Authorization"}
+
+func encodeRequest(r *http.Request, body []byte) []byte {
+	h := r.Header.Clone()
+	for _, name := range secretHeaders {
+		h.Del(name)
+	}
+	raw, _ := json.Marshal(storedRequest{Method: r.Method, URI: r.URL.RequestURI(), Header: h, Body: body})
+	return raw
+}
+
+// resumeHTTP returns the Func that resumes an execution of h: h runs again
+// on the stored request.
+func resumeHTTP(h http.Handler) Func {
+	return func(ctx context.Context, x *Execution) (Result, error) {
+		var sr storedRequest
+		if err := json.Unmarshal(x.Request(), &sr); err != nil {
+			return Result{}, fmt.Errorf("decode stored request: %w", err)
+		}
+		r, err := http.NewRequestWithContext(ctx, sr.Method, sr.URI, bytes.NewReader(sr.Body))
+		if err != nil {
+			return Result{}, fmt.Errorf("rebuild stored request: %w", err)
+		}
+		r.Header = sr.Header
+		return serve(h, r), nil
+	}
 }
 
 // recorder captures what the wrapped handler writes.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/client"
+	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/payments"
 )
@@ -25,9 +26,11 @@ func api(t *testing.T) http.Handler {
 	rdb, prefix := testenv.Redis(t)
 	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 10 * time.Second})
 	require.NoError(t, err)
+	t.Cleanup(engine.Close)
 	return payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: map[string]string{"sk_test_c": "acct_c"},
-		SlowGatewayDelay: 700 * time.Millisecond, Logger: testenv.QuietLogger(),
+		Gateway: testenv.Gateway(t, pool, gateway.Config{SlowDelay: 700 * time.Millisecond}),
+		Logger:  testenv.QuietLogger(),
 	})
 }
 

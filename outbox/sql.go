@@ -41,4 +41,12 @@ var (
 	countEventsSQL string
 	//go:embed sql/notify.sql
 	notifySQL string
+	//go:embed sql/record_step.sql
+	recordStepSQL string
+	//go:embed sql/hand_off.sql
+	handOffSQL string
+	//go:embed sql/resume_claim.sql
+	resumeClaimSQL string
+	//go:embed sql/renew_leases.sql
+	renewLeasesSQL string
 )

@@ -111,6 +111,9 @@ type ClaimResult struct {
 	Claimed bool
 	// Key is the row after the claim, or the row that stopped it.
 	Key keystate.Key
+	// Steps holds the recovery points of an execution this claim took over
+	// (see RecordStep): a JSON object by step name, or nil.
+	Steps []byte
 }
 
 // maxClaimRounds bounds how often Claim retries a row that keeps changing
@@ -135,8 +138,9 @@ func (s *Store) Claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 	args := []any{ref.Scope, ref.Key, fingerprint, [16]byte(owner), lease, s.cfg.CompletedTTL, !s.cfg.DeferNotify, !inTx}
 	var notified bool
 	var durability string
+	var steps []byte
 	for range maxClaimRounds {
-		k, err := scanKey(db.QueryRow(ctx, claimInsertSQL, args...), &notified, &durability)
+		k, err := scanKey(db.QueryRow(ctx, claimInsertSQL, args...), &notified, &durability, &steps)
 		if err == nil {
 			return ClaimResult{Claimed: true, Key: k}, nil
 		}
@@ -153,9 +157,9 @@ func (s *Store) Claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 		case !takeable:
 			return ClaimResult{Key: k}, nil
 		}
-		k, err = scanKey(db.QueryRow(ctx, claimTakeoverSQL, args...), &notified, &durability)
+		k, err = scanKey(db.QueryRow(ctx, claimTakeoverSQL, args...), &notified, &durability, &steps)
 		if err == nil {
-			return ClaimResult{Claimed: true, Key: k}, nil
+			return ClaimResult{Claimed: true, Key: k, Steps: steps}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return ClaimResult{}, fmt.Errorf("claim key: %w", err)
@@ -220,4 +224,111 @@ func (s *Store) Heartbeat(ctx context.Context, db DB, ref keystate.Ref, owner ke
 		return ErrLeaseLost
 	}
 	return nil
+}
+
+// RecordStep records a recovery point of the execution owner holds on ref:
+// record is the step's JSON record ({} for an intent, {"outcome": …} once
+// the outcome is known). request, when not nil, is stored for a
+// resumption, with handler. Outcomes (async) commit without waiting for the
+// WAL flush: one lost in a crash costs a repeated call with the same
+// downstream key. It returns ErrLeaseLost when owner no longer holds ref.
+func (s *Store) RecordStep(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, step string, record []byte,
+	handler string, request []byte, async bool,
+) error {
+	var durability string
+	err := db.QueryRow(ctx, recordStepSQL, ref.Scope, ref.Key, [16]byte(owner), step, record, handler, request, async).Scan(&durability)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
+	if err != nil {
+		return fmt.Errorf("record step %s: %w", step, err)
+	}
+	return nil
+}
+
+// HandOff ends owner's lease on ref without finishing the execution: its
+// lease expires now, one version up, so a client retry or a resumer takes
+// it over at once (see hand_off.sql). It returns ErrLeaseLost when owner no
+// longer holds ref.
+func (s *Store) HandOff(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
+	var notified bool
+	k, err := scanKey(db.QueryRow(ctx, handOffSQL, ref.Scope, ref.Key, [16]byte(owner), !s.cfg.DeferNotify), &notified)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return keystate.Key{}, ErrLeaseLost
+	}
+	if err != nil {
+		return keystate.Key{}, fmt.Errorf("hand off key: %w", err)
+	}
+	return k, nil
+}
+
+// Resumable is an execution ResumeClaim took over.
+type Resumable struct {
+	Key keystate.Key
+	// Handler, Request and Steps are what its last holder recorded.
+	Handler string
+	Request []byte
+	Steps   []byte
+}
+
+// ResumeClaim takes over up to len(owners) executions of the named
+// handlers that started a step and whose lease ran out, each under one of
+// owners with a new lease.
+func (s *Store) ResumeClaim(ctx context.Context, db DB, handlers []string, owners []keystate.Owner, lease time.Duration) ([]Resumable, error) {
+	ids := make([][16]byte, len(owners))
+	for i, o := range owners {
+		ids[i] = o
+	}
+	rows, err := db.Query(ctx, resumeClaimSQL, lease, !s.cfg.DeferNotify, handlers, len(owners), ids)
+	if err != nil {
+		return nil, fmt.Errorf("claim executions to resume: %w", err)
+	}
+	defer rows.Close()
+	var out []Resumable
+	for rows.Next() {
+		var r Resumable
+		var notified bool
+		if r.Key, err = scanKey(rows, &notified, &r.Handler, &r.Request, &r.Steps); err != nil {
+			return nil, fmt.Errorf("claim executions to resume: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim executions to resume: %w", err)
+	}
+	return out, nil
+}
+
+// Lease is a lease RenewLeases extends.
+type Lease struct {
+	Ref   keystate.Ref
+	Owner keystate.Owner
+}
+
+// RenewLeases extends every lease in leases to lease from now, in one
+// statement, and returns the owners that still hold theirs; the others were
+// taken over or reaped.
+func (s *Store) RenewLeases(ctx context.Context, db DB, leases []Lease, lease time.Duration) (map[keystate.Owner]bool, error) {
+	n := len(leases)
+	scopes, keys, owners := make([]string, n), make([]string, n), make([][16]byte, n)
+	for i, l := range leases {
+		scopes[i], keys[i], owners[i] = l.Ref.Scope, l.Ref.Key, l.Owner
+	}
+	rows, err := db.Query(ctx, renewLeasesSQL, scopes, keys, owners, lease)
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	defer rows.Close()
+	held := make(map[keystate.Owner]bool, n)
+	for rows.Next() {
+		var o [16]byte
+		if err := rows.Scan(&o); err != nil {
+			return nil, fmt.Errorf("renew leases: %w", err)
+		}
+		held[o] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	return held, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/payments"
 )
@@ -49,15 +50,18 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	} else {
 		b.rdb, prefix = testenv.Redis(t)
 	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	gw := testenv.Gateway(t, b.pool, gateway.Config{Latency: opts.latency, SlowDelay: time.Second})
 	for range max(opts.instances, 1) {
 		// Each instance has a pool of its own, as separate processes would.
 		pool := testenv.Pool(t, b.dbURL)
 		engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: b.rdb, RedisPrefix: prefix, LeaseTimeout: 10 * time.Second})
 		require.NoError(t, err)
+		t.Cleanup(engine.Close)
 		srv := httptest.NewServer(payments.NewHandler(payments.Config{
 			Engine: engine, Pool: pool, APIKeys: map[string]string{apiKey: "acct_1", "sk_test_2": "acct_2"},
-			GatewayLatency: opts.latency, SlowGatewayDelay: time.Second,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Gateway: gw,
+			Logger:  quiet,
 		}))
 		t.Cleanup(srv.Close)
 		b.servers = append(b.servers, srv)

@@ -1,6 +1,8 @@
 // Package payments is the demo payments API: a small Stripe-like service
 // whose POST /v1/payments runs through the onceonly middleware, so retries
-// never charge twice. A simulated gateway chooses the outcome by source.
+// never charge twice. The charge happens at a payment gateway (package
+// gateway, over HTTP) as a step with its own downstream idempotency key;
+// the payment row commits with the key's completion after it.
 package payments
 
 import (
@@ -9,10 +11,12 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -20,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/gateway"
 )
 
 // Config configures the API.
@@ -28,12 +33,17 @@ type Config struct {
 	Pool   *pgxpool.Pool
 	// APIKeys maps a bearer API key to its merchant (the idempotency scope).
 	APIKeys map[string]string
-	// GatewayLatency is added to every charge (simulated gateway).
-	GatewayLatency time.Duration
-	// SlowGatewayDelay is the delay of tok_slow.
-	SlowGatewayDelay time.Duration
-	Logger           *slog.Logger
+	// Gateway charges the payments (required).
+	Gateway *gateway.Client
+	// GatewayAttempts is how many calls one request makes to the gateway
+	// while its answer is unknown, before it looks the charge up (default 3).
+	GatewayAttempts int
+	Logger          *slog.Logger
 }
+
+// HandlerName is the name the create handler is registered under, so a live
+// api finishes a payment whose process died after the gateway was called.
+const HandlerName = "payments.create"
 
 // Payment is the API's payment object.
 type Payment struct {
@@ -44,6 +54,7 @@ type Payment struct {
 	Customer    string  `json:"customer"`
 	Description *string `json:"description"`
 	Status      string  `json:"status"`
+	Charge      string  `json:"charge"`
 	Created     string  `json:"created"`
 }
 
@@ -51,8 +62,12 @@ type merchantKey struct{}
 
 // NewHandler returns the API's routes.
 func NewHandler(cfg Config) http.Handler {
+	if cfg.GatewayAttempts <= 0 {
+		cfg.GatewayAttempts = 3
+	}
 	a := &api{cfg: cfg}
 	idem := cfg.Engine.Middleware(onceonly.MiddlewareOptions{
+		Name:       HandlerName,
 		Scope:      func(r *http.Request) (string, error) { return merchant(r.Context()), nil },
 		MaxBody:    onceonly.DefaultMaxBody,
 		WriteError: writeEngineError,
@@ -141,51 +156,128 @@ func (a *api) validateCreate(next http.Handler) http.Handler {
 	})
 }
 
-// create runs once per idempotency key, inside the engine's transaction.
+// create runs once per idempotency key, as an execution of the engine: the
+// charge is a step (outside any transaction, with its downstream key), then
+// the payment row commits with the key's completion. On a resumption it
+// runs on the stored request: the merchant comes from the execution.
 func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	req, _ := ctx.Value(createKey{}).(CreateRequest)
-	tx, ok := onceonly.Tx(ctx)
+	x, ok := onceonly.ExecutionOf(ctx)
 	if !ok {
-		writeError(w, http.StatusInternalServerError, "internal_error", "No idempotency transaction.", "")
+		writeError(w, http.StatusInternalServerError, "internal_error", "Not run by the idempotency engine.", "")
 		return
 	}
-	delay := a.cfg.GatewayLatency
-	if req.Source == SourceSlow {
-		delay += a.cfg.SlowGatewayDelay
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
+		return
 	}
-	if !sleep(ctx, delay) {
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The request was canceled.", "")
+	req, err := parseCreate(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", err.Error(), "")
+		return
+	}
+	merchantID := x.Scope()
+	charge, err := onceonly.Step(ctx, "charge", func(ctx context.Context, downstreamKey string) (gateway.Charge, error) {
+		return a.charge(ctx, downstreamKey, gateway.ChargeRequest{
+			Amount: req.Amount, Currency: req.Currency, Source: req.Source, Reference: merchantID + "/" + x.Key(),
+		})
+	})
+	if err != nil {
+		// The answer is unknown: the engine settles the key later (same
+		// downstream key, or the look-up); until then a retry gets 409.
+		a.cfg.Logger.Warn("gateway outcome unknown", "merchant", merchantID, "key", x.Key(), "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway did not answer; retry with the same Idempotency-Key.", "")
+		return
+	}
+	if charge.ID == "" {
+		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway failed; retry with the same Idempotency-Key.", "")
 		return
 	}
 	status, httpStatus := "succeeded", http.StatusCreated
-	switch req.Source {
-	case SourceGatewayError:
-		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway failed; retry with the same Idempotency-Key.", "")
-		return
-	case SourceDeclined:
+	if charge.Status == "declined" {
 		status, httpStatus = "declined", http.StatusPaymentRequired
 	}
-	p, err := insertPayment(ctx, tx, merchant(ctx), r.Header.Get(onceonly.HeaderKey), req, status)
-	if err != nil {
-		a.cfg.Logger.Error("insert payment", "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The payment could not be recorded; retry.", "")
-		return
+	tx, err := onceonly.Tx(ctx)
+	if err == nil {
+		var p Payment
+		p, err = insertPayment(ctx, tx, merchantID, x.Key(), req, status, charge.ID)
+		if err == nil {
+			a.writePayment(w, httpStatus, p)
+			return
+		}
 	}
-	if httpStatus == http.StatusPaymentRequired {
-		writeJSON(w, httpStatus, map[string]any{"error": map[string]any{
+	a.cfg.Logger.Error("insert payment", "err", err)
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The payment could not be recorded; retry.", "")
+}
+
+// writePayment answers a recorded payment: 201 with its Location, or 402
+// with the declined payment in the error.
+func (a *api) writePayment(w http.ResponseWriter, status int, p Payment) {
+	if status == http.StatusPaymentRequired {
+		writeJSON(w, status, map[string]any{"error": map[string]any{
 			"type": "card_error", "code": "card_declined", "message": "Your card was declined.", "payment": p,
 		}})
 		return
 	}
-	writeJSON(w, httpStatus, p)
+	w.Header().Set("Location", "/v1/payments/"+p.ID)
+	writeJSON(w, status, p)
+}
+
+// charge calls the gateway with the step's downstream key until it
+// answers, at most GatewayAttempts times, then looks the charge up. It
+// returns the charge, a Charge without ID when the gateway is known to
+// have charged nothing, or an error when the outcome stays unknown.
+func (a *api) charge(ctx context.Context, key string, req gateway.ChargeRequest) (gateway.Charge, error) {
+	var lastErr error
+	answered := false // the last failure was an answer of the gateway, not a lost call
+	for attempt := 1; ; attempt++ {
+		c, err := a.cfg.Gateway.Charge(ctx, key, req)
+		if err == nil {
+			return c, nil
+		}
+		if !errors.Is(err, gateway.ErrUnknownOutcome) {
+			return gateway.Charge{}, err // a request the gateway refuses: a bug here
+		}
+		lastErr = err
+		var inFlight *gateway.InFlightError
+		isInFlight := errors.As(err, &inFlight)
+		answered = !isInFlight && !lostCall(err)
+		if attempt >= a.cfg.GatewayAttempts || ctx.Err() != nil {
+			break
+		}
+		wait := time.Duration(attempt) * 100 * time.Millisecond
+		if isInFlight {
+			wait = min(max(inFlight.RetryAfter, wait), time.Second)
+		}
+		if !sleep(ctx, wait) {
+			break
+		}
+	}
+	charges, err := a.cfg.Gateway.Lookup(ctx, req.Reference)
+	switch {
+	case err != nil:
+		return gateway.Charge{}, fmt.Errorf("outcome unknown (%w); look-up failed: %w", lastErr, err)
+	case len(charges) > 0:
+		return charges[0], nil
+	case answered:
+		return gateway.Charge{}, nil
+	}
+	return gateway.Charge{}, fmt.Errorf("outcome unknown: %w", lastErr)
+}
+
+// lostCall reports whether a gateway call failed without an answer: a
+// timeout, a broken connection, an answer cut short. Such a call may have
+// charged even when the look-up finds nothing yet (the gateway may still be
+// working on it).
+func lostCall(err error) bool {
+	var ue *url.Error
+	return errors.As(err, &ue) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return true
-	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -196,19 +288,19 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-const paymentColumns = `id, amount, currency, customer, description, status,
+const paymentColumns = `id, amount, currency, customer, description, status, coalesce(charge_id, ''),
 	to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')`
 
-func insertPayment(ctx context.Context, tx pgx.Tx, merchantID, key string, req CreateRequest, status string) (Payment, error) {
+func insertPayment(ctx context.Context, tx pgx.Tx, merchantID, key string, req CreateRequest, status, chargeID string) (Payment, error) {
 	return scanPayment(tx.QueryRow(ctx, `INSERT INTO payments
-		(id, merchant_id, idempotency_key, amount, currency, customer, description, status)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+paymentColumns,
-		newPaymentID(), merchantID, key, req.Amount, req.Currency, req.Customer, req.Description, status))
+		(id, merchant_id, idempotency_key, amount, currency, customer, description, status, charge_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+paymentColumns,
+		newPaymentID(), merchantID, key, req.Amount, req.Currency, req.Customer, req.Description, status, chargeID))
 }
 
 func scanPayment(row pgx.Row) (Payment, error) {
 	p := Payment{Object: "payment"}
-	err := row.Scan(&p.ID, &p.Amount, &p.Currency, &p.Customer, &p.Description, &p.Status, &p.Created)
+	err := row.Scan(&p.ID, &p.Amount, &p.Currency, &p.Customer, &p.Description, &p.Status, &p.Charge, &p.Created)
 	return p, err
 }
 

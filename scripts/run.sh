@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole system on this machine: local Postgres and Redis (installed
 # and started as needed, data under .data/dev), migrations, then the api on
-# HTTP_ADDR (:8080) with the relay and reconciler beside it when present.
+# HTTP_ADDR (:8080) with the relay, the reconciler and the demo's payment
+# gateway beside it; the api charges through the gateway (GATEWAY_URL).
 # Logs are interleaved on stderr, each line labelled. Ctrl-C stops everything.
 #
 # With DATABASE_URL and REDIS_URL (or REDIS_CLUSTER_URL) set, it uses those
@@ -9,7 +10,8 @@
 # three-master Redis Cluster (REDIS_CLUSTER_PORT, 7000-7002) instead of the
 # single Redis.
 # Ports: PG_PORT (5432), REDIS_PORT (6379), HTTP_ADDR (:8080),
-# RELAY_HTTP_ADDR (:8081), RECONCILER_HTTP_ADDR (:8082).
+# RELAY_HTTP_ADDR (:8081), RECONCILER_HTTP_ADDR (:8082),
+# GATEWAY_HTTP_ADDR (:8083).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,8 +54,15 @@ start() {
 	"$@" > >(label "$name") 2>&1 &
 	pids+=($!)
 }
-# Each daemon serves its ops endpoints on its own port.
-start api env HTTP_ADDR="${HTTP_ADDR:-:8080}" bin/api
+# Each daemon serves its ops endpoints on its own port. The gateway comes
+# first: the api charges through it.
+gateway_addr=${GATEWAY_HTTP_ADDR:-:8083}
+start gateway env HTTP_ADDR="$gateway_addr" bin/gateway
+for _ in $(seq 1 50); do
+	bin/api probe "http://127.0.0.1:${gateway_addr##*:}/readyz" 2>/dev/null && break
+	sleep 0.2
+done
+start api env HTTP_ADDR="${HTTP_ADDR:-:8080}" GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:${gateway_addr##*:}}" bin/api
 [ -x bin/relay ] && start relay env HTTP_ADDR="${RELAY_HTTP_ADDR:-:8081}" bin/relay
 [ -x bin/reconciler ] && start reconciler env HTTP_ADDR="${RECONCILER_HTTP_ADDR:-:8082}" bin/reconciler
 echo "onceonly: api on ${HTTP_ADDR:-:8080} (Ctrl-C stops everything)" >&2

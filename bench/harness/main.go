@@ -36,6 +36,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -53,38 +54,50 @@ func main() {
 	base := fs.Int("base", 29001, "first port (serve)")
 	n := fs.Int("n", 300, "logical requests per variant (dupes)")
 	_ = fs.Parse(os.Args[2:])
+	if err := run(os.Args[1], *base, *n); err != nil {
+		fmt.Fprintln(os.Stderr, "harness:", err)
+		os.Exit(1)
+	}
+}
+
+// run runs command cmd until it is done or SIGINT/SIGTERM arrives.
+func run(cmd string, base, n int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	pool, rdb, err := connect(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "harness:", err)
-		os.Exit(1)
+		return err
 	}
 	h, err := newHarness(pool, rdb)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "harness:", err)
-		os.Exit(1)
+		return err
 	}
-	switch os.Args[1] {
+	switch cmd {
 	case "serve":
-		err = h.serve(ctx, *base)
+		return h.serve(ctx, base)
 	case "dupes":
-		var result map[string]dupeResult
-		if result, err = h.dupes(ctx, *n); err == nil {
-			err = json.NewEncoder(os.Stdout).Encode(result)
+		result, err := h.dupes(ctx, n)
+		if err != nil {
+			return err
 		}
+		return writeJSON(result)
 	case "memory":
-		var usage map[string]int64
-		if usage, err = h.memory(ctx); err == nil {
-			err = json.NewEncoder(os.Stdout).Encode(usage)
+		usage, err := h.memory(ctx)
+		if err != nil {
+			return err
 		}
+		return writeJSON(usage)
 	default:
-		err = fmt.Errorf("unknown command %q", os.Args[1])
+		return fmt.Errorf("unknown command %q", cmd)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "harness:", err)
-		os.Exit(1)
+}
+
+// writeJSON writes v to stdout as one line of JSON.
+func writeJSON(v any) error {
+	if err := json.NewEncoder(os.Stdout).Encode(v); err != nil {
+		return fmt.Errorf("write the result: %w", err)
 	}
+	return nil
 }
 
 type harness struct {
@@ -117,7 +130,7 @@ func connect(ctx context.Context) (*pgxpool.Pool, *redis.Client, error) {
 }
 
 func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := slog.New(slog.DiscardHandler)
 	pgOnly, err := onceonly.New(onceonly.Config{Pool: pool, Logger: quiet})
 	if err != nil {
 		return nil, err
@@ -176,17 +189,16 @@ func (h *harness) serve(ctx context.Context, base int) error {
 	for port, handler := range ports {
 		srv := &http.Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 		servers = append(servers, srv)
-		l, err := net.Listen("tcp", srv.Addr)
+		var lc net.ListenConfig
+		l, err := lc.Listen(ctx, "tcp", srv.Addr)
 		if err != nil {
-			return err
+			return fmt.Errorf("listen on %s: %w", srv.Addr, err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
 				errc <- err
 			}
-		}()
+		})
 	}
 	fmt.Fprintf(os.Stderr, "harness: serving the variants on ports %d..%d, pprof on %d\n", base, base+len(handlers)-1, base+9)
 	select {
@@ -195,7 +207,7 @@ func (h *harness) serve(ctx context.Context, base int) error {
 		return err
 	}
 	for _, srv := range servers {
-		_ = srv.Shutdown(context.Background())
+		_ = srv.Shutdown(context.WithoutCancel(ctx)) // ctx has ended
 	}
 	wg.Wait()
 	return nil
@@ -222,8 +234,11 @@ func (h *harness) charge(w http.ResponseWriter, r *http.Request) {
 	const sql = `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status)
 		VALUES ($1, 'acct_bench', $2, 1000, 'usd', 'cus_bench', 'succeeded')`
 	var err error
-	if tx, ok := onceonly.Tx(r.Context()); ok {
-		_, err = tx.Exec(r.Context(), sql, payID, key)
+	if _, inside := onceonly.ExecutionOf(r.Context()); inside {
+		var tx pgx.Tx
+		if tx, err = onceonly.Tx(r.Context()); err == nil {
+			_, err = tx.Exec(r.Context(), sql, payID, key)
+		}
 	} else {
 		_, err = h.pool.Exec(r.Context(), sql, payID, key)
 	}
@@ -256,12 +271,22 @@ func (h *harness) redisOnly(next http.Handler) http.Handler {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		switch reply[0].(int64) {
+		code, ok := reply[0].(int64)
+		if !ok {
+			http.Error(w, fmt.Sprintf("lock check: unexpected reply %v", reply), http.StatusServiceUnavailable)
+			return
+		}
+		switch code {
 		case 1:
+			stored, ok := reply[1].(string)
+			if !ok {
+				http.Error(w, fmt.Sprintf("lock check: unexpected reply %v", reply), http.StatusServiceUnavailable)
+				return
+			}
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Idempotent-Replayed", "true")
 			w.WriteHeader(http.StatusCreated)
-			_, _ = io.WriteString(w, reply[1].(string))
+			_, _ = io.WriteString(w, stored)
 			return
 		case 2:
 			w.Header().Set("Retry-After", "1")
@@ -312,10 +337,11 @@ func (h *harness) dupes(ctx context.Context, n int) (map[string]dupeResult, erro
 	run := fmt.Sprintf("dup-%d", time.Now().UnixNano())
 	result := map[string]dupeResult{}
 	for name, handler := range variants {
-		srv := &http.Server{Handler: handler}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+		var lc net.ListenConfig
+		l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("listen: %w", err)
 		}
 		go func() { _ = srv.Serve(l) }()
 		url := "http://" + l.Addr().String()
@@ -325,8 +351,8 @@ func (h *harness) dupes(ctx context.Context, n int) (map[string]dupeResult, erro
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			for attempt := 0; attempt < 20; attempt++ {
-				req, _ := http.NewRequestWithContext(ctx, "POST", url, nil)
+			for range 20 {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 				req.Header.Set("Idempotency-Key", key)
 				res, err := http.DefaultClient.Do(req)
 				if err != nil {
@@ -359,12 +385,15 @@ func (h *harness) dupes(ctx context.Context, n int) (map[string]dupeResult, erro
 			SELECT idempotency_key, count(*) AS c FROM payments WHERE idempotency_key LIKE $1 GROUP BY 1) s`,
 			run+"-"+name+"-%").Scan(&keys, &dup)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("count the charged keys of %s: %w", name, err)
 		}
 		result[name] = dupeResult{LogicalRequests: n, Sent: 4 * n, KeysCharged: keys, KeysChargedTwice: dup}
 	}
 	return result, nil
 }
+
+// memoryScope is the scope of the keys memory measures.
+const memoryScope = "acct_1234"
 
 // memory reports Redis MEMORY USAGE of a completed key with a 200-byte body
 // and of an in-progress key, as onceonly writes them.
@@ -372,9 +401,9 @@ func (h *harness) memory(ctx context.Context) (map[string]int64, error) {
 	c := cache.New(h.rdb, cache.Options{Prefix: "mem:"})
 	body := []byte(fmt.Sprintf(`{"id":"pay_%0187d"}`, 0)) // 200 bytes
 	updates := []keystate.Key{
-		{Ref: keystate.Ref{Scope: "acct_1234", Key: "order-000000000001"}, Version: 2, Status: keystate.Completed, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
+		{Ref: keystate.Ref{Scope: memoryScope, Key: "order-000000000001"}, Version: 2, Status: keystate.Completed, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
 			ExpiresIn: 24 * time.Hour, Response: keystate.Response{Status: 201, ContentType: "application/json", Body: body}},
-		{Ref: keystate.Ref{Scope: "acct_1234", Key: "order-000000000002"}, Version: 1, Status: keystate.InProgress, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
+		{Ref: keystate.Ref{Scope: memoryScope, Key: "order-000000000002"}, Version: 1, Status: keystate.InProgress, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
 			ExpiresIn: 24 * time.Hour, Owner: keystate.Owner{1}, LeaseRemaining: 30 * time.Second},
 	}
 	out := map[string]int64{"body_bytes": int64(len(body))}
@@ -384,17 +413,17 @@ func (h *harness) memory(ctx context.Context) (map[string]int64, error) {
 		}
 		n, err := h.rdb.MemoryUsage(ctx, c.Key(u.Ref)).Result()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("memory usage of %s: %w", u.Ref.Key, err)
 		}
 		out[[]string{"completed_key_bytes", "in_progress_key_bytes"}[i]] = n
 	}
-	bare := c.Key(keystate.Ref{Scope: "acct_1234", Key: "order-000000000003"}) // a key name of the same length
+	bare := c.Key(keystate.Ref{Scope: memoryScope, Key: "order-000000000003"}) // a key name of the same length
 	if err := h.rdb.Set(ctx, bare, body, 24*time.Hour).Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("set the bare key: %w", err)
 	}
 	n, err := h.rdb.MemoryUsage(ctx, bare).Result()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("memory usage of the bare key: %w", err)
 	}
 	out["bare_set_of_the_body_bytes"] = n
 	return out, nil

@@ -8,7 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
 	"github.com/onceonly/onceonly/migrations"
@@ -31,9 +34,10 @@ func main() {
 // settings is the api's configuration.
 type settings struct {
 	*daemon.Common
-	apiKeys                                                                 *string
+	apiKeys, gatewayURL                                                     *string
 	deferNotify                                                             *bool
 	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay *time.Duration
+	gatewayTimeout, resumeInterval                                          *time.Duration
 }
 
 func define(s *config.Set) *settings {
@@ -44,8 +48,11 @@ func define(s *config.Set) *settings {
 		leaseTimeout:     s.Duration("lease-timeout", "LEASE_TIMEOUT", onceonly.DefaultLeaseTimeout, "how long a claim holds a key without a heartbeat"),
 		completedTTL:     s.Duration("completed-ttl", "COMPLETED_TTL", onceonly.DefaultCompletedTTL, "how long completed keys are kept"),
 		failedTTL:        s.Duration("failed-ttl", "FAILED_TTL", onceonly.DefaultFailedTTL, "how long failed keys are kept"),
-		gatewayLatency:   s.Duration("gateway-latency", "GATEWAY_LATENCY", 0, "simulated gateway delay of every charge"),
-		slowGatewayDelay: s.Duration("slow-gateway-delay", "SLOW_GATEWAY_DELAY", 2*time.Second, "extra delay of source tok_slow"),
+		gatewayURL:       s.String("gateway-url", "GATEWAY_URL", "", "base URL of the payment gateway (unset: an in-process simulated gateway)"),
+		gatewayTimeout:   s.Duration("gateway-timeout", "GATEWAY_TIMEOUT", 10*time.Second, "the longest one gateway call may take"),
+		gatewayLatency:   s.Duration("gateway-latency", "GATEWAY_LATENCY", 0, "in-process gateway: delay of every charge"),
+		slowGatewayDelay: s.Duration("slow-gateway-delay", "SLOW_GATEWAY_DELAY", 2*time.Second, "in-process gateway: extra delay of source tok_slow"),
+		resumeInterval:   s.Duration("resume-interval", "RESUME_INTERVAL", onceonly.DefaultResumeInterval, "how often the api looks for executions whose holder died after calling the gateway, to finish them"),
 	}
 }
 
@@ -139,6 +146,22 @@ type validated struct {
 	demoKeys bool
 }
 
+// validateGateway checks the gateway settings.
+func validateGateway(s *settings) error {
+	if *s.gatewayURL != "" {
+		u, err := url.Parse(*s.gatewayURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("bad configuration: GATEWAY_URL=%q is not an http(s) URL", *s.gatewayURL)
+		}
+	}
+	for name, d := range map[string]time.Duration{"GATEWAY_TIMEOUT": *s.gatewayTimeout, "RESUME_INTERVAL": *s.resumeInterval} {
+		if d <= 0 {
+			return fmt.Errorf("bad configuration: %s must be positive", name)
+		}
+	}
+	return nil
+}
+
 func validate(s *settings) (validated, error) {
 	var v validated
 	raw := *s.apiKeys
@@ -150,7 +173,7 @@ func validate(s *settings) (validated, error) {
 		return v, err
 	}
 	v.apiKeys = keys
-	return v, nil
+	return v, validateGateway(s)
 }
 
 func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.Writer) error {
@@ -243,12 +266,19 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	engine, err := onceonly.New(onceonly.Config{
 		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix,
 		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
+		ResumeInterval:   *s.resumeInterval,
 		DeferRelayNotify: *s.deferNotify,
 		Logger:           log, Registerer: reg,
 	})
 	if err != nil {
 		return err
 	}
+	defer engine.Close()
+	gw, stopGateway, err := openGateway(ctx, s, pool, log)
+	if err != nil {
+		return err
+	}
+	defer stopGateway()
 	// Without Redis the api still answers, from Postgres: Redis makes it
 	// degraded, never unready.
 	var optional map[string]daemon.Check
@@ -258,8 +288,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	mux := http.NewServeMux()
 	daemon.OpsHandler(mux, reg, map[string]daemon.Check{"postgres": pool.Ping}, optional)
 	mux.Handle("/", payments.NewHandler(payments.Config{
-		Engine: engine, Pool: pool, APIKeys: v.apiKeys,
-		GatewayLatency: *s.gatewayLatency, SlowGatewayDelay: *s.slowGatewayDelay, Logger: log,
+		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
 	}))
 	srv := &http.Server{
 		Addr:              *s.HTTPAddr,
@@ -268,8 +297,39 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	log.Info("api listening", "addr", *s.HTTPAddr, "redis", rdb != nil)
-	return daemon.Serve(ctx, srv, log, 9*time.Second)
+	log.Info("api listening", "addr", *s.HTTPAddr, "redis", rdb != nil, "gateway", gw.BaseURL)
+	resuming := make(chan struct{})
+	go func() {
+		defer close(resuming)
+		_ = engine.Resume(ctx) // returns when ctx ends
+	}()
+	err = daemon.Serve(ctx, srv, log, 9*time.Second)
+	<-resuming
+	return err
+}
+
+// openGateway returns the client of the payment gateway at GATEWAY_URL, or
+// of one served in this process when it is unset.
+func openGateway(ctx context.Context, s *settings, pool *pgxpool.Pool, log *slog.Logger) (*gateway.Client, func(), error) {
+	httpClient := &http.Client{Timeout: *s.gatewayTimeout}
+	if *s.gatewayURL != "" {
+		return &gateway.Client{BaseURL: strings.TrimRight(*s.gatewayURL, "/"), HTTP: httpClient}, func() {}, nil
+	}
+	if err := gateway.Migrate(ctx, pool); err != nil {
+		return nil, nil, err
+	}
+	base, stop, err := gateway.StartInProcess(ctx, gateway.Config{
+		Pool: pool, Latency: *s.gatewayLatency, SlowDelay: *s.slowGatewayDelay, Logger: log,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("start the in-process gateway: %w", err)
+	}
+	log.Warn("GATEWAY_URL is unset: charging through an in-process simulated gateway", "url", base)
+	return &gateway.Client{BaseURL: base, HTTP: httpClient}, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = stop(sctx)
+	}, nil
 }
 
 // probe is a health check for images without a shell or curl: it exits 0

@@ -20,5 +20,6 @@ SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
 	0 AS response_status, '' AS response_content_type, NULL::bytea AS response_body, false AS body_omitted,
 	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
 	(CASE WHEN $7 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
-	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true)
+	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true),
+	NULL::jsonb AS steps
 FROM claimed k

@@ -3,6 +3,10 @@
 -- its outbox event. No row comes back when another claim took it first (or
 -- retention deleted it): peek again.
 --
+-- Taking over an execution whose lease ran out keeps what it recorded (its
+-- handler, request and steps), so the new holder continues from its last
+-- recovery point; a failed or expired row starts afresh.
+--
 -- $1 scope   $2 key   $3 fingerprint   $4 owner (uuid)   $5 lease (interval)
 -- $6 how long the row lives (interval)
 -- $7 notify the relays in this statement's transaction
@@ -12,7 +16,10 @@ WITH claimed AS (
 		status = 'in_progress', version = k.version + 1, fingerprint = $3,
 		owner = $4, lease_expires_at = now() + $5::interval,
 		expires_at = now() + $6::interval, updated_at = now(),
-		response_status = NULL, response_content_type = NULL, response_body = NULL
+		response_status = NULL, response_content_type = NULL, response_body = NULL,
+		handler = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.handler END,
+		request = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.request END,
+		steps = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.steps END
 	WHERE k.scope = $1 AND k.key = $2
 		AND (k.expires_at <= now()
 			OR (k.fingerprint = $3 AND (k.status = 'failed'
@@ -26,5 +33,6 @@ SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
 	0 AS response_status, '' AS response_content_type, NULL::bytea AS response_body, false AS body_omitted,
 	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
 	(CASE WHEN $7 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
-	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true)
+	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true),
+	k.steps
 FROM claimed k

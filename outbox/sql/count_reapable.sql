@@ -2,4 +2,4 @@
 --
 -- $1 grace (interval)
 SELECT count(*) FROM idempotency_keys
-WHERE status = 'in_progress' AND lease_expires_at < now() - $1::interval
+WHERE status = 'in_progress' AND lease_expires_at < now() - $1::interval AND steps IS NULL

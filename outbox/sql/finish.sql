@@ -1,5 +1,6 @@
 -- finish: moves a key the caller's owner holds to completed (with the
--- response) or failed, one version up, with its outbox event. Completing
+-- response) or failed, one version up, with its outbox event; the request
+-- kept for resumption is dropped, the steps stay for the record. Completing
 -- runs inside the caller's business transaction, so both commit together.
 -- No row comes back when the owner no longer holds the key (lease lost).
 --
@@ -10,7 +11,7 @@
 WITH finished AS (
 	UPDATE idempotency_keys AS k SET
 		status = $4, version = k.version + 1, owner = NULL, lease_expires_at = NULL,
-		response_status = $5, response_content_type = $6, response_body = $7,
+		response_status = $5, response_content_type = $6, response_body = $7, request = NULL,
 		expires_at = now() + $8::interval, updated_at = now()
 	WHERE k.scope = $1 AND k.key = $2 AND k.owner = $3 AND k.status = 'in_progress'
 	RETURNING k.*

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/gateway"
+	"github.com/onceonly/onceonly/internal/testenv"
+)
+
+// gatewayEnv lists the settings of the gateway's that testenv.ConfigEnv
+// does not clear.
+var gatewayEnv = []string{"GATEWAY_FAULTS", "GATEWAY_HANG"}
+
+// clearGatewayEnv unsets gatewayEnv for the test (RunMain clears the rest).
+func clearGatewayEnv(t *testing.T) {
+	t.Helper()
+	for _, k := range gatewayEnv {
+		t.Setenv(k, "")
+		require.NoError(t, os.Unsetenv(k))
+	}
+}
+
+func TestBadConfiguration(t *testing.T) {
+	clearGatewayEnv(t)
+	base := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}
+	testenv.RequireRejections(t, run, []testenv.Rejection{
+		{Env: testenv.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
+		{Env: testenv.EnvWith(base, "DATABASE_URL", "mysql://x y"), Want: "DATABASE_URL"},
+		{Env: testenv.EnvWith(base, "GATEWAY_FAULTS", "charge_then_boom=0.1"), Want: `GATEWAY_FAULTS="charge_then_boom=0.1": "charge_then_boom": unknown fault mode`},
+		{Env: testenv.EnvWith(base, "GATEWAY_FAULTS", "charge_then_500=2"), Want: "the probability must be a number from 0 to 1"},
+		{Env: testenv.EnvWith(base, "GATEWAY_FAULTS", "charge_then_500"), Want: "want mode=probability"},
+		{Env: testenv.EnvWith(base, "GATEWAY_FAULTS", "charge_then_500=0.6,fail_before_charge=0.6"), Want: "add up to more than 1"},
+		{Env: base, Args: []string{"-gateway-faults", "charge_then_hang=x"}, Want: "GATEWAY_FAULTS"},
+		{Env: testenv.EnvWith(base, "GATEWAY_LATENCY", "fast"), Want: `GATEWAY_LATENCY="fast": not a duration`},
+		{Env: testenv.EnvWith(base, "GATEWAY_LATENCY", "-1s"), Want: `GATEWAY_LATENCY="-1s": must not be negative`},
+		{Env: testenv.EnvWith(base, "SLOW_GATEWAY_DELAY", "2"), Want: `SLOW_GATEWAY_DELAY="2": not a duration`},
+		{Env: testenv.EnvWith(base, "SLOW_GATEWAY_DELAY", "0s"), Want: "SLOW_GATEWAY_DELAY must be positive"},
+		{Env: testenv.EnvWith(base, "GATEWAY_HANG", "forever"), Want: `GATEWAY_HANG="forever": not a duration`},
+		{Env: testenv.EnvWith(base, "GATEWAY_HANG", "0s"), Want: "GATEWAY_HANG must be positive"},
+		{Env: testenv.EnvWith(base, "LOG_LEVEL", "loud"), Want: `LOG_LEVEL="loud"`},
+		{Env: testenv.EnvWith(base, "LOG_FORMAT", "xml"), Want: `LOG_FORMAT="xml"`},
+		{Env: testenv.EnvWith(base, "HTTP_ADDR", " "), Want: "HTTP_ADDR must not be empty"},
+		{Env: base, Args: []string{"--redis-url", "redis://x"}, Want: "flag provided but not defined: -redis-url"},
+		{Env: base, Args: []string{"serve"}, Want: `unexpected argument "serve"`},
+	})
+}
+
+func TestHelpListsEverySetting(t *testing.T) {
+	clearGatewayEnv(t)
+	code, stdout, stderr := testenv.RunMain(t, run, nil, "-h")
+	require.Equal(t, 0, code)
+	require.Empty(t, stdout)
+	for _, want := range []string{
+		"usage: gateway", "-database-url", "DATABASE_URL", "-http-addr", "HTTP_ADDR", ":8083",
+		"-gateway-latency", "GATEWAY_LATENCY", "-slow-gateway-delay", "SLOW_GATEWAY_DELAY", "2s",
+		"-gateway-faults", "GATEWAY_FAULTS", "charge_then_500", "charge_then_hang", "charge_then_reset", "fail_before_charge",
+		"-gateway-hang", "GATEWAY_HANG", "30s", "-log-level", "LOG_LEVEL", "-log-format", "LOG_FORMAT",
+	} {
+		require.Contains(t, stderr, want)
+	}
+	require.NotContains(t, stderr, "REDIS", "the gateway has no Redis")
+}
+
+func TestUnreachablePostgres(t *testing.T) {
+	clearGatewayEnv(t)
+	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{
+		"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", "HTTP_ADDR": testenv.FreeAddr(t),
+	})
+	require.Equal(t, 1, code)
+	testenv.RequireOneLineError(t, code, stdout, stderr, "connect to Postgres")
+}
+
+// TestDaemon runs the gateway binary: it migrates its schema, charges once
+// per key, serves its ops endpoints, and exits 0 soon after SIGTERM.
+func TestDaemon(t *testing.T) {
+	bin := testenv.BuildBinary(t, ".")
+	dbURL := testenv.EmptyDatabaseURL(t)
+	addr, cmd, logs := startDaemon(t, bin, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=300ms")
+
+	ctx := testenv.Context(t)
+	c := &gateway.Client{BaseURL: "http://" + addr}
+	req := gateway.ChargeRequest{Amount: 1999, Currency: "usd", Source: "tok_slow", Reference: "acct_demo/order-7"}
+	began := time.Now()
+	ch, err := c.Charge(ctx, "daemon-key", req)
+	require.NoError(t, err, logs.String())
+	require.Equal(t, "succeeded", ch.Status)
+	require.GreaterOrEqual(t, time.Since(began), 300*time.Millisecond)
+	again, err := c.Charge(ctx, "daemon-key", req)
+	require.NoError(t, err)
+	require.Equal(t, ch, again)
+	list, err := c.Lookup(ctx, "acct_demo/order-7")
+	require.NoError(t, err)
+	require.Equal(t, []gateway.Charge{ch}, list)
+
+	body := get(t, "http://"+addr+"/metrics")
+	for _, metric := range []string{`gateway_charges_total{status="succeeded"} 1`, `gateway_requests_total{code="201"} 2`,
+		`gateway_requests_total{code="200"} 1`, `gateway_faults_total{mode="charge_then_hang"} 0`, "go_goroutines"} {
+		require.Contains(t, body, metric)
+	}
+	require.Contains(t, get(t, "http://"+addr+"/healthz"), `"ok"`)
+	require.Contains(t, get(t, "http://"+addr+"/readyz"), `"postgres":"ok"`)
+
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), logs.String())
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.Contains(t, logs.String(), "gateway started")
+}
+
+// TestDaemonShutdownCutsAHangingCall: SIGTERM with a charge_then_hang call
+// in flight (GATEWAY_HANG an hour) ends the call and the process at once.
+func TestDaemonShutdownCutsAHangingCall(t *testing.T) {
+	bin := testenv.BuildBinary(t, ".")
+	dbURL := testenv.EmptyDatabaseURL(t)
+	addr, cmd, logs := startDaemon(t, bin, "DATABASE_URL="+dbURL, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1h")
+
+	ctx := testenv.Context(t)
+	c := &gateway.Client{BaseURL: "http://" + addr}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Charge(ctx, "daemon-hang", gateway.ChargeRequest{Amount: 1, Currency: "usd", Source: "tok_visa", Reference: "a/h"})
+		errc <- err
+	}()
+	pool := testenv.Pool(t, dbURL)
+	testenv.Eventually(t, 10*time.Second, "the hanging call charged", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE idempotency_key = 'daemon-hang' AND status = 'succeeded'`).Scan(&n)
+		return n == 1
+	})
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), logs.String())
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.ErrorIs(t, <-errc, gateway.ErrUnknownOutcome)
+	require.Contains(t, logs.String(), "mode=charge_then_hang")
+}
+
+// startDaemon starts the gateway binary with env on a free address and
+// waits until it is ready.
+func startDaemon(t *testing.T, bin string, env ...string) (addr string, cmd *exec.Cmd, logs *syncBuffer) {
+	t.Helper()
+	addr = testenv.FreeAddr(t)
+	cmd = exec.CommandContext(t.Context(), bin)
+	cmd.Env = append(os.Environ(), append(env, "HTTP_ADDR="+addr, "LOG_FORMAT=text")...)
+	logs = &syncBuffer{}
+	cmd.Stderr = logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	testenv.WaitReady(t, addr)
+	return addr, cmd, logs
+}
+
+// syncBuffer is a bytes.Buffer the process's output may be written to while
+// the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	require.NoError(t, err)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,265 @@
+package onceonly
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceonly/onceonly/keystate"
+)
+
+// Func is a handler that may call systems outside Postgres: it runs once
+// per (scope, key) as an Execution (see Step and Tx), and its Result is
+// stored and replayed like a Handler's. Register it (Engine.Register or
+// MiddlewareOptions.Name) so a live engine can finish an execution whose
+// process died after a step started.
+type Func func(ctx context.Context, x *Execution) (Result, error)
+
+// Fence is the fencing token of an execution: the owner of the key's lease
+// and the key's version when the execution took it. A system the handler
+// calls can refuse a write carrying an older fence than one it has seen.
+type Fence struct {
+	Owner   keystate.Owner
+	Version int64
+}
+
+// Execution is one run of a handler on a key it holds: the first request,
+// a retry that took over a dead execution, or the engine's own resumption.
+// It is passed in the handler's context (ExecutionOf).
+type Execution struct {
+	engine  *Engine
+	ref     keystate.Ref
+	fence   Fence
+	lease   *lease
+	handler string
+	request func() []byte
+
+	mu       sync.Mutex
+	tx       pgx.Tx
+	stored   bool                       // the request is stored with the key
+	outcomes map[string]json.RawMessage // recorded step outcomes
+	started  map[string]bool            // steps whose intent is recorded
+}
+
+type executionKey struct{}
+
+// ExecutionOf returns the execution running in ctx; ok is false outside a
+// handler run by the engine.
+func ExecutionOf(ctx context.Context) (x *Execution, ok bool) {
+	x, ok = ctx.Value(executionKey{}).(*Execution)
+	return x, ok
+}
+
+// Scope returns the scope of the key the execution holds.
+func (x *Execution) Scope() string { return x.ref.Scope }
+
+// Key returns the idempotency key the execution holds.
+func (x *Execution) Key() string { return x.ref.Key }
+
+// Fence returns the execution's fencing token.
+func (x *Execution) Fence() Fence { return x.fence }
+
+// Request returns the request the execution runs for: the payload given to
+// Run, or the HTTP request as the middleware encodes it.
+func (x *Execution) Request() []byte { return x.request() }
+
+// ErrNoExecution is returned by Tx and Step outside an execution.
+var ErrNoExecution = errors.New("onceonly: no execution in this context")
+
+// ErrStepAfterTx is returned by Step once the execution's transaction is
+// open: an external call never runs while a Postgres transaction waits.
+var ErrStepAfterTx = errors.New("onceonly: Step called after Tx: external calls run before the final transaction")
+
+// ErrUnnamedHandler is returned by Step in a handler that is not
+// registered under a name: its execution could not be resumed.
+var ErrUnnamedHandler = errors.New("onceonly: Step needs a named handler (MiddlewareOptions.Name or Engine.Register)")
+
+// Tx returns the transaction of the execution running in ctx, beginning it
+// on first use (READ COMMITTED). The handler writes its business rows
+// through it; they commit together with the key's completion, or not at
+// all. Steps must come before it.
+func Tx(ctx context.Context) (pgx.Tx, error) {
+	x, ok := ExecutionOf(ctx)
+	if !ok {
+		return nil, ErrNoExecution
+	}
+	return x.Tx(ctx)
+}
+
+// Tx returns the execution's transaction, beginning it on first use.
+func (x *Execution) Tx(ctx context.Context) (pgx.Tx, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.tx != nil {
+		return x.tx, nil
+	}
+	if !x.lease.valid() {
+		return nil, ErrLeaseLost
+	}
+	tx, err := x.engine.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, fmt.Errorf("%w: begin: %w", ErrUnavailable, err)
+	}
+	x.tx = tx
+	return tx, nil
+}
+
+// DownstreamKey returns the idempotency key a step sends to the system it
+// calls: derived from scope, key and step alone, so it is the same on every
+// attempt, retry, takeover and process (I11). It is 46 characters of
+// 0x21..0x7E whatever the length of the key.
+func DownstreamKey(scope, key, step string) string {
+	h := sha256.New()
+	for _, part := range []string{scope, key, step} {
+		_, _ = fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	return "oo_" + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// stepRecord is how a step is stored with its key: {} once its intent is
+// recorded, {"outcome": …} once its outcome is.
+type stepRecord struct {
+	Outcome json.RawMessage `json:"outcome,omitempty"`
+}
+
+// Step runs call, an effect outside Postgres, once for the execution in
+// ctx, as the step named name. call gets the step's downstream idempotency
+// key (DownstreamKey) to send along, so the system it calls applies it at
+// most once however often it is called.
+//
+// A step whose outcome an earlier attempt recorded is not called again: its
+// outcome is returned. Otherwise Step records the step's intent (durably,
+// fenced by the lease owner), calls it, and records its outcome as a
+// recovery point. An error from call means the outcome is unknown: the step
+// stays unsettled and is called again, with the same key, by the next
+// attempt, retry or resumption. T must survive encoding/json.
+func Step[T any](ctx context.Context, name string, call func(ctx context.Context, downstreamKey string) (T, error)) (T, error) {
+	var zero T
+	x, ok := ExecutionOf(ctx)
+	if !ok {
+		return zero, ErrNoExecution
+	}
+	if raw, done := x.outcome(name); done {
+		var v T
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return zero, fmt.Errorf("step %s: decode recorded outcome: %w", name, err)
+		}
+		return v, nil
+	}
+	if err := x.recordIntent(ctx, name); err != nil {
+		return zero, err
+	}
+	v, err := call(ctx, DownstreamKey(x.ref.Scope, x.ref.Key, name))
+	if err != nil {
+		return zero, fmt.Errorf("step %s: %w", name, err)
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return zero, fmt.Errorf("step %s: encode outcome: %w", name, err)
+	}
+	if err := x.recordOutcome(ctx, name, raw); err != nil {
+		return zero, err
+	}
+	return v, nil
+}
+
+// outcome returns the recorded outcome of a step.
+func (x *Execution) outcome(name string) (json.RawMessage, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	raw, ok := x.outcomes[name]
+	return raw, ok
+}
+
+// recordIntent records that the step is about to call out, unless an
+// earlier attempt did; it refuses when the call must not happen.
+func (x *Execution) recordIntent(ctx context.Context, name string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	switch {
+	case x.tx != nil:
+		return ErrStepAfterTx
+	case x.handler == "":
+		return ErrUnnamedHandler
+	case !x.lease.valid():
+		return ErrLeaseLost
+	}
+	if !x.started[name] {
+		var request []byte
+		if !x.stored {
+			request = x.request()
+		}
+		err := x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, []byte(`{}`), x.handler, request, false)
+		if err != nil {
+			return x.engine.recordError(err)
+		}
+		x.started[name], x.stored = true, true
+	}
+	if !x.lease.valid() {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// recordOutcome records a step's outcome. A failure to record it (other
+// than a lost lease) costs only a repeated call with the same downstream
+// key later, so the execution goes on with the outcome it has.
+func (x *Execution) recordOutcome(ctx context.Context, name string, outcome json.RawMessage) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	record, _ := json.Marshal(stepRecord{Outcome: outcome})
+	err := x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, record, x.handler, nil, true)
+	if err != nil {
+		if err = x.engine.recordError(err); errors.Is(err, ErrLeaseLost) {
+			return err
+		}
+		x.engine.log.Warn("record step outcome; a later attempt calls again with the same key",
+			"scope", x.ref.Scope, "key", x.ref.Key, "step", name, "err", err)
+	}
+	x.outcomes[name] = outcome
+	return nil
+}
+
+// loadSteps sets the recovery points an earlier holder recorded.
+func (x *Execution) loadSteps(raw []byte) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	var steps map[string]stepRecord
+	if err := json.Unmarshal(raw, &steps); err != nil {
+		return fmt.Errorf("decode recorded steps: %w", err)
+	}
+	for name, s := range steps {
+		x.started[name] = true
+		if len(s.Outcome) > 0 {
+			x.outcomes[name] = s.Outcome
+		}
+	}
+	x.stored = len(steps) > 0
+	return nil
+}
+
+// unsettled reports whether a step started without a recorded outcome.
+func (x *Execution) unsettled() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for name := range x.started {
+		if _, ok := x.outcomes[name]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
+// anyStep reports whether a step started.
+func (x *Execution) anyStep() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return len(x.started) > 0
+}

@@ -1,0 +1,86 @@
+package gateway
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+const (
+	// schema is the Postgres schema that holds everything of the gateway's.
+	schema = "gateway"
+	// versionTable is goose's version table of the gateway's migrations,
+	// inside schema (the engine's own goose_db_version is left alone).
+	versionTable = schema + ".goose_db_version"
+	// migrateLockID is the advisory lock the gateway's migrators share:
+	// crc32("onceonly/gateway"), apart from goose's default lock, which the
+	// engine's migrations take.
+	migrateLockID int64 = 1900450317
+)
+
+// migrationsFS returns the gateway's embedded goose migrations (a plain goose
+// folder, so the goose CLI works on it too).
+func migrationsFS() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err) // the folder is embedded above
+	}
+	return sub
+}
+
+// Migrate brings the gateway's schema up to date: it creates schema gateway
+// and runs the embedded migrations through a goose Provider whose version
+// table is gateway.goose_db_version. A Postgres advisory lock of the
+// gateway's own serialises concurrent migrators (several gateway processes
+// starting at once); the engine's tables and version table are not touched.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if pool == nil {
+		return errors.New("gateway: migrate: no Postgres pool")
+	}
+	// goose creates its version table before the first migration runs, so
+	// the schema that holds it must exist first. CREATE SCHEMA IF NOT EXISTS
+	// is not safe against a concurrent twin (unique violation), hence the
+	// transaction-scoped lock.
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockID); err != nil {
+			return fmt.Errorf("lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
+			return fmt.Errorf("create schema %s: %w", schema, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("gateway: migrate: %w", err)
+	}
+
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrateLockID), lock.WithLockTimeout(1, 120))
+	if err != nil {
+		return fmt.Errorf("gateway: migrate: create session locker: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrationsFS(),
+		goose.WithTableName(versionTable),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return fmt.Errorf("gateway: migrate: create migration provider: %w", err)
+	}
+	if _, err := provider.Up(ctx); err != nil {
+		return fmt.Errorf("gateway: migrate up: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,20 @@
+-- hand_off: ends the caller's lease on an execution it cannot finish now
+-- (a step's outcome is unknown, or its final transaction failed after a
+-- step) without failing it: the lease expires now, one version up, with its
+-- outbox event, so the next client retry or a live engine's resumer takes it
+-- over at once and continues from its recovery points.
+--
+-- $1 scope   $2 key   $3 owner (uuid)
+-- $4 notify the relays in this statement's transaction
+WITH handed AS (
+	UPDATE idempotency_keys AS k SET version = k.version + 1, lease_expires_at = now(), updated_at = now()
+	WHERE k.scope = $1 AND k.key = $2 AND k.owner = $3 AND k.status = 'in_progress'
+	RETURNING k.*
+), event AS (
+	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM handed
+)
+SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner, 0::bigint AS lease_ms,
+	0 AS response_status, '' AS response_content_type, NULL::bytea AS response_body, false AS body_omitted,
+	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
+	(CASE WHEN $4 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified
+FROM handed k

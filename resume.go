@@ -1,0 +1,111 @@
+package onceonly
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/onceonly/onceonly/keystate"
+)
+
+// Register names fn so this engine can resume its executions: one whose
+// process died (or whose holder handed it off) after a step started is
+// taken over by a live engine's Resume and finished, without any client
+// retry (I12). Every process that serves the handler registers it under
+// the same name.
+func (e *Engine) Register(name string, fn Func) error {
+	if name == "" || fn == nil {
+		return fmt.Errorf("onceonly: register: a name and a Func are required")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, dup := e.funcs[name]; dup {
+		return fmt.Errorf("onceonly: register: %q is registered already", name)
+	}
+	e.funcs[name] = fn
+	return nil
+}
+
+// Run runs the registered handler name once for (scope, key), with request
+// as its payload (the fingerprint and Execution.Request): the first call
+// runs it, later calls get its stored Result with Replayed set. Errors as
+// for Do.
+func (e *Engine) Run(ctx context.Context, name, scope, key string, request []byte) (Outcome, error) {
+	fn, ok := e.registered(name)
+	if !ok {
+		return Outcome{}, fmt.Errorf("onceonly: run: no handler registered as %q", name)
+	}
+	return e.execute(ctx, scope, key, PayloadFingerprint(request), name, func() []byte { return request }, fn)
+}
+
+func (e *Engine) registered(name string) (Func, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fn, ok := e.funcs[name]
+	return fn, ok
+}
+
+// resumeBatch is the most executions one look takes over.
+const resumeBatch = 16
+
+// Resume finishes, every ResumeInterval until ctx ends, the executions of
+// registered handlers that started a step and whose lease ran out. Run it
+// in every process that registers handlers; any number may run at once.
+// It returns nil when ctx ends.
+func (e *Engine) Resume(ctx context.Context) error {
+	t := time.NewTicker(e.cfg.ResumeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := e.ResumeOnce(ctx); err != nil && ctx.Err() == nil {
+			e.log.Warn("resume executions", "err", err)
+		}
+	}
+}
+
+// ResumeOnce takes over the executions due for a resumption now (up to a
+// batch) and finishes them; it returns how many it took.
+func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
+	e.mu.Lock()
+	names := make([]string, 0, len(e.funcs))
+	for name := range e.funcs {
+		names = append(names, name)
+	}
+	e.mu.Unlock()
+	if len(names) == 0 {
+		return 0, nil
+	}
+	owners := make([]keystate.Owner, resumeBatch)
+	for i := range owners {
+		owners[i] = keystate.NewOwner()
+	}
+	claimedAt := time.Now()
+	due, err := e.store.ResumeClaim(ctx, e.cfg.Pool, names, owners, e.cfg.LeaseTimeout)
+	if err != nil {
+		return 0, fmt.Errorf("resume: %w", err)
+	}
+	var wg sync.WaitGroup
+	for _, r := range due {
+		e.applyCache(r.Key)
+		fn, _ := e.registered(r.Handler)
+		request := r.Request
+		x := e.newExecution(r.Key, r.Handler, func() []byte { return request })
+		if err := x.loadSteps(r.Steps); err != nil {
+			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, outcome, err := e.run(ctx, x, claimedAt, fn)
+			e.metrics.resumptions.WithLabelValues(outcome).Inc()
+			e.log.Info("execution resumed", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler, "outcome", outcome, "err", err)
+		}()
+	}
+	wg.Wait()
+	return len(due), nil
+}

@@ -1,0 +1,265 @@
+package onceonly_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/migrations"
+)
+
+// remote is the external system of these tests: it applies each
+// downstream key once, as a gateway that deduplicates does, and counts
+// every call and every effect.
+type remote struct {
+	mu      sync.Mutex
+	calls   int
+	effects map[string]int
+}
+
+func newRemote() *remote { return &remote{effects: map[string]int{}} }
+
+// apply records a call with key and returns the effect's id.
+func (r *remote) apply(key string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	r.effects[key]++
+	return "fx_" + key[len(key)-6:]
+}
+
+func (r *remote) stats() (calls, keys int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls, len(r.effects)
+}
+
+// ledgerHandler charges through a step and writes the effect's id into the
+// payments table in the final transaction. fail, when set, decides per
+// attempt whether the step's call loses its answer (outcome unknown) or
+// the final write fails.
+type ledgerHandler struct {
+	remote      *remote
+	attempts    atomic.Int32
+	loseAnswer  func(attempt int32) bool
+	failCommit  func(attempt int32) bool
+	beforeWrite func(ctx context.Context)
+}
+
+func (h *ledgerHandler) run(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+	attempt := h.attempts.Add(1)
+	id, err := onceonly.Step(ctx, "charge", func(ctx context.Context, key string) (string, error) {
+		id := h.remote.apply(key)
+		if h.loseAnswer != nil && h.loseAnswer(attempt) {
+			return "", errors.New("connection reset after the call reached the remote")
+		}
+		return id, nil
+	})
+	if err != nil {
+		return onceonly.Result{Status: http.StatusBadGateway}, nil
+	}
+	if h.beforeWrite != nil {
+		h.beforeWrite(ctx)
+	}
+	if h.failCommit != nil && h.failCommit(attempt) {
+		return onceonly.Result{}, errors.New("insert failed")
+	}
+	tx, err := onceonly.Tx(ctx)
+	if err != nil {
+		return onceonly.Result{}, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status, charge_id)
+		VALUES ('pay_' || $1, $2, $3, 1, 'usd', 'c', 'succeeded', $4)`, x.Key(), x.Scope(), x.Key(), id); err != nil {
+		return onceonly.Result{}, err
+	}
+	return onceonly.Result{Status: http.StatusCreated, Body: []byte(`{"charge":"` + id + `"}`)}, nil
+}
+
+// paymentRows counts the payment rows of key.
+func paymentRows(t *testing.T, ctx context.Context, pool *pgxpool.Pool, key string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE idempotency_key = $1`, key).Scan(&n))
+	return n
+}
+
+func TestStepOutcomeIsReusedByTheRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: 2 * time.Second})
+	h := &ledgerHandler{remote: newRemote(), failCommit: func(a int32) bool { return a == 1 }}
+	require.NoError(t, b.engine.Register("ledger", h.run))
+
+	_, err := b.engine.Run(b.ctx, "ledger", "m", "k1", []byte(`{"amount":1}`))
+	require.Error(t, err, "the final write failed")
+	require.Equal(t, "in_progress", b.keyStatus(t, "k1"), "a key whose step had an effect is handed off, not failed")
+
+	out, err := b.engine.Run(b.ctx, "ledger", "m", "k1", []byte(`{"amount":1}`))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, out.Status)
+	calls, keys := h.remote.stats()
+	require.Equal(t, 1, calls, "the recorded outcome is reused: the remote is not called again")
+	require.Equal(t, 1, keys)
+	require.Equal(t, 1, paymentRows(t, b.ctx, b.pool, "k1"))
+
+	again, err := b.engine.Run(b.ctx, "ledger", "m", "k1", []byte(`{"amount":1}`))
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Equal(t, out.Body, again.Body)
+}
+
+func TestUnknownOutcomeIsSettledByTheEngineItself(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: 2 * time.Second})
+	h := &ledgerHandler{remote: newRemote(), loseAnswer: func(a int32) bool { return a == 1 }}
+	require.NoError(t, b.engine.Register("ledger", h.run))
+
+	out, err := b.engine.Run(b.ctx, "ledger", "m", "k2", []byte(`{}`))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadGateway, out.Status)
+	require.Equal(t, "in_progress", b.keyStatus(t, "k2"), "an unsettled step is not failed")
+
+	// No client retries: a live engine finishes the execution on its own.
+	resumer, err := onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, LeaseTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(resumer.Close)
+	require.NoError(t, resumer.Register("ledger", h.run))
+	n, err := resumer.ResumeOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "completed", b.keyStatus(t, "k2"))
+	calls, keys := h.remote.stats()
+	require.Equal(t, 2, calls, "the unknown outcome was settled by calling again")
+	require.Equal(t, 1, keys, "with the same downstream key")
+	require.Equal(t, 1, paymentRows(t, b.ctx, b.pool, "k2"))
+
+	replay, err := b.engine.Run(b.ctx, "ledger", "m", "k2", []byte(`{}`))
+	require.NoError(t, err)
+	require.True(t, replay.Replayed, "a client that retries later gets the replay")
+	require.Equal(t, http.StatusCreated, replay.Status)
+}
+
+func TestResumeSkipsExecutionsWithoutSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: 2 * time.Second})
+	require.NoError(t, b.engine.Register("plain", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+		return onceonly.Result{}, errors.New("boom")
+	}))
+	_, err := b.engine.Run(b.ctx, "plain", "m", "k3", []byte(`{}`))
+	require.Error(t, err)
+	require.Equal(t, "failed", b.keyStatus(t, "k3"), "no step started: the key fails as before")
+	n, err := b.engine.ResumeOnce(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// TestLeaseSurvivesAStarvedPool: the handler's pool has one connection and
+// the handler holds it for several leases; renewals run on a connection of
+// their own, so duplicates never take the key over and the remote is
+// called once.
+func TestLeaseSurvivesAStarvedPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	starved, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(starved.Close)
+	const lease = 300 * time.Millisecond
+	holder, err := onceonly.New(onceonly.Config{Pool: starved, LeaseTimeout: lease})
+	require.NoError(t, err)
+	t.Cleanup(holder.Close)
+
+	h := &ledgerHandler{remote: newRemote(), beforeWrite: func(ctx context.Context) {
+		conn, err := starved.Acquire(ctx) // the pool's only connection, held past several leases
+		if err != nil {
+			return
+		}
+		time.Sleep(4 * lease)
+		conn.Release()
+	}}
+	require.NoError(t, holder.Register("ledger", h.run))
+	dup, err := onceonly.New(onceonly.Config{Pool: b.pool, LeaseTimeout: lease})
+	require.NoError(t, err)
+	t.Cleanup(dup.Close)
+	require.NoError(t, dup.Register("ledger", h.run))
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := holder.Run(b.ctx, "ledger", "m", "k4", []byte(`{}`))
+		done <- err
+	}()
+	var inFlight int
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			calls, _ := h.remote.stats()
+			require.Equal(t, 1, calls, "never a second call beside a live one")
+			require.Equal(t, 1, paymentRows(t, b.ctx, b.pool, "k4"))
+			require.Positive(t, inFlight)
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if _, ok := dup.ResumeOnce(b.ctx); ok != nil {
+			t.Fatal(ok)
+		}
+		_, err := dup.Run(b.ctx, "ledger", "m", "k4", []byte(`{}`))
+		if _, busy := onceonly.IsInFlight(err); busy {
+			inFlight++
+			continue
+		}
+		if err == nil {
+			break // the holder finished first: replayed
+		}
+		require.NoError(t, err)
+	}
+	require.NoError(t, <-done)
+	calls, _ := h.remote.stats()
+	require.Equal(t, 1, calls)
+}
+
+// TestHolderWithoutPostgresStopsBeforeItsLeaseEnds: Postgres goes away
+// under a running handler; its lease cannot be renewed, so the engine
+// cancels it a margin before the lease ends, and it can no longer record a
+// step or commit.
+func TestHolderWithoutPostgresStopsBeforeItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewPostgresServer(t)
+	pool := testenv.Pool(t, srv.URL())
+	m, err := migrations.NewMigrator(pool)
+	require.NoError(t, err)
+	_, err = m.Up(testenv.Context(t))
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	const lease = 600 * time.Millisecond
+	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	ctx := testenv.Context(t)
+
+	stopped := make(chan time.Time, 1)
+	var stepErr error
+	require.NoError(t, e.Register("wait", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+		srv.Stop()
+		<-ctx.Done()
+		stopped <- time.Now()
+		_, stepErr = onceonly.Step(ctx, "late", func(context.Context, string) (int, error) { return 1, nil })
+		return onceonly.Result{Status: 201}, nil
+	}))
+	began := time.Now()
+	_, err = e.Run(ctx, "wait", "m", "k5", []byte(`{}`))
+	require.ErrorIs(t, err, onceonly.ErrLeaseLost)
+	at := <-stopped
+	require.Less(t, at.Sub(began), lease, "stopped before the lease ended")
+	require.ErrorIs(t, stepErr, onceonly.ErrLeaseLost, "a holder past its lease records no step")
+}
