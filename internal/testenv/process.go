@@ -23,7 +23,7 @@ func BuildBinary(tb testing.TB, pkg string) string {
 		wd, _ := os.Getwd()
 		bin = filepath.Join(tb.TempDir(), filepath.Base(wd))
 	}
-	build := exec.Command("go", "build", "-race", "-o", bin, pkg)
+	build := exec.CommandContext(tb.Context(), "go", "build", "-race", "-o", bin, pkg)
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		tb.Fatalf("build %s: %v", pkg, err)
@@ -41,7 +41,11 @@ func FreeAddr(tb testing.TB) string {
 func WaitReady(tb testing.TB, addr string) {
 	tb.Helper()
 	Eventually(tb, 15*time.Second, addr+" ready", func() bool {
-		res, err := http.Get("http://" + addr + "/readyz")
+		req, err := http.NewRequestWithContext(tb.Context(), http.MethodGet, "http://"+addr+"/readyz", nil)
+		if err != nil {
+			return false
+		}
+		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false
 		}
@@ -56,7 +60,8 @@ var ConfigEnv = []string{
 	"DATABASE_URL", "REDIS_URL", "REDIS_CLUSTER_URL", "REDIS_PREFIX", "HTTP_ADDR", "LOG_LEVEL", "LOG_FORMAT",
 	"API_KEYS", "LEASE_TIMEOUT", "COMPLETED_TTL", "FAILED_TTL", "GATEWAY_LATENCY", "SLOW_GATEWAY_DELAY",
 	"RELAY_BATCH", "RELAY_POLL_INTERVAL", "RELAY_MAX_ATTEMPTS", "RECONCILE_SCHEDULE", "REAP_GRACE",
-	"RECONCILE_TIMEOUT", "RECONCILE_PAGE_SIZE", "DEFER_NOTIFY",
+	"RECONCILE_TIMEOUT", "RECONCILE_PAGE_SIZE", "DEFER_NOTIFY", "GATEWAY_URL", "GATEWAY_TIMEOUT", "RESUME_INTERVAL",
+	"GATEWAY_FAULTS", "GATEWAY_HANG",
 }
 
 // RunMain calls a command's run function with exactly env set among

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+)
+
+// process is a command started for a test, killed when the test ends.
+type process struct {
+	cmd  *exec.Cmd
+	logs *bytes.Buffer
+}
+
+func startProcess(t *testing.T, bin string, env ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(bin), logs: &bytes.Buffer{}}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = p.logs
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+	})
+	return p
+}
+
+func payOnce(t *testing.T, addr, key, body string) (int, string, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer sk_test_demo")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error(), nil
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(raw), res.Header
+}
+
+// TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry (I12): an api is
+// killed with SIGKILL while its gateway call hangs after charging. No
+// client retries; another api finishes the payment on its own, within the
+// lease and its resume interval, with the charge the gateway made, and a
+// later retry is replayed.
+func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
+	api := testenv.BuildBinary(t, ".")
+	gw := testenv.BuildBinary(t, "../gateway")
+	dbURL := testenv.DatabaseURL(t)
+	gwAddr, addrA, addrB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
+	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text"}
+	startProcess(t, gw, append(common, "HTTP_ADDR="+gwAddr, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms")...)
+	testenv.WaitReady(t, gwAddr)
+	apiEnv := append(common, "GATEWAY_URL=http://"+gwAddr, "LEASE_TIMEOUT=2s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=5s")
+	a := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrA)...)
+	b := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrB)...)
+	testenv.WaitReady(t, addrA)
+	testenv.WaitReady(t, addrB)
+
+	const body = `{"amount":700,"currency":"eur","customer":"cus_k","source":"tok_visa"}`
+	go payOnce(t, addrA, "killed-1", body) // its answer never comes
+	pool := testenv.Pool(t, dbURL)
+	ctx := testenv.Context(t)
+	var chargeID string
+	testenv.Eventually(t, 10*time.Second, "the gateway charged", func() bool {
+		err := pool.QueryRow(ctx, `SELECT charge_id FROM gateway.charges WHERE reference = 'acct_demo/killed-1' AND charge_id IS NOT NULL`).Scan(&chargeID)
+		return err == nil
+	})
+	require.NoError(t, a.cmd.Process.Kill()) // between the gateway's charge and the commit
+	killedAt := time.Now()
+
+	var paymentCharge string
+	testenv.Eventually(t, 15*time.Second, "the payment finished without a retry", func() bool {
+		err := pool.QueryRow(ctx, `SELECT charge_id FROM payments WHERE idempotency_key = 'killed-1'`).Scan(&paymentCharge)
+		return err == nil
+	})
+	t.Logf("finished %s after the kill", time.Since(killedAt).Round(10*time.Millisecond))
+	require.Equal(t, chargeID, paymentCharge, "the payment records the charge the gateway made")
+	var charges, rows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/killed-1'`).Scan(&charges))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE idempotency_key = 'killed-1'`).Scan(&rows))
+	require.Equal(t, 1, charges)
+	require.Equal(t, 1, rows)
+	require.Contains(t, b.logs.String(), "execution resumed")
+
+	status, answer, header := payOnce(t, addrB, "killed-1", body)
+	require.Equal(t, http.StatusCreated, status, answer)
+	require.Equal(t, "true", header.Get("Idempotent-Replayed"))
+	require.Contains(t, answer, `"charge":"`+chargeID+`"`)
+}
+
+// TestPausedPastItsLeaseRecordsNothing (I4): an api is paused (SIGSTOP)
+// during a slow gateway call, past its lease. A retry at another api takes
+// the key over; the gateway turns its call with the same downstream key
+// away while the first is in flight. When the paused api wakes up it can no
+// longer record the step or commit: one charge, one payment row, with that
+// charge.
+func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
+	api := testenv.BuildBinary(t, ".")
+	gw := testenv.BuildBinary(t, "../gateway")
+	dbURL := testenv.DatabaseURL(t)
+	gwAddr, addrA, addrB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
+	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text"}
+	startProcess(t, gw, append(common, "HTTP_ADDR="+gwAddr, "SLOW_GATEWAY_DELAY=3s")...)
+	testenv.WaitReady(t, gwAddr)
+	apiEnv := append(common, "GATEWAY_URL=http://"+gwAddr, "LEASE_TIMEOUT=1s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=10s")
+	a := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrA)...)
+	startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrB)...)
+	testenv.WaitReady(t, addrA)
+	testenv.WaitReady(t, addrB)
+
+	const body = `{"amount":900,"currency":"eur","customer":"cus_p","source":"tok_slow"}`
+	first := make(chan int, 1)
+	go func() {
+		status, _, _ := payOnce(t, addrA, "paused-1", body)
+		first <- status
+	}()
+	time.Sleep(300 * time.Millisecond) // A has claimed the key and called the gateway
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	time.Sleep(1500 * time.Millisecond) // past A's lease
+	status, answer, _ := payOnce(t, addrB, "paused-1", body)
+	require.Contains(t, []int{http.StatusBadGateway, http.StatusConflict}, status, "the takeover finds the first call still in flight at the gateway: %s", answer)
+	time.Sleep(time.Second)
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	<-first
+
+	pool := testenv.Pool(t, dbURL)
+	ctx := testenv.Context(t)
+	var paymentCharge string
+	testenv.Eventually(t, 20*time.Second, "the payment is finished", func() bool {
+		return pool.QueryRow(ctx, `SELECT charge_id FROM payments WHERE idempotency_key = 'paused-1'`).Scan(&paymentCharge) == nil
+	})
+	time.Sleep(500 * time.Millisecond) // a late write of the paused api would land now
+	var charges, rows int
+	var chargeID string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), max(charge_id) FROM gateway.charges WHERE reference = 'acct_demo/paused-1'`).Scan(&charges, &chargeID))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE idempotency_key = 'paused-1'`).Scan(&rows))
+	require.Equal(t, 1, charges, "one charge")
+	require.Equal(t, 1, rows, "one payment row")
+	require.Equal(t, chargeID, paymentCharge)
+}
