@@ -137,34 +137,45 @@ func (c *Client) Charge(ctx context.Context, idempotencyKey string, req ChargeRe
 	}
 }
 
-// Lookup lists every final charge made for reference, oldest first.
-func (c *Client) Lookup(ctx context.Context, reference string) ([]Charge, error) {
+// Charges is the answer of a look-up.
+type Charges struct {
+	// Data lists every final charge made for the reference, oldest first.
+	Data []Charge `json:"data"`
+	// InFlight counts the calls for the reference the gateway is still
+	// working on: they may charge yet, so an empty Data does not prove that
+	// nothing was charged while it is not zero.
+	InFlight int `json:"in_flight"`
+}
+
+// Lookup lists the charges made for reference (see Charges).
+func (c *Client) Lookup(ctx context.Context, reference string) (Charges, error) {
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/v1/charges?reference="+url.QueryEscape(reference)), nil)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: look up %q: %w", reference, err)
+		return Charges{}, fmt.Errorf("gateway: look up %q: %w", reference, err)
 	}
 	res, err := c.client().Do(hreq)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: look up %q: %w", reference, err)
+		return Charges{}, fmt.Errorf("gateway: look up %q: %w", reference, err)
 	}
 	defer res.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(res.Body, maxAnswer))
 	if err != nil {
-		return nil, fmt.Errorf("gateway: look up %q: read the answer: %w", reference, err)
+		return Charges{}, fmt.Errorf("gateway: look up %q: read the answer: %w", reference, err)
 	}
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("gateway: look up %q answered %d: %s", reference, res.StatusCode, message(body))
+		return Charges{}, fmt.Errorf("gateway: look up %q answered %d: %s", reference, res.StatusCode, message(body))
 	}
 	var list struct {
-		Data *[]Charge `json:"data"`
+		Data     *[]Charge `json:"data"`
+		InFlight int       `json:"in_flight"`
 	}
 	if err := json.Unmarshal(body, &list); err != nil {
-		return nil, fmt.Errorf("gateway: look up %q: decode the answer: %w", reference, err)
+		return Charges{}, fmt.Errorf("gateway: look up %q: decode the answer: %w", reference, err)
 	}
 	if list.Data == nil {
-		return nil, fmt.Errorf("gateway: look up %q: the answer has no data", reference)
+		return Charges{}, fmt.Errorf("gateway: look up %q: the answer has no data", reference)
 	}
-	return *list.Data, nil
+	return Charges{Data: *list.Data, InFlight: list.InFlight}, nil
 }
 
 func (c *Client) url(path string) string { return strings.TrimRight(c.BaseURL, "/") + path }

@@ -129,7 +129,7 @@ func TestFaults(t *testing.T) {
 		require.Zero(t, countRows(t, pool), "nothing charged")
 		list, err := g.Client.Lookup(ctx, "acct/fail")
 		require.NoError(t, err, "the look-up is not a charge call")
-		require.Empty(t, list)
+		require.Empty(t, list.Data)
 
 		ch, err := clean.Client.Charge(ctx, "fail", visa("fail"))
 		require.NoError(t, err)

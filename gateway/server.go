@@ -508,13 +508,13 @@ func (h *handler) listCharges(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, http.StatusBadRequest, codeInvalidRequest, "Give the reference to look up (?reference=<merchant>/<key>).", "reference")
 		return
 	}
-	bodies, err := h.store.lookup(ctx, ref)
+	bodies, inFlight, err := h.store.lookup(ctx, ref)
 	if err != nil {
 		h.log.Warn("gateway look-up failed", "reference", ref, "err", err)
 		h.fail(w, http.StatusServiceUnavailable, codeServiceUnavailable, "The payment gateway could not reach its database.", "")
 		return
 	}
-	body := `{"data":[` + strings.Join(bodies, ",") + "]}\n"
+	body := `{"data":[` + strings.Join(bodies, ",") + `],"in_flight":` + strconv.Itoa(inFlight) + "}\n"
 	h.write(w, http.StatusOK, []byte(body), false)
 }
 

@@ -19,11 +19,11 @@ import (
 
 func TestMigrate(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t)
 
 	t.Run("beside the engine's schema", func(t *testing.T) {
 		t.Parallel()
 		pool := testenv.DB(t)
+		ctx := testenv.Context(t)
 		engineVersion := func() (v int64) {
 			require.NoError(t, pool.QueryRow(ctx, `SELECT max(version_id) FROM public.goose_db_version`).Scan(&v))
 			return v
@@ -61,6 +61,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("on an empty database", func(t *testing.T) {
 		t.Parallel()
 		pool := testenv.Pool(t, testenv.EmptyDatabaseURL(t))
+		ctx := testenv.Context(t)
 		require.NoError(t, gateway.Migrate(ctx, pool))
 		var public int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`).Scan(&public))
@@ -225,7 +226,8 @@ func TestGatewayErrorChargesNothing(t *testing.T) {
 	require.Zero(t, countRows(t, pool))
 	list, err := g.Client.Lookup(testenv.Context(t), "acct/err-key")
 	require.NoError(t, err)
-	require.Empty(t, list)
+	require.Empty(t, list.Data)
+	require.Zero(t, list.InFlight)
 	require.EqualValues(t, 3, counter(t, g.Reg, "gateway_requests_total", map[string]string{"code": "500"}))
 }
 
@@ -329,15 +331,16 @@ func TestLookup(t *testing.T) {
 
 	list, err := g.Client.Lookup(ctx, ref)
 	require.NoError(t, err)
-	require.Equal(t, []gateway.Charge{declined, succeeded}, list)
+	require.Equal(t, []gateway.Charge{declined, succeeded}, list.Data)
+	require.Equal(t, 1, list.InFlight, "the slow call may charge yet")
 
 	none, err := g.Client.Lookup(ctx, "acct_9/nothing")
 	require.NoError(t, err)
-	require.NotNil(t, none)
-	require.Empty(t, none)
+	require.NotNil(t, none.Data)
+	require.Empty(t, none.Data)
 	raw := do(t, http.MethodGet, g.URL+"/v1/charges?reference=acct_9%2Fnothing", nil, "")
 	require.Equal(t, http.StatusOK, raw.Code)
-	require.JSONEq(t, `{"data":[]}`, raw.Body)
+	require.JSONEq(t, `{"data":[],"in_flight":0}`, raw.Body)
 
 	missing := do(t, http.MethodGet, g.URL+"/v1/charges", nil, "")
 	require.Equal(t, http.StatusBadRequest, missing.Code)

@@ -109,18 +109,30 @@ DELETE FROM gateway.charges WHERE idempotency_key = $1 AND lease_token = $2 AND 
 }
 
 // lookup returns the stored bodies of every final charge of reference, in
-// the order they were made.
-func (s store) lookup(ctx context.Context, reference string) ([]string, error) {
+// the order they were made, and how many calls for it are still in flight
+// (they may charge yet).
+func (s store) lookup(ctx context.Context, reference string) (bodies []string, inFlight int, err error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT response_body FROM gateway.charges
-WHERE reference = $1 AND status <> 'processing'
-ORDER BY charged_at, charge_id`, reference)
+SELECT status, coalesce(response_body, '') FROM gateway.charges
+WHERE reference = $1
+ORDER BY charged_at NULLS LAST, charge_id`, reference)
 	if err != nil {
-		return nil, fmt.Errorf("look up charges: %w", err)
+		return nil, 0, fmt.Errorf("look up charges: %w", err)
 	}
-	bodies, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("look up charges: %w", err)
+	defer rows.Close()
+	for rows.Next() {
+		var status, body string
+		if err := rows.Scan(&status, &body); err != nil {
+			return nil, 0, fmt.Errorf("look up charges: %w", err)
+		}
+		if status == "processing" {
+			inFlight++
+			continue
+		}
+		bodies = append(bodies, body)
 	}
-	return bodies, nil
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("look up charges: %w", err)
+	}
+	return bodies, inFlight, nil
 }

@@ -260,9 +260,9 @@ func (a *api) charge(ctx context.Context, key string, req gateway.ChargeRequest)
 	switch {
 	case err != nil:
 		return gateway.Charge{}, fmt.Errorf("outcome unknown (%w); look-up failed: %w", lastErr, err)
-	case len(charges) > 0:
-		return charges[0], nil
-	case answered:
+	case len(charges.Data) > 0:
+		return charges.Data[0], nil
+	case answered && charges.InFlight == 0:
 		return gateway.Charge{}, nil
 	}
 	return gateway.Charge{}, fmt.Errorf("outcome unknown: %w", lastErr)

@@ -315,9 +315,6 @@ func openGateway(ctx context.Context, s *settings, pool *pgxpool.Pool, log *slog
 	if *s.gatewayURL != "" {
 		return &gateway.Client{BaseURL: strings.TrimRight(*s.gatewayURL, "/"), HTTP: httpClient}, func() {}, nil
 	}
-	if err := gateway.Migrate(ctx, pool); err != nil {
-		return nil, nil, err
-	}
 	base, stop, err := gateway.StartInProcess(ctx, gateway.Config{
 		Pool: pool, Latency: *s.gatewayLatency, SlowDelay: *s.slowGatewayDelay, Logger: log,
 	})

@@ -18,21 +18,7 @@ import (
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
-// gatewayEnv lists the settings of the gateway's that testenv.ConfigEnv
-// does not clear.
-var gatewayEnv = []string{"GATEWAY_FAULTS", "GATEWAY_HANG"}
-
-// clearGatewayEnv unsets gatewayEnv for the test (RunMain clears the rest).
-func clearGatewayEnv(t *testing.T) {
-	t.Helper()
-	for _, k := range gatewayEnv {
-		t.Setenv(k, "")
-		require.NoError(t, os.Unsetenv(k))
-	}
-}
-
 func TestBadConfiguration(t *testing.T) {
-	clearGatewayEnv(t)
 	base := map[string]string{"DATABASE_URL": "postgres://127.0.0.1:1/x"}
 	testenv.RequireRejections(t, run, []testenv.Rejection{
 		{Env: testenv.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
@@ -57,7 +43,6 @@ func TestBadConfiguration(t *testing.T) {
 }
 
 func TestHelpListsEverySetting(t *testing.T) {
-	clearGatewayEnv(t)
 	code, stdout, stderr := testenv.RunMain(t, run, nil, "-h")
 	require.Equal(t, 0, code)
 	require.Empty(t, stdout)
@@ -72,8 +57,11 @@ func TestHelpListsEverySetting(t *testing.T) {
 	require.NotContains(t, stderr, "REDIS", "the gateway has no Redis")
 }
 
+func TestConfigurationIsDocumented(t *testing.T) {
+	testenv.RequireDocumented(t, run)
+}
+
 func TestUnreachablePostgres(t *testing.T) {
-	clearGatewayEnv(t)
 	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{
 		"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", "HTTP_ADDR": testenv.FreeAddr(t),
 	})
@@ -101,7 +89,7 @@ func TestDaemon(t *testing.T) {
 	require.Equal(t, ch, again)
 	list, err := c.Lookup(ctx, "acct_demo/order-7")
 	require.NoError(t, err)
-	require.Equal(t, []gateway.Charge{ch}, list)
+	require.Equal(t, []gateway.Charge{ch}, list.Data)
 
 	body := get(t, "http://"+addr+"/metrics")
 	for _, metric := range []string{`gateway_charges_total{status="succeeded"} 1`, `gateway_requests_total{code="201"} 2`,
