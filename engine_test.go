@@ -58,6 +58,7 @@ func (b *testBundle) newEngine(t *testing.T, lease time.Duration, reg prometheus
 		MaxCachedBody: 1024, Registerer: reg,
 	})
 	require.NoError(t, err)
+	t.Cleanup(e.Close) // its lease renewals stop with the test
 	return e
 }
 
@@ -504,6 +505,7 @@ func TestDeferredRelayNotify(t *testing.T) {
 	b := setup(t, setupOpts{rdb: testenv.RedisClient(t, srv.URL())})
 	e, err := onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, DeferRelayNotify: true})
 	require.NoError(t, err)
+	t.Cleanup(e.Close)
 	notified := b.listen(t)
 
 	_, err = e.Do(b.ctx, "m", "quiet", []byte("p"), payment(201, `{}`))

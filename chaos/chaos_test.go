@@ -8,6 +8,10 @@
 // (default 800) the number of logical payments (per run), CHAOS_REDIS
 // "single" or "cluster" one run only, CHAOS_SUMMARY a path for the JSON
 // summaries. `make chaos` runs long ones.
+//
+// A run's deadlines grow with CHAOS_DURATION (loadTimeout, checksTimeout);
+// a run that fails still writes what it measured to the summary, with
+// "failed" set and "reached" naming the stage it got to.
 package chaos
 
 import (
@@ -38,8 +42,11 @@ const (
 	sourceHeader      = "X-Chaos-Source"
 )
 
-// Summary is the JSON the run writes.
+// Summary is the JSON the run writes. A failed run writes what it
+// measured before it stopped.
 type Summary struct {
+	Failed         bool           `json:"failed"`
+	Reached        string         `json:"reached"` // setup, load, checks or done
 	DurationS      float64        `json:"duration_s"`
 	Payments       int            `json:"payments"`
 	Operations     int            `json:"operations"`
@@ -101,14 +108,18 @@ func TestChaos(t *testing.T) {
 	}
 	payments := envInt("CHAOS_PAYMENTS", 800)
 	bins := buildCommands(t)
-	summaries := map[string]Summary{}
+	summaries := map[string]*Summary{}
 	for _, target := range []string{"single", "cluster"} {
 		if only := os.Getenv("CHAOS_REDIS"); only != "" && only != target {
 			continue
 		}
-		t.Run(target, func(t *testing.T) {
-			summaries[target] = runChaos(t, bins, target, duration, payments)
+		s := &Summary{Reached: "setup", Payments: payments, Statuses: map[string]int{}, Faults: map[string]int{},
+			Violations: []string{}} // [] rather than null in the JSON
+		summaries[target] = s
+		ok := t.Run(target, func(t *testing.T) {
+			runChaos(t, bins, target, duration, payments, s)
 		})
+		s.Failed = !ok
 	}
 	out, _ := json.MarshalIndent(summaries, "", "  ")
 	if path := os.Getenv("CHAOS_SUMMARY"); path != "" {
@@ -158,9 +169,44 @@ func (r *chaosRedis) moveSlot(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// runChaos runs one chaos run on target and returns its summary.
-func runChaos(t *testing.T, bins, target string, duration time.Duration, payments int) Summary {
-	ctx := testenv.Context(t)
+// The deadlines of a run grow with its duration. The setup and the load
+// get twice the duration plus three minutes (the load runs past the
+// duration while retries finish); the post-load checks (outbox drain, the
+// lease and reaping wait, a reconciler pass, the per-key checks, the
+// daemons' shutdown) get their own three minutes plus the duration, from
+// the end of the load, so a load that overran is still checked. Neither
+// runs past half a minute before go test's -timeout would kill the binary:
+// the run fails with its summary rather than a panic.
+func loadTimeout(t *testing.T, duration time.Duration) time.Duration {
+	return clampToTest(t, 2*duration+3*time.Minute)
+}
+
+func checksTimeout(t *testing.T, duration time.Duration) time.Duration {
+	return clampToTest(t, duration+3*time.Minute)
+}
+
+func clampToTest(t *testing.T, d time.Duration) time.Duration {
+	if deadline, ok := t.Deadline(); ok {
+		if left := time.Until(deadline) - 30*time.Second; left > 0 && left < d {
+			d = left
+		}
+	}
+	return d
+}
+
+// runChaos runs one chaos run on target, filling s as it goes: a run that
+// stops early leaves what it measured in s.
+func runChaos(t *testing.T, bins, target string, duration time.Duration, payments int, s *Summary) {
+	timeout := loadTimeout(t, duration)
+	ctx := testenv.ContextFor(t, timeout)
+	violate := func(msg string) {
+		s.Violations = append(s.Violations, msg)
+		t.Error(msg)
+	}
+	defer func() {
+		out, _ := json.MarshalIndent(s, "", "  ")
+		t.Logf("chaos summary:\n%s", out)
+	}()
 	pg := testenv.NewPostgresServer(t)
 	rds := newChaosRedis(t, target)
 	env := []string{"DATABASE_URL=" + pg.URL(), rds.env, "LOG_LEVEL=warn"}
@@ -205,7 +251,7 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		return !pgDownFrom.IsZero() && at.After(pgDownFrom.Add(-time.Second)) &&
 			(pgDownTo.IsZero() || at.Before(pgDownTo.Add(5*time.Second)))
 	}}
-	faults := map[string]int{}
+	faults := s.Faults
 	var faultErrs []string
 	loadCtx, endLoad := context.WithCancel(ctx)
 	faultsDone := make(chan struct{})
@@ -224,49 +270,48 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 
 	// The load: every payment sent several times, some copies at once,
 	// some later, to either api.
+	s.Reached = "load"
 	began := time.Now()
 	answers := runLoad(ctx, payments, duration, apis, rec)
 	endLoad()
 	<-faultsDone
-	loadTook := time.Since(began)
+	s.DurationS = time.Since(began).Seconds()
 
 	// Quiesce, then check.
-	summary := Summary{
-		DurationS: loadTook.Seconds(), Payments: payments, Faults: faults, Statuses: map[string]int{},
-	}
 	for key := range answers {
-		summary.Operations += len(answers[key])
+		s.Operations += len(answers[key])
 	}
-	summary.DuplicatesSent = summary.Operations - payments
+	s.DuplicatesSent = s.Operations - payments
 	rec.mu.Lock()
 	for status, n := range rec.statuses {
-		summary.Statuses[strconv.Itoa(status)] = n
-		summary.Requests += n
+		s.Statuses[strconv.Itoa(status)] = n
+		s.Requests += n
 	}
-	summary.Violations = append([]string{}, rec.bad...) // [] rather than null in the JSON
+	bad := append([]string{}, rec.bad...)
 	rec.mu.Unlock()
-	summary.Violations = append(summary.Violations, faultErrs...)
+	for _, v := range append(bad, faultErrs...) {
+		violate(v)
+	}
+	if ctx.Err() != nil {
+		violate(fmt.Sprintf("the setup and load outlasted their deadline (%s): %v", timeout, context.Cause(ctx)))
+	}
 
+	s.Reached = "checks"
+	ctx = testenv.ContextFor(t, checksTimeout(t, duration))
 	if rds.cluster != nil {
 		rds.cluster.WaitHealthy()
 	}
 	pool := testenv.Pool(t, pg.URL())
-	summary.Violations = append(summary.Violations, checkInvariants(t, ctx, pool, rds.client, bins, env, reconciler, answers)...)
+	checkInvariants(t, ctx, pool, rds.client, bins, env, reconciler, answers, violate)
 	for _, p := range all {
 		if err := p.stop(); err != nil {
-			summary.Violations = append(summary.Violations, err.Error())
+			violate(err.Error())
 		}
 	}
-
-	out, _ := json.MarshalIndent(summary, "", "  ")
-	t.Logf("chaos summary:\n%s", out)
-	for _, v := range summary.Violations {
-		t.Error(v)
+	if s.Faults["kill_api"]+s.Faults["kill_relay"] == 0 || s.Faults["restart_postgres"] != 1 {
+		t.Errorf("the run injected too few faults: %v", s.Faults)
 	}
-	if summary.Faults["kill_api"]+summary.Faults["kill_relay"] == 0 || summary.Faults["restart_postgres"] != 1 {
-		t.Errorf("the run injected too few faults: %v", summary.Faults)
-	}
-	return summary
+	s.Reached = "done"
 }
 
 // injectFaults kills and restarts processes and flushes and restarts Redis
@@ -371,18 +416,20 @@ func runLoad(ctx context.Context, payments int, duration time.Duration, apis []*
 	return answers
 }
 
-// checkInvariants waits for the system to settle and returns every
-// violation of I1, I2, I5, I7 and I9.
+// checkInvariants waits for the system to settle and reports every
+// violation of I1, I2, I5, I7 and I9 to violate as it finds it; a check
+// that cannot run is reported too, and ends the checks.
 func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient,
-	bins string, env []string, reconciler *proc, answers map[string][]answer,
-) []string {
-	var v []string
+	bins string, env []string, reconciler *proc, answers map[string][]answer, violate func(string),
+) {
 	// I9: the relays drain the outbox.
+	var pending int
+	var pendingErr error
 	if !settle(30*time.Second, func() bool {
-		var n int
-		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
+		pendingErr = pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&pending)
+		return pendingErr == nil && pending == 0
 	}) {
-		v = append(v, "I9: the outbox did not drain within 30 s")
+		violate(fmt.Sprintf("I9: the outbox did not drain within 30 s (%d events left, err %v)", pending, pendingErr))
 	}
 	// I5: nothing stays in progress past its lease plus one reconcile
 	// interval (and the grace).
@@ -390,41 +437,47 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 	var stuck int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'
 		AND lease_expires_at < now() - $1::interval`, reapGrace+reconcileInterval).Scan(&stuck); err != nil {
-		t.Fatal(err)
+		violate("I5: count the keys in progress: " + err.Error())
+		return
 	}
 	if stuck > 0 {
-		v = append(v, fmt.Sprintf("I5: %d keys in progress past lease + grace + one reconcile interval", stuck))
+		violate(fmt.Sprintf("I5: %d keys in progress past lease + grace + one reconcile interval", stuck))
 	}
 	// I7: once the daemon's passes are done, a pass finds no drift.
 	if err := reconciler.stop(); err != nil {
-		v = append(v, err.Error())
+		violate(err.Error())
 	}
 	out, err := runOnce(ctx, bins+"/reconciler", env, "--once")
 	if err != nil {
-		t.Fatal(err)
+		violate("I7: " + err.Error())
+		return
 	}
 	var rep reconcile.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("reconciler --once printed %q: %v", out, err)
+		violate(fmt.Sprintf("I7: reconciler --once printed %q: %v", out, err))
+		return
 	}
 	if rep.Drift() != 0 {
-		v = append(v, "I7: reconciler --once after quiescing found drift: "+out)
+		violate("I7: reconciler --once after quiescing found drift: " + out)
 	}
 	c := cache.New(rdb, cache.Options{})
 	for _, d := range testenv.Drift(t, ctx, pool, c, "%") {
-		v = append(v, "I7: "+d)
+		violate("I7: " + d)
 	}
 	// I1 and I2, key by key.
 	rows := map[string]map[string]int{}
 	r, err := pool.Query(ctx, `SELECT idempotency_key, status, count(*) FROM payments WHERE merchant_id = 'acct_chaos' GROUP BY 1, 2`)
 	if err != nil {
-		t.Fatal(err)
+		violate("I1: read the payments: " + err.Error())
+		return
 	}
 	for r.Next() {
 		var key, status string
 		var n int
 		if err := r.Scan(&key, &status, &n); err != nil {
-			t.Fatal(err)
+			r.Close()
+			violate("I1: read the payments: " + err.Error())
+			return
 		}
 		if rows[key] == nil {
 			rows[key] = map[string]int{}
@@ -432,16 +485,20 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 		rows[key][status] = n
 	}
 	r.Close()
+	if err := r.Err(); err != nil {
+		violate("I1: read the payments: " + err.Error())
+		return
+	}
 	for key, as := range answers {
 		i, _ := strconv.Atoi(key[len("chaos-"):])
 		if sources[i%len(sources)] == "tok_gatewayError" && len(rows[key]) > 0 {
-			v = append(v, fmt.Sprintf("I1: %s (gateway error) has payment rows %v", key, rows[key]))
+			violate(fmt.Sprintf("I1: %s (gateway error) has payment rows %v", key, rows[key]))
 		}
 		var stored string
 		created, declined := false, false
 		for _, a := range as {
 			if a.err != nil && a.status == 0 {
-				v = append(v, fmt.Sprintf("%s: no answer: %v", key, a.err))
+				violate(fmt.Sprintf("%s: no answer: %v", key, a.err))
 				continue
 			}
 			if a.status/100 != 2 && a.status != http.StatusPaymentRequired {
@@ -452,20 +509,19 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 			if stored == "" {
 				stored = a.body
 			} else if a.body != stored {
-				v = append(v, fmt.Sprintf("I2: %s: two different stored answers:\n  %s\n  %s", key, stored, a.body))
+				violate(fmt.Sprintf("I2: %s: two different stored answers:\n  %s\n  %s", key, stored, a.body))
 			}
 		}
 		total := rows[key]["succeeded"] + rows[key]["declined"]
 		switch {
 		case total > 1:
-			v = append(v, fmt.Sprintf("I1: %s has %d payment rows", key, total))
+			violate(fmt.Sprintf("I1: %s has %d payment rows", key, total))
 		case created && rows[key]["succeeded"] != 1:
-			v = append(v, fmt.Sprintf("I1: %s answered 201 but has %d succeeded rows", key, rows[key]["succeeded"]))
+			violate(fmt.Sprintf("I1: %s answered 201 but has %d succeeded rows", key, rows[key]["succeeded"]))
 		case declined && rows[key]["declined"] != 1:
-			v = append(v, fmt.Sprintf("I1: %s answered 402 but has %d declined rows", key, rows[key]["declined"]))
+			violate(fmt.Sprintf("I1: %s answered 402 but has %d declined rows", key, rows[key]["declined"]))
 		}
 	}
-	return v
 }
 
 // settle polls cond for up to timeout.

@@ -35,20 +35,26 @@ or export TEST_DATABASE_URL=postgres://... and TEST_REDIS_URL=redis://..., or ru
 var (
 	adminOnce sync.Once
 	adminURL  string
-	adminErr  error
+	errAdmin  error
 
 	redisOnce sync.Once
 	redisURL  string
-	redisErr  error
+	errRedis  error
 
 	templateOnce sync.Once
 	templateName string
-	templateErr  error
+	errTemplate  error
 )
 
 // Context returns a context that ends with the test (or after two minutes).
 func Context(tb testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	return ContextFor(tb, 2*time.Minute)
+}
+
+// ContextFor returns a context that ends with the test or after d, for
+// tests whose length is set from outside (the chaos suite's duration).
+func ContextFor(tb testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	tb.Cleanup(cancel)
 	return ctx
 }
@@ -68,10 +74,10 @@ func AdminDatabaseURL(tb testing.TB) string {
 			adminURL = u
 			return
 		}
-		adminURL, adminErr = postgresContainer()
+		adminURL, errAdmin = postgresContainer()
 	})
-	if adminErr != nil {
-		tb.Fatalf("no Postgres for tests: %v\n%s", adminErr, howToStart)
+	if errAdmin != nil {
+		tb.Fatalf("no Postgres for tests: %v\n%s", errAdmin, howToStart)
 	}
 	return adminURL
 }
@@ -114,9 +120,9 @@ func ExampleDatabaseURL() (url string, drop func() error) {
 	if admin == "" {
 		panic("examples need TEST_DATABASE_URL: " + howToStart)
 	}
-	templateOnce.Do(func() { templateName, templateErr = buildTemplate(admin) })
-	if templateErr != nil {
-		panic(templateErr)
+	templateOnce.Do(func() { templateName, errTemplate = buildTemplate(admin) })
+	if errTemplate != nil {
+		panic(errTemplate)
 	}
 	url, drop, err := newDatabase(admin, templateName)
 	if err != nil {
@@ -172,15 +178,6 @@ func Pool(tb testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
-func connect(tb testing.TB, url string) *pgx.Conn {
-	tb.Helper()
-	conn, err := pgx.Connect(context.Background(), url)
-	if err != nil {
-		tb.Fatalf("connect to Postgres (%s): %v\n%s", redact(url), err, howToStart)
-	}
-	return conn
-}
-
 func redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -193,9 +190,9 @@ func redact(raw string) string {
 // once per migration set and shared by all test processes.
 func template(tb testing.TB, admin string) string {
 	tb.Helper()
-	templateOnce.Do(func() { templateName, templateErr = buildTemplate(admin) })
-	if templateErr != nil {
-		tb.Fatalf("build template database: %v", templateErr)
+	templateOnce.Do(func() { templateName, errTemplate = buildTemplate(admin) })
+	if errTemplate != nil {
+		tb.Fatalf("build template database: %v", errTemplate)
 	}
 	return templateName
 }
@@ -208,9 +205,12 @@ func buildTemplate(admin string) (string, error) {
 			return err
 		}
 		b, err := fs.ReadFile(migrations.FS(), path)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", path, err)
+		}
 		sum.Write([]byte(path))
 		sum.Write(b)
-		return err
+		return nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("hash migrations: %w", err)
@@ -270,10 +270,10 @@ func RedisURL(tb testing.TB) string {
 			redisURL = u
 			return
 		}
-		redisURL, redisErr = redisContainer()
+		redisURL, errRedis = redisContainer()
 	})
-	if redisErr != nil {
-		tb.Fatalf("no Redis for tests: %v\n%s", redisErr, howToStart)
+	if errRedis != nil {
+		tb.Fatalf("no Redis for tests: %v\n%s", errRedis, howToStart)
 	}
 	return redisURL
 }
@@ -342,7 +342,7 @@ func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 	}
 }
 
-func init() {
+func init() { //nolint:gochecknoinits // must run before any test opens a client, whichever helper it calls first
 	// Tests stop Redis on purpose; go-redis's own dial-failure lines are noise.
 	logging.Disable()
 }
