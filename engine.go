@@ -144,7 +144,7 @@ func New(cfg Config) (*Engine, error) {
 // Close stops the engine's lease renewals and closes their connection.
 // Executions still running lose their leases.
 func (e *Engine) Close() {
-	e.leases.close(context.Background())
+	e.leases.close()
 }
 
 // DefaultShouldStore stores every status below 500 except 408, 409, 425 and

@@ -111,12 +111,16 @@ func (k *leaseKeeper) run(stop, done chan struct{}) {
 			return
 		case <-t.C:
 		}
-		k.mu.Lock()
-		if len(k.leases) == 0 {
-			k.running = false
-			k.mu.Unlock()
-			return
+		if k.idle() {
+			// The goroutine and its connection go; the next lease that
+			// lives to a tick opens a new one (short executions never do).
+			k.closeConn()
+			if k.stopIfIdle() {
+				return
+			}
+			continue
 		}
+		k.mu.Lock()
 		held := make([]*lease, 0, len(k.leases))
 		for _, l := range k.leases {
 			held = append(held, l)
@@ -124,6 +128,24 @@ func (k *leaseKeeper) run(stop, done chan struct{}) {
 		k.mu.Unlock()
 		k.renew(held)
 	}
+}
+
+func (k *leaseKeeper) idle() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.leases) == 0
+}
+
+// stopIfIdle marks the keeper stopped if it still holds no lease; a lease
+// registered after that starts a new goroutine.
+func (k *leaseKeeper) stopIfIdle() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.leases) > 0 {
+		return false
+	}
+	k.running = false
+	return true
 }
 
 // renew extends held in one statement and gives up the leases Postgres no
@@ -162,7 +184,7 @@ func (k *leaseKeeper) renew(held []*lease) {
 }
 
 // close stops the keeper and closes its connection.
-func (k *leaseKeeper) close(ctx context.Context) {
+func (k *leaseKeeper) close() {
 	k.mu.Lock()
 	k.closed = true
 	running, stop, done := k.running, k.stop, k.done
@@ -172,7 +194,15 @@ func (k *leaseKeeper) close(ctx context.Context) {
 		close(stop)
 		<-done
 	}
+	k.closeConn()
+}
+
+// closeConn closes the renewal connection; only the goroutine that renews,
+// or close once it stopped, calls it.
+func (k *leaseKeeper) closeConn() {
 	if k.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		_ = k.conn.Close(ctx)
 		k.conn = nil
 	}

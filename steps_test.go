@@ -198,6 +198,10 @@ func TestLeaseSurvivesAStarvedPool(t *testing.T) {
 		_, err := holder.Run(b.ctx, "ledger", "m", "k4", []byte(`{}`))
 		done <- err
 	}()
+	testenv.Eventually(t, 5*time.Second, "the holder called the remote", func() bool {
+		calls, _ := h.remote.stats()
+		return calls == 1
+	})
 	var inFlight int
 	for {
 		select {
