@@ -1,7 +1,9 @@
-// Package chaos runs the whole system — two api processes, two relays and a
-// reconciler, as real binaries on real Postgres and Redis servers — under a
-// load of retried payments while processes are killed and servers flushed
-// and restarted, then checks the invariants. It runs once on a single Redis
+// Package chaos runs the whole system — two api processes, two relays, a
+// reconciler and the payment gateway, as real binaries on real Postgres and
+// Redis servers — under a load of retried payments while processes are
+// killed or paused past their lease, servers flushed and restarted, and the
+// gateway charges then fails, hangs or resets, then checks the invariants,
+// those of the charges (I11, I12) included. It runs once on a single Redis
 // server and once on a three-master Redis Cluster, where slots also move.
 //
 // CHAOS_DURATION (default 20s) sets the length of the load, CHAOS_PAYMENTS
@@ -39,7 +41,18 @@ const (
 	leaseTimeout      = 2 * time.Second
 	reconcileInterval = time.Second
 	reapGrace         = 100 * time.Millisecond
+	resumeInterval    = 300 * time.Millisecond
 	sourceHeader      = "X-Chaos-Source"
+	// gatewayFaults are the gateway's injected faults: a charge whose
+	// answer is a 500, hangs past the api's GATEWAY_TIMEOUT or is cut by a
+	// reset, and a 503 before charging.
+	gatewayFaults  = "charge_then_500=0.05,charge_then_hang=0.04,charge_then_reset=0.05,fail_before_charge=0.05"
+	gatewayHang    = 3 * time.Second
+	gatewayTimeout = 1500 * time.Millisecond
+	// openTxLimit is how long an api transaction may sit idle before the
+	// sampler calls it open across a gateway call (which takes at least
+	// GATEWAY_TIMEOUT when it hangs).
+	openTxLimit = 700 * time.Millisecond
 )
 
 // Summary is the JSON the run writes. A failed run writes what it
@@ -55,6 +68,10 @@ type Summary struct {
 	Statuses       map[string]int `json:"statuses"`
 	Faults         map[string]int `json:"faults"`
 	Violations     []string       `json:"violations"`
+	// Charges counts the keys the gateway charged; SettledWithoutClient
+	// those whose clients never got a final answer, finished by the engine.
+	Charges              int `json:"charges"`
+	SettledWithoutClient int `json:"settled_without_client"`
 }
 
 // answer is the final answer of one operation.
@@ -71,6 +88,9 @@ type recorder struct {
 	statuses map[int]int
 	bad      []string // 5xx that no fault explains
 	pgDown   func(time.Time) bool
+	// gatewayFaults is true when the gateway injects faults: a 502 of any
+	// source is then explained.
+	gatewayFaults bool
 }
 
 func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -84,7 +104,9 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	source := req.Header.Get(sourceHeader)
 	switch {
 	case res.StatusCode < 500:
-	case res.StatusCode == http.StatusBadGateway && source == "tok_gatewayError":
+	case res.StatusCode == http.StatusBadGateway && (source == "tok_gatewayError" || r.gatewayFaults):
+		// The gateway failed (tok_gatewayError), or its answer was lost to an
+		// injected fault and the engine settles the key on its own.
 	case res.StatusCode == http.StatusServiceUnavailable && r.pgDown(time.Now()):
 	default:
 		r.bad = append(r.bad, fmt.Sprintf("%d for %s (%s) at %s", res.StatusCode, req.Header.Get(client.HeaderKey), source, time.Now().Format(time.StampMilli)))
@@ -213,8 +235,13 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 	if _, err := runOnce(ctx, bins+"/api", env, "migrate", "up"); err != nil {
 		t.Fatal(err)
 	}
-	apiEnv := append(env, "LEASE_TIMEOUT="+leaseTimeout.String(), "SLOW_GATEWAY_DELAY=300ms",
-		"API_KEYS=sk_chaos=acct_chaos")
+	gw := newProc(t, "gateway", bins+"/gateway", testenv.FreeAddr(t), "DATABASE_URL="+pg.URL(), "LOG_LEVEL=warn",
+		"SLOW_GATEWAY_DELAY=300ms", "GATEWAY_FAULTS="+gatewayFaults, "GATEWAY_HANG="+gatewayHang.String())
+	// The apis name their connections, so the sampler below finds their
+	// transactions.
+	apiEnv := []string{"DATABASE_URL=" + pg.URL() + "&application_name=chaos_api", rds.env, "LOG_LEVEL=warn",
+		"LEASE_TIMEOUT=" + leaseTimeout.String(), "RESUME_INTERVAL=" + resumeInterval.String(),
+		"GATEWAY_URL=http://" + gw.addr, "GATEWAY_TIMEOUT=" + gatewayTimeout.String(), "API_KEYS=sk_chaos=acct_chaos"}
 	apis := []*proc{
 		newProc(t, "api1", bins+"/api", testenv.FreeAddr(t), apiEnv...),
 		newProc(t, "api2", bins+"/api", testenv.FreeAddr(t), apiEnv...),
@@ -225,7 +252,7 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 	}
 	reconciler := newProc(t, "reconciler", bins+"/reconciler", testenv.FreeAddr(t),
 		append(env, "RECONCILE_SCHEDULE=@every "+reconcileInterval.String(), "REAP_GRACE="+reapGrace.String())...)
-	all := append(append(append([]*proc{}, apis...), relays...), reconciler)
+	all := append(append(append([]*proc{gw}, apis...), relays...), reconciler)
 	for _, p := range all {
 		if err := p.start(); err != nil {
 			t.Fatal(err)
@@ -245,7 +272,7 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 	// Faults, until the load ends.
 	var pgMu sync.Mutex
 	var pgDownFrom, pgDownTo time.Time
-	rec := &recorder{statuses: map[int]int{}, pgDown: func(at time.Time) bool {
+	rec := &recorder{statuses: map[int]int{}, gatewayFaults: true, pgDown: func(at time.Time) bool {
 		pgMu.Lock()
 		defer pgMu.Unlock()
 		return !pgDownFrom.IsZero() && at.After(pgDownFrom.Add(-time.Second)) &&
@@ -268,6 +295,11 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		}, faults)
 	}()
 
+	// No transaction open across a gateway call: sample the apis'
+	// sessions while calls are held (hung, slow) at the gateway.
+	openTx := make(chan []string, 1)
+	go func() { openTx <- sampleOpenTransactions(loadCtx, pg.URL()) }()
+
 	// The load: every payment sent several times, some copies at once,
 	// some later, to either api.
 	s.Reached = "load"
@@ -275,6 +307,9 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 	answers := runLoad(ctx, payments, duration, apis, rec)
 	endLoad()
 	<-faultsDone
+	for _, v := range <-openTx {
+		violate(v)
+	}
 	s.DurationS = time.Since(began).Seconds()
 
 	// Quiesce, then check.
@@ -302,13 +337,14 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		rds.cluster.WaitHealthy()
 	}
 	pool := testenv.Pool(t, pg.URL())
+	checkCharges(ctx, pool, answers, s, violate)
 	checkInvariants(t, ctx, pool, rds.client, bins, env, reconciler, answers, violate)
 	for _, p := range all {
 		if err := p.stop(); err != nil {
 			violate(err.Error())
 		}
 	}
-	if s.Faults["kill_api"]+s.Faults["kill_relay"] == 0 || s.Faults["restart_postgres"] != 1 {
+	if s.Faults["kill_api"]+s.Faults["kill_relay"]+s.Faults["pause_api"] == 0 || s.Faults["restart_postgres"] != 1 {
 		t.Errorf("the run injected too few faults: %v", s.Faults)
 	}
 	s.Reached = "done"
@@ -342,7 +378,7 @@ func injectFaults(ctx context.Context, duration time.Duration, apis, relays []*p
 			faults["restart_postgres"]++
 			continue
 		}
-		switch rand.IntN(5) {
+		switch rand.IntN(6) {
 		case 0:
 			restart(apis[rand.IntN(len(apis))], "kill_api")
 		case 1:
@@ -362,6 +398,11 @@ func injectFaults(ctx context.Context, duration time.Duration, apis, relays []*p
 			if moved {
 				faults["move_slot"]++
 			}
+		case 5:
+			// Past the lease: a retry elsewhere takes the key over while the
+			// paused api may be inside a gateway call.
+			apis[rand.IntN(len(apis))].pause(leaseTimeout + 500*time.Millisecond)
+			faults["pause_api"]++
 		}
 	}
 }
@@ -522,6 +563,131 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 			violate(fmt.Sprintf("I1: %s answered 402 but has %d declined rows", key, rows[key]["declined"]))
 		}
 	}
+}
+
+// sampleOpenTransactions looks every 50 ms, until ctx ends, for api
+// transactions idle longer than openTxLimit: a transaction held open across
+// a call to the gateway. It returns one violation per sighting.
+func sampleOpenTransactions(ctx context.Context, url string) []string {
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		return []string{"sample transactions: " + err.Error()}
+	}
+	defer pool.Close()
+	var found []string
+	for ctx.Err() == nil {
+		rows, err := pool.Query(context.Background(), `SELECT pid, left(query, 80), extract(epoch FROM now() - state_change)
+			FROM pg_stat_activity WHERE application_name = 'chaos_api' AND state = 'idle in transaction'
+			AND now() - state_change > $1::interval`, openTxLimit)
+		if err == nil {
+			for rows.Next() {
+				var pid int
+				var query string
+				var idle float64
+				if rows.Scan(&pid, &query, &idle) == nil {
+					found = append(found, fmt.Sprintf("an api transaction (pid %d) idle for %.1f s after %q: open across a gateway call?", pid, idle, query))
+				}
+			}
+			rows.Close()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return found
+}
+
+// checkCharges waits until no execution that started a step is left
+// unfinished (the engine settles those on its own: I12), then checks the
+// charges against the payments: at most one charge per key (I11), no charge
+// without exactly one payment row with its id, no payment without its
+// charge, and every 201 carrying the charge the gateway made.
+func checkCharges(ctx context.Context, pool *pgxpool.Pool, answers map[string][]answer, s *Summary, violate func(string)) {
+	var open int
+	var openErr error
+	if !settle(leaseTimeout+30*time.Second, func() bool {
+		openErr = pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress' AND steps IS NOT NULL`).Scan(&open)
+		return openErr == nil && open == 0
+	}) {
+		violate(fmt.Sprintf("I12: %d executions that reached the gateway are still unfinished 30 s after the load (err %v)", open, openErr))
+	}
+	type charge struct{ id, status string }
+	charges := map[string][]charge{} // by idempotency key
+	rows, err := pool.Query(ctx, `SELECT split_part(reference, '/', 2), charge_id, status FROM gateway.charges
+		WHERE reference LIKE 'acct_chaos/%' AND status <> 'processing'`)
+	if err != nil {
+		violate("I11: read the charges: " + err.Error())
+		return
+	}
+	for rows.Next() {
+		var key string
+		var c charge
+		if err := rows.Scan(&key, &c.id, &c.status); err != nil {
+			violate("I11: read the charges: " + err.Error())
+			rows.Close()
+			return
+		}
+		charges[key] = append(charges[key], c)
+	}
+	rows.Close()
+	paid := map[string][]string{} // charge ids of the payment rows, by key
+	rows, err = pool.Query(ctx, `SELECT idempotency_key, coalesce(charge_id, '') FROM payments WHERE merchant_id = 'acct_chaos'`)
+	if err != nil {
+		violate("I12: read the payments: " + err.Error())
+		return
+	}
+	for rows.Next() {
+		var key, id string
+		if err := rows.Scan(&key, &id); err != nil {
+			violate("I12: read the payments: " + err.Error())
+			rows.Close()
+			return
+		}
+		paid[key] = append(paid[key], id)
+	}
+	rows.Close()
+	for key, cs := range charges {
+		s.Charges++
+		if len(cs) > 1 {
+			violate(fmt.Sprintf("I11: %s was charged %d times: %v", key, len(cs), cs))
+		}
+		if len(paid[key]) != 1 || paid[key][0] != cs[0].id {
+			violate(fmt.Sprintf("I12: %s: charge %s has payment rows with charges %v", key, cs[0].id, paid[key]))
+		}
+	}
+	for key, ids := range paid {
+		if len(charges[key]) == 0 {
+			violate(fmt.Sprintf("I12: %s has a payment (charges %v) without a charge", key, ids))
+		}
+	}
+	for key, as := range answers {
+		for _, a := range as {
+			if a.status != http.StatusCreated {
+				continue
+			}
+			var p struct {
+				Charge string `json:"charge"`
+			}
+			if err := json.Unmarshal([]byte(a.body), &p); err != nil || len(charges[key]) == 0 || p.Charge != charges[key][0].id {
+				violate(fmt.Sprintf("I11: %s answered 201 with charge %q, the gateway made %v", key, p.Charge, charges[key]))
+			}
+		}
+		if len(as) > 0 && allGaveUp(as) && len(charges[key]) > 0 {
+			s.SettledWithoutClient++
+		}
+	}
+}
+
+// allGaveUp reports whether no answer of an operation was final: its client
+// gave up (or was left with a 502/503).
+func allGaveUp(as []answer) bool {
+	for _, a := range as {
+		if a.status == http.StatusCreated || a.status == http.StatusPaymentRequired {
+			return false
+		}
+	}
+	return true
 }
 
 // settle polls cond for up to timeout.

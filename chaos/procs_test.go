@@ -15,12 +15,12 @@ import (
 	"time"
 )
 
-// buildCommands builds api, relay and reconciler (without -race: five of
-// them share two cores with the servers) and returns their folder.
+// buildCommands builds api, relay, reconciler and gateway (without -race:
+// six of them share two cores with the servers) and returns their folder.
 func buildCommands(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler", "../cmd/gateway")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("build the commands: %v\n%s", err, out)
@@ -70,6 +70,22 @@ func (p *proc) start() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// pause stops the process (SIGSTOP) for d, as a long GC pause or a frozen
+// VM would, then lets it go on.
+func (p *proc) pause(d time.Duration) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	if cmd.Process.Signal(syscall.SIGSTOP) != nil {
+		return
+	}
+	time.Sleep(d)
+	_ = cmd.Process.Signal(syscall.SIGCONT)
 }
 
 // kill sends SIGKILL, as a crash would.
