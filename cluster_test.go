@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -48,7 +49,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 
 	// Phase 1: a slot full of live keys moves while they are requested.
 	// The hash tag puts every {hot} key in one slot.
-	var keys []string
+	keys := make([]string, 0, 300)
 	for i := range 150 {
 		keys = append(keys, fmt.Sprintf("{hot}-%d", i))
 	}
@@ -73,7 +74,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	testenv.RequireConverged(t, b.ctx, b.pool, c, "%")
 
 	// Phase 2: a master restarts empty while requests run.
-	var more []string
+	more := make([]string, 0, 300)
 	for i := range 300 {
 		more = append(more, fmt.Sprintf("restart-%d", i))
 	}
@@ -93,7 +94,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	require.Zero(t, again.Drift(), "a second pass finds nothing: %+v", again)
 
 	// I1 and I2.
-	all := append(keys, more...)
+	all := slices.Concat(keys, more)
 	rows := map[string]int{}
 	r, err := b.pool.Query(b.ctx, `SELECT idempotency_key, count(*) FROM payments GROUP BY 1`)
 	require.NoError(t, err)
@@ -149,7 +150,7 @@ func keyedPayment(key string) onceonly.Handler {
 // under way. It returns when every request has its answer.
 func (b *testBundle) sendEach(t *testing.T, keys []string, answers *answerLog, disrupt func()) {
 	t.Helper()
-	var jobs []string
+	jobs := make([]string, 0, 3*len(keys))
 	for _, k := range keys {
 		jobs = append(jobs, k, k, k)
 	}
@@ -158,9 +159,7 @@ func (b *testBundle) sendEach(t *testing.T, keys []string, answers *answerLog, d
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for key := range queue {
 				for {
 					out, err := b.engine.Do(b.ctx, "m", key, []byte("p"), keyedPayment(key))
@@ -176,7 +175,7 @@ func (b *testBundle) sendEach(t *testing.T, keys []string, answers *answerLog, d
 					break
 				}
 			}
-		}()
+		})
 	}
 	// The disruption starts a quarter into the load, and the load goes on,
 	// sending keys again, until the disruption is over.

@@ -153,7 +153,7 @@ func Retryable(status int) bool {
 func (c *Client) send(ctx context.Context, req Request) (*Response, error) {
 	httpReq, err := http.NewRequestWithContext(ctx, req.Method, req.URL, bytes.NewReader(req.Body))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("build request: %w", err)
 	}
 	for k, vs := range req.Header {
 		for _, v := range vs {
@@ -170,7 +170,7 @@ func (c *Client) send(ctx context.Context, req Request) (*Response, error) {
 	}
 	res, err := hc.Do(httpReq)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("send: %w", err)
 	}
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)

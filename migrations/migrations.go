@@ -56,7 +56,12 @@ func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
 func (m *Migrator) Provider() *goose.Provider { return m.provider }
 
 // Close releases the migrator's database handle.
-func (m *Migrator) Close() error { return m.db.Close() }
+func (m *Migrator) Close() error {
+	if err := m.db.Close(); err != nil {
+		return fmt.Errorf("close the migration database: %w", err)
+	}
+	return nil
+}
 
 // Up applies every pending migration and returns how many ran.
 func (m *Migrator) Up(ctx context.Context) (int, error) {

@@ -29,6 +29,14 @@ cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
 trap cleanup EXIT
 
 go vet ./...
+# golangci-lint (.golangci.yaml) at a pinned version, installed into
+# .data/tools once per version and Go toolchain.
+lint_version=v2.15.0
+lint=.data/tools/golangci-lint
+if ! "$lint" version 2>/dev/null | grep -F "version ${lint_version#v} built with $(go env GOVERSION) " >/dev/null; then
+	GOBIN="$PWD/.data/tools" go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$lint_version"
+fi
+"$lint" run ./...
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
 	echo "gofmt needed on: $unformatted" >&2

@@ -32,21 +32,27 @@ func main() {
 		os.Exit(2)
 	}
 	rdb := redis.NewUniversalClient(opts)
-	defer rdb.Close()
-	ctx := context.Background()
 	began := time.Now()
+	n, err := countKeys(context.Background(), rdb, *match, *count)
+	took := time.Since(began)
+	_ = rdb.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scan:", err)
+		os.Exit(1)
+	}
+	fmt.Printf(`{"keys":%d,"duration_ms":%d,"keys_per_s":%.0f}`+"\n", n, took.Milliseconds(), float64(n)/took.Seconds())
+}
+
+// countKeys counts the keys matching match on every master, SCANning
+// count at a time.
+func countKeys(ctx context.Context, rdb redis.UniversalClient, match string, count int64) (int, error) {
 	var n int
-	err = cache.ForEachNode(ctx, rdb, func(ctx context.Context, node redis.UniversalClient) error {
-		iter := node.Scan(ctx, 0, *match, *count).Iterator()
+	err := cache.ForEachNode(ctx, rdb, func(ctx context.Context, node redis.UniversalClient) error {
+		iter := node.Scan(ctx, 0, match, count).Iterator()
 		for iter.Next(ctx) {
 			n++
 		}
 		return iter.Err()
 	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "scan:", err)
-		os.Exit(1)
-	}
-	took := time.Since(began)
-	fmt.Printf(`{"keys":%d,"duration_ms":%d,"keys_per_s":%.0f}`+"\n", n, took.Milliseconds(), float64(n)/took.Seconds())
+	return n, err
 }

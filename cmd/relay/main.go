@@ -85,9 +85,13 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 		if err != nil {
 			return fmt.Errorf("drain: %w (published %d before the failure)", err, n)
 		}
-		return json.NewEncoder(stdout).Encode(map[string]int64{
+		err = json.NewEncoder(stdout).Encode(map[string]int64{
 			"published": int64(n), "duration_ms": time.Since(began).Milliseconds(),
 		})
+		if err != nil {
+			return fmt.Errorf("write the summary: %w", err)
+		}
+		return nil
 	}
 
 	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "poll_interval", s.pollInterval.String())

@@ -84,7 +84,7 @@ func TestDaemon(t *testing.T) {
 	dbURL := testenv.DatabaseURL(t)
 	rdb, prefix := testenv.Redis(t)
 	addr := testenv.FreeAddr(t)
-	cmd := exec.Command(bin)
+	cmd := exec.CommandContext(t.Context(), bin)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
 		"REDIS_PREFIX="+prefix, "HTTP_ADDR="+addr, "LOG_FORMAT=text")
 	var logs bytes.Buffer
@@ -103,7 +103,9 @@ func TestDaemon(t *testing.T) {
 		return found
 	})
 
-	res, err := http.Get("http://" + addr + "/metrics")
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	require.NoError(t, err)
+	res, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()

@@ -51,10 +51,10 @@ func run() error {
 		retrying: &client.Client{HTTP: hc, MaxAttempts: 20, MinDelay: 100 * time.Millisecond, MaxDelay: time.Second},
 		run:      fmt.Sprintf("tour-%d", time.Now().Unix()),
 	}
-	if err := t.ping(); err != nil {
+	ctx := context.Background()
+	if err := t.ping(ctx); err != nil {
 		return fmt.Errorf("no api at %s (start the stack with `make run`): %w", t.api, err)
 	}
-	ctx := context.Background()
 	for _, step := range []func(context.Context) error{
 		t.firstCallAndReplay, t.concurrentDuplicate, t.reusedKey, t.declinedReplayed, t.gatewayError,
 		func(ctx context.Context) error { return t.crashMidRequest(ctx, *apiBin) },
@@ -63,7 +63,7 @@ func run() error {
 			return err
 		}
 	}
-	return t.metrics()
+	return t.metrics(ctx)
 }
 
 func (t *tour) title(s string) {
@@ -191,11 +191,11 @@ func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
 		fmt.Printf("   skipped: %s not found (make tour builds it)\n", apiBin)
 		return nil
 	}
-	addr, err := freeAddr()
+	addr, err := freeAddr(ctx)
 	if err != nil {
 		return err
 	}
-	victim := exec.Command(apiBin)
+	victim := exec.CommandContext(ctx, apiBin)
 	victim.Env = append(os.Environ(), "HTTP_ADDR="+addr, "LEASE_TIMEOUT=3s", "LOG_LEVEL=error")
 	if err := victim.Start(); err != nil {
 		return fmt.Errorf("start a second api: %w", err)
@@ -203,7 +203,7 @@ func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
 	defer func() { _ = victim.Process.Kill(); _ = victim.Wait() }()
 	base := "http://" + addr
 	for i := 0; ; i++ {
-		if res, err := t.http.Get(base + "/readyz"); err == nil {
+		if res, err := t.get(ctx, base+"/readyz"); err == nil {
 			res.Body.Close()
 			break
 		}
@@ -228,18 +228,18 @@ func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
 }
 
 // metrics prints the engine's counters from the api's /metrics.
-func (t *tour) metrics() error {
+func (t *tour) metrics(ctx context.Context) error {
 	t.title("what the api counted (/metrics)")
-	res, err := t.http.Get(t.api + "/metrics")
+	res, err := t.get(ctx, t.api+"/metrics")
 	if err != nil {
 		return err
 	}
 	defer res.Body.Close()
 	raw, err := io.ReadAll(res.Body)
 	if err != nil {
-		return err
+		return fmt.Errorf("read /metrics: %w", err)
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
+	for line := range strings.SplitSeq(string(raw), "\n") {
 		if strings.HasPrefix(line, "onceonly_requests_total") || strings.HasPrefix(line, "onceonly_redis_fallback_total") {
 			fmt.Println("   " + line)
 		}
@@ -248,8 +248,8 @@ func (t *tour) metrics() error {
 	return nil
 }
 
-func (t *tour) ping() error {
-	res, err := t.http.Get(t.api + "/healthz")
+func (t *tour) ping(ctx context.Context) error {
+	res, err := t.get(ctx, t.api+"/healthz")
 	if err != nil {
 		return err
 	}
@@ -257,8 +257,22 @@ func (t *tour) ping() error {
 	return nil
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// get sends a GET to url; the caller closes the body.
+func (t *tour) get(ctx context.Context, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("build the request: %w", err)
+	}
+	res, err := t.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("request: %w", err)
+	}
+	return res, nil
+}
+
+func freeAddr(ctx context.Context) (string, error) {
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", fmt.Errorf("find a free port: %w", err)
 	}

@@ -8,7 +8,7 @@ import (
 
 func TestNextStaysInBoundsAndGrows(t *testing.T) {
 	b := Backoff{Min: 10 * time.Millisecond, Max: time.Second}
-	var ceiling time.Duration = b.Min
+	ceiling := b.Min
 	for i := range 40 {
 		d := b.Next()
 		if d < b.Min || d > b.Max || d > ceiling {

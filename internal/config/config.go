@@ -102,7 +102,7 @@ func (s *Set) Parse(args []string) error {
 		if errors.Is(err, flag.ErrHelp) {
 			s.fs.SetOutput(s.out)
 			s.fs.Usage()
-			return err
+			return flag.ErrHelp
 		}
 		return fmt.Errorf("bad flag: %w", err)
 	}
@@ -136,7 +136,7 @@ func (v *durationValue) String() string { return v.d.String() }
 func (v *durationValue) Set(s string) error {
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("not a duration (use Go syntax such as 500ms, 30s, 24h)")
+		return errors.New("not a duration (use Go syntax such as 500ms, 30s, 24h)")
 	}
 	if d < 0 {
 		return errors.New("must not be negative")

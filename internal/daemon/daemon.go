@@ -176,7 +176,8 @@ func Serve(ctx context.Context, srv *http.Server, log *slog.Logger, grace time.D
 	case <-ctx.Done():
 	}
 	log.Info("shutting down", "addr", srv.Addr)
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	// ctx has ended: the grace period runs on a context detached from it.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("shut down %s: %w", srv.Addr, err)
@@ -184,7 +185,7 @@ func Serve(ctx context.Context, srv *http.Server, log *slog.Logger, grace time.D
 	return nil
 }
 
-func init() {
+func init() { //nolint:gochecknoinits // must run before any daemon opens a client, whatever its entry point
 	// go-redis logs dial failures through the standard log package, outside
 	// slog; the daemons count and log Redis failures themselves.
 	logging.Disable()

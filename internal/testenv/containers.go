@@ -40,7 +40,11 @@ func postgresContainer() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("start Postgres container: %w", err)
 	}
-	return ctr.ConnectionString(ctx, "sslmode=disable")
+	connURL, err := ctr.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		return "", fmt.Errorf("read the Postgres container's URL: %w", err)
+	}
+	return connURL, nil
 }
 
 func redisContainer() (string, error) {
@@ -53,5 +57,9 @@ func redisContainer() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("start Redis container: %w", err)
 	}
-	return ctr.ConnectionString(ctx)
+	connURL, err := ctr.ConnectionString(ctx)
+	if err != nil {
+		return "", fmt.Errorf("read the Redis container's URL: %w", err)
+	}
+	return connURL, nil
 }

@@ -1,8 +1,9 @@
 package testenv
 
 import (
+	"context"
+	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -29,17 +30,11 @@ func NewPostgresServer(tb testing.TB) *PostgresServer {
 	if err != nil {
 		tb.Fatalf("%v\n%s", err, howToStart)
 	}
-	dir, err := os.MkdirTemp("", "onceonly-pg-")
+	dir, err := os.MkdirTemp("", "onceonly-pg-") //nolint:usetesting // as root the server runs as postgres, which cannot enter tb.TempDir's root-only parent
 	if err != nil {
 		tb.Fatalf("make a data folder: %v", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("find a free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &PostgresServer{tb: tb, bin: bin, dir: dir, port: port}
+	s := &PostgresServer{tb: tb, bin: bin, dir: dir, port: freePort(tb)}
 	tb.Cleanup(func() {
 		s.Stop()
 		_ = os.RemoveAll(dir)
@@ -70,7 +65,7 @@ func postgresBin() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p), nil
 	}
-	return "", fmt.Errorf("no Postgres binaries (initdb) found")
+	return "", errors.New("no Postgres binaries (initdb) found")
 }
 
 func (s *PostgresServer) data() string { return filepath.Join(s.dir, "data") }
@@ -82,7 +77,7 @@ func (s *PostgresServer) run(name string, args ...string) {
 	if os.Geteuid() == 0 {
 		argv = append([]string{"runuser", "-u", "postgres", "--"}, argv...)
 	}
-	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	out, err := exec.CommandContext(s.tb.Context(), argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
 		s.tb.Fatalf("%s: %v\n%s", name, err, out)
 	}
@@ -108,7 +103,9 @@ func (s *PostgresServer) Stop() {
 	if os.Geteuid() == 0 {
 		argv = append([]string{"runuser", "-u", "postgres", "--"}, argv...)
 	}
-	_ = exec.Command(argv[0], argv[1:]...).Run()
+	// Background, not the test's context: Stop runs from Cleanup, after that
+	// context has ended.
+	_ = exec.CommandContext(context.Background(), argv[0], argv[1:]...).Run()
 }
 
 // Restart stops and starts the server; data survives.

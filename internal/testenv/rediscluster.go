@@ -3,8 +3,10 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,7 +45,7 @@ func NewRedisCluster(tb testing.TB) *RedisCluster {
 			"--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"))
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+	out, err := exec.CommandContext(tb.Context(), "redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
@@ -66,15 +68,16 @@ func (c *RedisCluster) URL() string { return ClusterURL(c.Addrs()) }
 
 // ClusterURL returns the go-redis cluster URL of the nodes at addrs.
 func ClusterURL(addrs []string) string {
-	u := "redis://" + addrs[0]
+	var u strings.Builder
+	u.WriteString("redis://" + addrs[0])
 	for i, a := range addrs[1:] {
 		sep := "&"
 		if i == 0 {
 			sep = "?"
 		}
-		u += sep + "addr=" + a
+		u.WriteString(sep + "addr=" + a)
 	}
-	return u
+	return u.String()
 }
 
 // WaitHealthy waits until every node reports the cluster ok and knows the
@@ -127,7 +130,10 @@ func ClusterClient(tb testing.TB, url string) *redis.ClusterClient {
 	if err != nil {
 		tb.Fatalf("Redis Cluster URL: %v", err)
 	}
-	rdb := redis.NewUniversalClient(opts).(*redis.ClusterClient)
+	rdb, ok := redis.NewUniversalClient(opts).(*redis.ClusterClient)
+	if !ok {
+		tb.Fatalf("%s is not a Redis Cluster URL", redact(url))
+	}
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		tb.Fatalf("connect to Redis Cluster (%s): %v\n%s", redact(url), err, howToStart)
 	}
@@ -139,14 +145,23 @@ func ClusterClient(tb testing.TB, url string) *redis.ClusterClient {
 func (c *RedisCluster) Owner(ctx context.Context, slot int) (*RedisServer, error) {
 	rdb := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr()})
 	defer rdb.Close()
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	shards, err := rdb.ClusterShards(ctx).Result()
 	if err != nil {
-		return nil, fmt.Errorf("cluster slots: %w", err)
+		return nil, fmt.Errorf("cluster shards: %w", err)
 	}
-	for _, s := range slots {
-		if slot >= int(s.Start) && slot <= int(s.End) && len(s.Nodes) > 0 {
+	for _, sh := range shards {
+		if !slices.ContainsFunc(sh.Slots, func(r redis.SlotRange) bool {
+			return int64(slot) >= r.Start && int64(slot) <= r.End
+		}) {
+			continue
+		}
+		for _, m := range sh.Nodes {
+			if m.Role != "master" {
+				continue
+			}
+			addr := net.JoinHostPort(m.IP, strconv.FormatInt(m.Port, 10))
 			for _, n := range c.Nodes {
-				if n.Addr() == s.Nodes[0].Addr {
+				if n.Addr() == addr {
 					return n, nil
 				}
 			}

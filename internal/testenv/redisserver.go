@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os/exec"
@@ -58,7 +57,9 @@ func (s *RedisServer) Start() {
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}, s.extra...)
-	s.cmd = exec.Command("redis-server", args...)
+	// Stop ends the server; the test's context is a backstop if it is not
+	// reached.
+	s.cmd = exec.CommandContext(s.tb.Context(), "redis-server", args...)
 	s.cmd.SysProcAttr = childAttr()
 	if err := s.cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)
@@ -66,7 +67,7 @@ func (s *RedisServer) Start() {
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer rdb.Close()
 	deadline := time.Now().Add(10 * time.Second)
-	for rdb.Ping(context.Background()).Err() != nil {
+	for rdb.Ping(s.tb.Context()).Err() != nil {
 		if time.Now().After(deadline) {
 			s.tb.Fatalf("redis-server on port %d did not answer", s.port)
 		}
@@ -91,12 +92,17 @@ func (s *RedisServer) Port() int { return s.port }
 // freePort returns a loopback TCP port that was free a moment ago.
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	l, err := lc.Listen(tb.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("find a free port: %v", err)
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	addr, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		tb.Fatalf("find a free port: %v is not a TCP address", l.Addr())
+	}
+	return addr.Port
 }
 
 // Restart stops and starts the server: an empty cache on the same address.

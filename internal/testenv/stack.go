@@ -2,8 +2,8 @@ package testenv
 
 import (
 	"context"
-	"io"
 	"log/slog"
+	"maps"
 	"strconv"
 	"testing"
 	"time"
@@ -73,14 +73,12 @@ func (s *Stack) CompleteKeys(tb testing.TB, scope, name string, n int) {
 
 // QuietLogger returns a logger that drops everything, for components whose
 // expected warnings would clutter test output.
-func QuietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func QuietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // EnvWith returns a copy of base with k set to v.
 func EnvWith(base map[string]string, k, v string) map[string]string {
 	env := make(map[string]string, len(base)+1)
-	for bk, bv := range base {
-		env[bk] = bv
-	}
+	maps.Copy(env, base)
 	env[k] = v
 	return env
 }
