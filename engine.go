@@ -23,9 +23,9 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultLeaseTimeout = 30 * time.Second
-	DefaultCompletedTTL = outbox.DefaultCompletedTTL
-	DefaultFailedTTL    = outbox.DefaultFailedTTL
+	DefaultLeaseTimeout   = 30 * time.Second
+	DefaultCompletedTTL   = outbox.DefaultCompletedTTL
+	DefaultFailedTTL      = outbox.DefaultFailedTTL
 	DefaultRedisTimeout   = 100 * time.Millisecond
 	DefaultResumeInterval = 5 * time.Second
 )
@@ -144,7 +144,7 @@ func New(cfg Config) (*Engine, error) {
 // Close stops the engine's lease renewals and closes their connection.
 // Executions still running lose their leases.
 func (e *Engine) Close() {
-	e.leases.close()
+	e.leases.close(context.Background())
 }
 
 // DefaultShouldStore stores every status below 500 except 408, 409, 425 and
@@ -206,7 +206,7 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint, handler s
 	claimedAt := time.Now()
 	claim, err := e.store.Claim(ctx, e.cfg.Pool, ref, fingerprint, owner, e.cfg.LeaseTimeout)
 	if err != nil {
-		e.releaseCache(ref, owner)
+		e.releaseCache(ctx, ref, owner)
 		outcome = outcomeUnavailable
 		if ctx.Err() != nil {
 			return Outcome{}, ctx.Err()
@@ -214,7 +214,7 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint, handler s
 		return Outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if !claim.Claimed {
-		e.applyCache(claim.Key) // read-repair: the cache learns what Postgres holds
+		e.applyCache(ctx, claim.Key) // read-repair: the cache learns what Postgres holds
 		out, outcome, err = e.answerHeld(claim.Key, fingerprint)
 		return out, err
 	}
@@ -257,6 +257,7 @@ func (e *Engine) checkCache(ctx context.Context, ref keystate.Ref, fingerprint s
 		return Outcome{}, outcomeInFlight, true, &InFlightError{RetryAfter: res.RetryAfter}
 	case cache.Mismatch:
 		return Outcome{}, outcomeReused, true, ErrKeyReused
+	case cache.Claimed:
 	}
 	return Outcome{}, "", false, nil
 }
@@ -285,7 +286,7 @@ func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string
 func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn Func) (Outcome, string, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	x.lease = e.leases.hold(x.ref, x.fence.Owner, claimedAt, cancel)
+	x.lease = e.leases.hold(ctx, x.ref, x.fence.Owner, claimedAt, cancel)
 	defer e.leases.release(x.lease)
 	hctx = context.WithValue(hctx, executionKey{}, x)
 
@@ -297,7 +298,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 		stored, err := e.complete(hctx, x, res)
 		switch {
 		case err == nil:
-			e.writeThrough(stored)
+			e.writeThrough(ctx, stored)
 			return Outcome{Result: res}, outcomeExecuted, nil
 		case e.leaseLost(hctx, err):
 			return Outcome{}, outcomeLeaseLost, ErrLeaseLost
@@ -305,23 +306,23 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 		// The commit (or begin) failed; whether a commit that lost its
 		// connection went through is unknown, so the key is left to the
 		// lease if abandon cannot run either, and the client retries.
-		e.abandon(x, x.anyStep())
+		e.abandon(ctx, x, x.anyStep())
 		if ctx.Err() != nil {
 			return Outcome{}, outcomeFailed, ctx.Err()
 		}
 		return Outcome{}, outcomeUnavailable, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	x.rollback()
+	x.rollback(ctx)
 	switch {
 	case e.leaseLost(hctx, handleErr):
 		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 	case handleErr == nil:
 		// A deliberate answer that is not stored: retryable, unless a step
 		// is unsettled and must be finished first.
-		e.abandon(x, x.unsettled())
+		e.abandon(ctx, x, x.unsettled())
 		return Outcome{Result: res}, outcomeFailed, nil
 	}
-	e.abandon(x, x.anyStep())
+	e.abandon(ctx, x, x.anyStep())
 	if ctx.Err() != nil {
 		return Outcome{}, outcomeFailed, ctx.Err()
 	}
@@ -333,8 +334,8 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error) {
 	defer func() {
 		if p := recover(); p != nil {
-			x.rollback()
-			e.abandon(x, x.anyStep())
+			x.rollback(ctx)
+			e.abandon(ctx, x, x.anyStep())
 			panic(p)
 		}
 	}()
@@ -350,11 +351,11 @@ func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (keysta
 	}
 	stored, err := e.store.Complete(ctx, tx, x.ref, x.fence.Owner, res)
 	if err != nil {
-		x.rollback()
+		x.rollback(ctx)
 		return keystate.Key{}, err
 	}
 	if !x.lease.valid() {
-		x.rollback()
+		x.rollback(ctx)
 		return keystate.Key{}, ErrLeaseLost
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -363,12 +364,13 @@ func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (keysta
 	return stored, nil
 }
 
-// rollback rolls the execution's transaction back, if it began one.
-func (x *Execution) rollback() {
+// rollback rolls the execution's transaction back, if it began one, even
+// when ctx has ended.
+func (x *Execution) rollback(ctx context.Context) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.tx != nil {
-		_ = x.tx.Rollback(context.Background())
+		_ = x.tx.Rollback(context.WithoutCancel(ctx))
 	}
 }
 
@@ -389,10 +391,10 @@ func (e *Engine) recordError(err error) error {
 
 // abandon ends an execution that has no stored result: the key is handed
 // off for a resumption when handOff (a step may have had an effect), else
-// failed, so a retry runs again. Both run on a context of their own: a
-// request canceled by its client must not leave the key claimed.
-func (e *Engine) abandon(x *Execution, handOff bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// failed, so a retry runs again. Both outlive ctx: a request canceled by
+// its client must not leave the key claimed.
+func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	var k keystate.Key
 	var err error
@@ -407,16 +409,16 @@ func (e *Engine) abandon(x *Execution, handOff bool) {
 		}
 		return
 	}
-	e.writeThrough(k)
+	e.writeThrough(ctx, k)
 }
 
 // writeThrough copies a transition this engine committed into Redis. With
 // DeferRelayNotify, a copy that did not land wakes the relay instead.
-func (e *Engine) writeThrough(k keystate.Key) {
-	if e.applyCache(k) || !e.cfg.DeferRelayNotify {
+func (e *Engine) writeThrough(ctx context.Context, k keystate.Key) {
+	if e.applyCache(ctx, k) || !e.cfg.DeferRelayNotify {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := e.store.Notify(ctx, e.cfg.Pool); err != nil {
 		e.log.Warn("notify relays", "err", err)
@@ -426,11 +428,11 @@ func (e *Engine) writeThrough(k keystate.Key) {
 // applyCache writes a Postgres state through to Redis, best effort: the
 // relay delivers it anyway. It reports whether Redis took the write (or
 // already held it).
-func (e *Engine) applyCache(k keystate.Key) bool {
+func (e *Engine) applyCache(ctx context.Context, k keystate.Key) bool {
 	if e.cache == nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RedisTimeout)
 	defer cancel()
 	if _, err := e.cache.Apply(ctx, k); err != nil {
 		e.redisFailed(redisOpApply, err)
@@ -440,11 +442,11 @@ func (e *Engine) applyCache(k keystate.Key) bool {
 }
 
 // releaseCache drops this request's provisional claim, best effort.
-func (e *Engine) releaseCache(ref keystate.Ref, owner keystate.Owner) {
+func (e *Engine) releaseCache(ctx context.Context, ref keystate.Ref, owner keystate.Owner) {
 	if e.cache == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RedisTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RedisTimeout)
 	defer cancel()
 	if _, err := e.cache.Release(ctx, ref, owner); err != nil {
 		e.redisFailed(redisOpRelease, err)

@@ -213,8 +213,11 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 func (x *Execution) recordOutcome(ctx context.Context, name string, outcome json.RawMessage) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	record, _ := json.Marshal(stepRecord{Outcome: outcome})
-	err := x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, record, x.handler, nil, true)
+	record, err := json.Marshal(stepRecord{Outcome: outcome})
+	if err != nil {
+		return fmt.Errorf("step %s: encode its record: %w", name, err)
+	}
+	err = x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, record, x.handler, nil, true)
 	if err != nil {
 		if err = x.engine.recordError(err); errors.Is(err, ErrLeaseLost) {
 			return err

@@ -33,7 +33,7 @@ func ValidateKey(key string) error {
 	if len(key) == 0 || len(key) > MaxKeyLength {
 		return ErrInvalidKey
 	}
-	for i := 0; i < len(key); i++ {
+	for i := range len(key) {
 		if key[i] < 0x21 || key[i] > 0x7e {
 			return ErrInvalidKey
 		}
@@ -146,7 +146,9 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 func writeString(buf *bytes.Buffer, s string) {
 	enc := json.NewEncoder(buf)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(s)           // a string always encodes
+	if err := enc.Encode(s); err != nil {
+		panic("onceonly: a Go string does not encode as JSON: " + err.Error()) // unreachable: every string encodes
+	}
 	buf.Truncate(buf.Len() - 1) // Encode appends a newline
 }
 

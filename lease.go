@@ -52,7 +52,7 @@ func (k *leaseKeeper) margin() time.Duration { return k.lease / 6 }
 // hold registers the lease owner took at claimedAt (the time the claim was
 // sent: Postgres's lease runs from later) and starts renewing it. cancel
 // stops the execution when the lease is lost.
-func (k *leaseKeeper) hold(ref keystate.Ref, owner keystate.Owner, claimedAt time.Time, cancel context.CancelCauseFunc) *lease {
+func (k *leaseKeeper) hold(ctx context.Context, ref keystate.Ref, owner keystate.Owner, claimedAt time.Time, cancel context.CancelCauseFunc) *lease {
 	l := &lease{ref: ref, owner: owner, cancel: cancel, validUntil: claimedAt.Add(k.lease - k.margin())}
 	l.timer = time.AfterFunc(time.Until(l.validUntil), func() { l.expire(ErrLeaseLost) })
 	k.mu.Lock()
@@ -61,7 +61,8 @@ func (k *leaseKeeper) hold(ref keystate.Ref, owner keystate.Owner, claimedAt tim
 	if !k.running && !k.closed {
 		k.running = true
 		k.stop, k.done = make(chan struct{}), make(chan struct{})
-		go k.run(k.stop, k.done)
+		// The renewals outlive the request that started them.
+		go k.run(context.WithoutCancel(ctx), k.stop, k.done)
 	}
 	return l
 }
@@ -101,7 +102,7 @@ func (l *lease) expire(cause error) {
 }
 
 // run renews the leases until none is left or the keeper closes.
-func (k *leaseKeeper) run(stop, done chan struct{}) {
+func (k *leaseKeeper) run(ctx context.Context, stop, done chan struct{}) {
 	defer close(done)
 	t := time.NewTicker(k.lease / 3)
 	defer t.Stop()
@@ -114,7 +115,7 @@ func (k *leaseKeeper) run(stop, done chan struct{}) {
 		if k.idle() {
 			// The goroutine and its connection go; the next lease that
 			// lives to a tick opens a new one (short executions never do).
-			k.closeConn()
+			k.closeConn(ctx)
 			if k.stopIfIdle() {
 				return
 			}
@@ -126,7 +127,7 @@ func (k *leaseKeeper) run(stop, done chan struct{}) {
 			held = append(held, l)
 		}
 		k.mu.Unlock()
-		k.renew(held)
+		k.renew(ctx, held)
 	}
 }
 
@@ -150,8 +151,8 @@ func (k *leaseKeeper) stopIfIdle() bool {
 
 // renew extends held in one statement and gives up the leases Postgres no
 // longer has under their owner.
-func (k *leaseKeeper) renew(held []*lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), k.lease/3)
+func (k *leaseKeeper) renew(ctx context.Context, held []*lease) {
+	ctx, cancel := context.WithTimeout(ctx, k.lease/3)
 	defer cancel()
 	sentAt := time.Now()
 	if k.conn == nil || k.conn.IsClosed() {
@@ -184,7 +185,7 @@ func (k *leaseKeeper) renew(held []*lease) {
 }
 
 // close stops the keeper and closes its connection.
-func (k *leaseKeeper) close() {
+func (k *leaseKeeper) close(ctx context.Context) {
 	k.mu.Lock()
 	k.closed = true
 	running, stop, done := k.running, k.stop, k.done
@@ -194,16 +195,17 @@ func (k *leaseKeeper) close() {
 		close(stop)
 		<-done
 	}
-	k.closeConn()
+	k.closeConn(ctx)
 }
 
 // closeConn closes the renewal connection; only the goroutine that renews,
 // or close once it stopped, calls it.
-func (k *leaseKeeper) closeConn() {
-	if k.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = k.conn.Close(ctx)
-		k.conn = nil
+func (k *leaseKeeper) closeConn(ctx context.Context) {
+	if k.conn == nil {
+		return
 	}
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = k.conn.Close(closeCtx)
+	k.conn = nil
 }

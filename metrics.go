@@ -30,17 +30,20 @@ type metrics struct {
 	resumptions   *prometheus.CounterVec
 }
 
+// labelOutcome is the label of the per-outcome metrics.
+const labelOutcome = "outcome"
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceonly_requests_total",
 			Help: "Idempotent requests by outcome.",
-		}, []string{"outcome"}),
+		}, []string{labelOutcome}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "onceonly_request_duration_seconds",
 			Help:    "Time spent in the engine per request, handler included, by outcome.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
-		}, []string{"outcome"}),
+		}, []string{labelOutcome}),
 		redisFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceonly_redis_fallback_total",
 			Help: "Redis calls that failed or timed out; the engine carried on from Postgres.",
@@ -48,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		resumptions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceonly_resumptions_total",
 			Help: "Executions a live engine took over and finished after their holder died or handed off, by outcome.",
-		}, []string{"outcome"}),
+		}, []string{labelOutcome}),
 	}
 	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions); err != nil {
 		return nil, err

@@ -59,7 +59,7 @@ type HTTPError struct {
 // WriteProblem writes e as RFC 9457 problem details
 // (application/problem+json) with its code as an extension member.
 func WriteProblem(w http.ResponseWriter, _ *http.Request, e *HTTPError) {
-	body, _ := json.Marshal(struct {
+	body, err := json.Marshal(struct {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
@@ -67,6 +67,9 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, e *HTTPError) {
 		Code   string `json:"code"`
 		Param  string `json:"param,omitempty"`
 	}{"about:blank", http.StatusText(e.Status), e.Status, e.Message, e.Code, e.Param})
+	if err != nil { // unreachable: strings and an int always encode
+		body = []byte(`{"type":"about:blank","status":` + strconv.Itoa(e.Status) + `}`)
+	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(append(body, '\n'))
@@ -115,8 +118,7 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 			}
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBody))
 			if err != nil {
-				var tooLarge *http.MaxBytesError
-				if errors.As(err, &tooLarge) {
+				if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
 					fail(http.StatusRequestEntityTooLarge, "request_too_large",
 						"The request body is larger than "+strconv.FormatInt(opts.MaxBody, 10)+" bytes.", "")
 					return
@@ -230,7 +232,10 @@ func encodeRequest(r *http.Request, body []byte) []byte {
 	for _, name := range secretHeaders {
 		h.Del(name)
 	}
-	raw, _ := json.Marshal(storedRequest{Method: r.Method, URI: r.URL.RequestURI(), Header: h, Body: body})
+	raw, err := json.Marshal(storedRequest{Method: r.Method, URI: r.URL.RequestURI(), Header: h, Body: body})
+	if err != nil {
+		panic("onceonly: an HTTP request does not encode as JSON: " + err.Error()) // unreachable: strings and bytes
+	}
 	return raw
 }
 

@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -16,7 +17,7 @@ import (
 // the same name.
 func (e *Engine) Register(name string, fn Func) error {
 	if name == "" || fn == nil {
-		return fmt.Errorf("onceonly: register: a name and a Func are required")
+		return errors.New("onceonly: register: a name and a Func are required")
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -91,20 +92,18 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 	}
 	var wg sync.WaitGroup
 	for _, r := range due {
-		e.applyCache(r.Key)
+		e.applyCache(ctx, r.Key)
 		fn, _ := e.registered(r.Handler)
 		request := r.Request
 		x := e.newExecution(r.Key, r.Handler, func() []byte { return request })
 		if err := x.loadSteps(r.Steps); err != nil {
 			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			_, outcome, err := e.run(ctx, x, claimedAt, fn)
 			e.metrics.resumptions.WithLabelValues(outcome).Inc()
 			e.log.Info("execution resumed", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler, "outcome", outcome, "err", err)
-		}()
+		})
 	}
 	wg.Wait()
 	return len(due), nil

@@ -285,7 +285,10 @@ func (c *Cache) evalApply(ctx context.Context, idx []int, names []string, argv [
 			results[i].Err = fmt.Errorf("apply %s: %w", names[i], cerr)
 		}
 	}
-	return noScript, err
+	if err != nil {
+		return noScript, fmt.Errorf("apply pipeline: %w", err)
+	}
+	return noScript, nil
 }
 
 // allUnavailable reports whether every sent call failed for want of Redis:

@@ -110,6 +110,7 @@ func Decode(v []byte) (Entry, error) {
 			e.Response.ContentType = jsonContentType
 		}
 		e.Response.Body = tail[3+nl+1:]
+	case keystate.Failed: // nothing after the digest
 	}
 	return e, nil
 }

@@ -20,7 +20,7 @@ func SplitKeyName(prefix, name string) (ref keystate.Ref, ok bool) {
 		return keystate.Ref{}, false
 	}
 	rest := name[len(prefix):]
-	for i := 0; i < len(rest); i++ {
+	for i := range len(rest) {
 		if rest[i] == ':' {
 			if i == 0 || i == len(rest)-1 {
 				return keystate.Ref{}, false

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -105,16 +104,16 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 	}
 	n := len(failed)
 	scopes, keys, errs := make([]string, n), make([]string, n), make([]string, n)
-	versions, attempts := make([]int64, n), make([]int32, n)
+	versions, attempts := make([]int64, n), make([]int, n)
 	created := make([]time.Time, n)
 	for i, f := range failed {
 		scopes[i], keys[i], versions[i], created[i] = f.Scope, f.Key, f.Version, f.CreatedAt
-		attempts[i] = int32(min(f.Attempts, math.MaxInt32-1))
+		attempts[i] = f.Attempts
 		if !f.Unavailable {
 			attempts[i]++
 		}
 		errs[i] = f.Err.Error()
-		if int(attempts[i]) >= maxAttempts {
+		if attempts[i] >= maxAttempts {
 			parked++
 		}
 	}

@@ -88,7 +88,7 @@ func scanKey(row pgx.Row, extra ...any) (keystate.Key, error) {
 	dest := append([]any{&k.Scope, &k.Key, &k.Status, &k.Version, &k.Fingerprint, &owner,
 		&leaseMs, &k.Response.Status, &k.Response.ContentType, &k.Response.Body, &k.BodyOmitted, &expiresMs}, extra...)
 	if err := row.Scan(dest...); err != nil {
-		return keystate.Key{}, err
+		return keystate.Key{}, fmt.Errorf("scan key: %w", err)
 	}
 	k.Owner = keystate.Owner(owner)
 	k.LeaseRemaining = time.Duration(leaseMs) * time.Millisecond

@@ -105,7 +105,7 @@ type Report struct {
 }
 
 // Drift returns the number of drifted keys found.
-func (r Report) Drift() int64 {
+func (r *Report) Drift() int64 {
 	return r.Missing + r.Stale + r.WrongState + r.Corrupt + r.Orphaned
 }
 

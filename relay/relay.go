@@ -212,8 +212,7 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 		return stageErr(stagePostgres, err)
 	})
 	if err != nil {
-		var se *stageError
-		if errors.As(err, &se) {
+		if se, ok := errors.AsType[*stageError](err); ok {
 			r.metrics.errors.WithLabelValues(se.stage).Inc()
 		}
 		return batchResult{}, fmt.Errorf("deliver batch: %w", err)
