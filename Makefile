@@ -57,7 +57,7 @@ docs:
 # Walks through every behaviour against the stack `make run` started (same
 # ports and URLs; the crash step starts and kills a second api).
 tour:
-	mkdir -p bin && go build -o bin/ ./cmd/api ./examples/tour
+	mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/gateway ./examples/tour
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:$${PG_PORT:-5432}/onceonly?sslmode=disable}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:$${REDIS_PORT:-6379}/0}" \
 	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" bin/tour

@@ -1,8 +1,9 @@
 // Command tour walks through onceonly against a running stack (make run),
 // printing what happens at each step: a first call, its replay, a
 // concurrent duplicate (409), a reused key (422), a declined card replayed
-// (402), a gateway error (502) whose retry runs again, and recovery after an
-// api process is killed in the middle of a request.
+// (402), a gateway error (502) whose retry runs again, recovery after an
+// api process is killed in the middle of a request, and an api killed after
+// the gateway charged whose payment is finished with no client retry.
 //
 //	make run     # in one terminal
 //	make tour    # in another
@@ -43,7 +44,8 @@ type tour struct {
 func run() error {
 	api := flag.String("api", envOr("TOUR_API", "http://localhost:8080"), "base URL of the running api")
 	apiKey := flag.String("api-key", envOr("TOUR_API_KEY", "sk_test_demo"), "API key")
-	apiBin := flag.String("api-bin", "bin/api", "api binary, started and killed for the crash step")
+	apiBin := flag.String("api-bin", "bin/api", "api binary, started and killed for the crash steps")
+	gatewayBin := flag.String("gateway-bin", "bin/gateway", "gateway binary, started with faults for the charged-then-killed step")
 	flag.Parse()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	t := &tour{
@@ -58,6 +60,7 @@ func run() error {
 	for _, step := range []func(context.Context) error{
 		t.firstCallAndReplay, t.concurrentDuplicate, t.reusedKey, t.declinedReplayed, t.gatewayError,
 		func(ctx context.Context) error { return t.crashMidRequest(ctx, *apiBin) },
+		func(ctx context.Context) error { return t.killedAfterCharge(ctx, *apiBin, *gatewayBin) },
 	} {
 		if err := step(ctx); err != nil {
 			return err
@@ -195,23 +198,12 @@ func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
 	if err != nil {
 		return err
 	}
-	victim := exec.CommandContext(ctx, apiBin)
-	victim.Env = append(os.Environ(), "HTTP_ADDR="+addr, "LEASE_TIMEOUT=3s", "LOG_LEVEL=error")
-	if err := victim.Start(); err != nil {
-		return fmt.Errorf("start a second api: %w", err)
+	victim, err := t.start(ctx, apiBin, addr, "LEASE_TIMEOUT=3s")
+	if err != nil {
+		return err
 	}
 	defer func() { _ = victim.Process.Kill(); _ = victim.Wait() }()
 	base := "http://" + addr
-	for i := 0; ; i++ {
-		if res, err := t.get(ctx, base+"/readyz"); err == nil {
-			res.Body.Close()
-			break
-		}
-		if i > 100 {
-			return errors.New("the second api did not start (does it reach DATABASE_URL and REDIS_URL?)")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 	key := t.run + "-crash"
 	go func() { _, _ = t.once(ctx, base, key, body("tok_slow", 1234)) }()
 	time.Sleep(500 * time.Millisecond)
@@ -224,6 +216,89 @@ func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
 	}
 	show("retry on the main api", r)
 	fmt.Printf("   recovered in %s: 409 while the dead request's lease lasted, then one execution\n", time.Since(began).Round(100*time.Millisecond))
+	return nil
+}
+
+// start starts bin with HTTP_ADDR=addr and env on top of the tour's
+// environment, and waits until it is ready.
+func (t *tour) start(ctx context.Context, bin, addr string, env ...string) (*exec.Cmd, error) {
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = append(append(os.Environ(), "HTTP_ADDR="+addr, "LOG_LEVEL=error"), env...)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	for i := 0; ; i++ {
+		if res, err := t.get(ctx, "http://"+addr+"/readyz"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return cmd, nil
+			}
+		}
+		if i > 100 {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("%s did not start (does it reach DATABASE_URL and REDIS_URL?)", bin)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// killedAfterCharge starts a gateway that charges and then holds its answer,
+// and a second api that charges through it; the api is killed with SIGKILL
+// after the gateway charged, before it recorded the payment. Nobody
+// retries: the main api's resumer finishes the payment with the charge the
+// gateway made, and a retry that comes later is replayed.
+func (t *tour) killedAfterCharge(ctx context.Context, apiBin, gatewayBin string) error {
+	t.title("an api killed after the gateway charged: finished with no client retry")
+	for _, bin := range []string{apiBin, gatewayBin} {
+		if _, err := os.Stat(bin); err != nil {
+			fmt.Printf("   skipped: %s not found (make tour builds it)\n", bin)
+			return nil
+		}
+	}
+	gwAddr, err := freeAddr(ctx)
+	if err != nil {
+		return err
+	}
+	gw, err := t.start(ctx, gatewayBin, gwAddr, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=2s")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = gw.Process.Kill(); _ = gw.Wait() }()
+	addr, err := freeAddr(ctx)
+	if err != nil {
+		return err
+	}
+	victim, err := t.start(ctx, apiBin, addr, "LEASE_TIMEOUT=3s", "GATEWAY_URL=http://"+gwAddr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = victim.Process.Kill(); _ = victim.Wait() }()
+
+	key := t.run + "-charged"
+	go func() { _, _ = t.once(ctx, "http://"+addr, key, body("tok_visa", 4321)) }()
+	time.Sleep(time.Second) // the gateway has charged and holds its answer for 2 s
+	_ = victim.Process.Kill()
+	killed := time.Now()
+	fmt.Printf("   a second api (%s, LEASE_TIMEOUT=3s) called a gateway that charges, then holds its answer;\n", addr)
+	fmt.Println("   the api was killed with SIGKILL after the charge, before the payment row. No client retries.")
+	for {
+		show, err := exec.CommandContext(ctx, apiBin, "keys", "show", "acct_demo", key).Output()
+		if err == nil && strings.Contains(string(show), `"status": "completed"`) {
+			break
+		}
+		if time.Since(killed) > 30*time.Second {
+			return fmt.Errorf("the payment was not finished 30 s after the kill: %s", show)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	fmt.Printf("   finished by the main api's resumer %s after the kill (lease + RESUME_INTERVAL)\n",
+		time.Since(killed).Round(100*time.Millisecond))
+	r, err := t.once(ctx, t.api, key, body("tok_visa", 4321))
+	if err != nil {
+		return err
+	}
+	show("a client retry later", r)
 	return nil
 }
 
@@ -240,7 +315,8 @@ func (t *tour) metrics(ctx context.Context) error {
 		return fmt.Errorf("read /metrics: %w", err)
 	}
 	for line := range strings.SplitSeq(string(raw), "\n") {
-		if strings.HasPrefix(line, "onceonly_requests_total") || strings.HasPrefix(line, "onceonly_redis_fallback_total") {
+		if strings.HasPrefix(line, "onceonly_requests_total") || strings.HasPrefix(line, "onceonly_redis_fallback_total") ||
+			strings.HasPrefix(line, "onceonly_resumptions_total") {
 			fmt.Println("   " + line)
 		}
 	}
