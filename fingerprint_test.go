@@ -70,7 +70,7 @@ func FuzzValidateKey(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, key string) {
 		want := len(key) >= 1 && len(key) <= 255
-		for i := 0; i < len(key); i++ {
+		for i := range len(key) {
 			if key[i] < 0x21 || key[i] > 0x7e {
 				want = false
 			}

@@ -3,6 +3,7 @@ package onceonly_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -65,7 +66,9 @@ func (h *ledgerHandler) run(ctx context.Context, x *onceonly.Execution) (onceonl
 		return id, nil
 	})
 	if err != nil {
-		return onceonly.Result{Status: http.StatusBadGateway}, nil
+		// The handler answers the failed call; the engine keeps the key in
+		// progress while the step is unsettled.
+		return onceonly.Result{Status: http.StatusBadGateway, Body: fmt.Appendf(nil, `{"error":%q}`, err.Error())}, nil
 	}
 	if h.beforeWrite != nil {
 		h.beforeWrite(ctx)

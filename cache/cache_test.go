@@ -92,15 +92,14 @@ func (b *testBundle) apply(t *testing.T, u update) bool {
 	return res[0].Applied
 }
 
-func completed(key string, version int64, fp string, body string) update {
-	return update{Key: key, Version: version, State: keystate.Completed, Fingerprint: fp,
+func completed(key string, version int64, body string) update {
+	return update{Key: key, Version: version, State: keystate.Completed, Fingerprint: fp1,
 		Response: keystate.Response{Status: 201, ContentType: "application/json", Body: []byte(body)}}
 }
 
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-
 		t.Run("MissClaimsProvisionally", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
@@ -183,7 +182,7 @@ func TestCheck(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
 			body := `{"id":"pay_1","note":"colons: and\nnewlines"}`
-			b.apply(t, completed("k", 2, fp1, body))
+			b.apply(t, completed("k", 2, body))
 			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Replay, res.Verdict)
@@ -201,7 +200,7 @@ func TestCheck(t *testing.T) {
 		t.Run("CompletedOtherContentType", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			u := completed("k", 2, fp1, "plain")
+			u := completed("k", 2, "plain")
 			u.Response.ContentType = "text/plain; charset=utf-8"
 			u.Response.Status = 402
 			b.apply(t, u)
@@ -214,7 +213,7 @@ func TestCheck(t *testing.T) {
 		t.Run("CompletedLargeBodyIsAMarker", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.apply(t, completed("k", 2, fp1, strings.Repeat("x", 65)))
+			b.apply(t, completed("k", 2, strings.Repeat("x", 65)))
 			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Replay, res.Verdict)
@@ -264,13 +263,12 @@ func TestCheck(t *testing.T) {
 func TestApply(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-
 		t.Run("OnlyAHigherVersionWins", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			require.True(t, b.apply(t, completed("k", 5, fp1, "five")))
-			require.False(t, b.apply(t, completed("k", 4, fp1, "four")), "lower")
-			require.False(t, b.apply(t, completed("k", 5, fp1, "five again")), "same version")
+			require.True(t, b.apply(t, completed("k", 5, "five")))
+			require.False(t, b.apply(t, completed("k", 4, "four")), "lower")
+			require.False(t, b.apply(t, completed("k", 5, "five again")), "same version")
 			require.Equal(t, "five", string(b.read(t, "k").Response.Body))
 			require.True(t, b.apply(t, update{Key: "k", Version: 6, State: keystate.Failed, Fingerprint: fp1}))
 			require.Equal(t, keystate.Failed, b.read(t, "k").State)
@@ -311,7 +309,7 @@ func TestApply(t *testing.T) {
 		t.Run("TTLFollowsPostgresExpiry", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			u := completed("k", 1, fp1, "b")
+			u := completed("k", 1, "b")
 			u.TTL = 90 * time.Second
 			b.apply(t, u)
 			ttl := b.rdb.PTTL(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})).Val()
@@ -321,15 +319,15 @@ func TestApply(t *testing.T) {
 		t.Run("DeleteAndExpired", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.apply(t, completed("k", 5, fp1, "b"))
+			b.apply(t, completed("k", 5, "b"))
 			require.False(t, b.apply(t, update{Key: "k", Version: 4, Deleted: true}), "older delete")
 			require.True(t, b.apply(t, update{Key: "k", Version: 6, Deleted: true}))
 			_, found, err := b.cache.Read(b.ctx, keystate.Ref{Scope: "s", Key: "k"})
 			require.NoError(t, err)
 			require.False(t, found)
 
-			b.apply(t, completed("e", 1, fp1, "b"))
-			u := completed("e", 2, fp1, "b")
+			b.apply(t, completed("e", 1, "b"))
+			u := completed("e", 2, "b")
 			u.TTL = -time.Second
 			require.True(t, b.apply(t, u))
 			require.Zero(t, b.rdb.Exists(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "e"})).Val(), "a key past its Postgres expiry is dropped")
@@ -339,7 +337,7 @@ func TestApply(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
 			b.rdb.HSet(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"}), "x", "y")
-			require.True(t, b.apply(t, completed("k", 1, fp1, "b")))
+			require.True(t, b.apply(t, completed("k", 1, "b")))
 			require.Equal(t, "b", string(b.read(t, "k").Response.Body))
 		})
 
@@ -356,10 +354,10 @@ func TestApply(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
 			require.NoError(t, b.rdb.ScriptFlush(b.ctx).Err()) // EVALSHA must survive an empty script cache
-			b.apply(t, completed("k3", 9, fp1, "newer"))
-			var updates []keystate.Key
+			b.apply(t, completed("k3", 9, "newer"))
+			updates := make([]keystate.Key, 0, 4)
 			for _, k := range []string{"k1", "k2", "k3"} {
-				updates = append(updates, completed(k, 2, fp1, "v2").state())
+				updates = append(updates, completed(k, 2, "v2").state())
 			}
 			updates = append(updates, update{Key: "bad", Version: 1, State: "weird", TTL: time.Hour}.state())
 			res, err := b.cache.ApplyBatch(b.ctx, updates)
@@ -409,10 +407,8 @@ func TestCheckHammer(t *testing.T) {
 		var claimed, inFlight atomic.Int32
 		var wg sync.WaitGroup
 		for i := range 200 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				owner := keystate.Owner{byte(i), byte(i >> 8)}
+			owner := keystate.Owner{byte(i), byte(i >> 8)}
+			wg.Go(func() {
 				res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, owner, time.Minute)
 				if err != nil {
 					t.Error(err)
@@ -423,8 +419,10 @@ func TestCheckHammer(t *testing.T) {
 					claimed.Add(1)
 				case cache.InFlight:
 					inFlight.Add(1)
+				case cache.Replay, cache.Mismatch:
+					t.Errorf("a concurrent check of an unfinished key got %v", res.Verdict)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		require.Equal(t, int32(1), claimed.Load())
@@ -440,17 +438,15 @@ func TestApplyNeverRegresses(t *testing.T) {
 		b := setup(t, rdb)
 		var wg sync.WaitGroup
 		for worker := range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := range 100 {
 					v := int64((i*7+worker*13)%100 + 1)
-					if _, err := b.cache.Apply(b.ctx, completed("k", v, fp1, "x").state()); err != nil {
+					if _, err := b.cache.Apply(b.ctx, completed("k", v, "x").state()); err != nil {
 						t.Error(err)
 						return
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		require.Equal(t, int64(100), b.read(t, "k").Version)
@@ -481,11 +477,10 @@ func (b *testBundle) header(t *testing.T, key string) cache.Header {
 func TestCompareAndSetApply(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-
 		t.Run("MatchWritesWhateverTheVersion", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.apply(t, completed("k", 9, fp1, "wrong"))
+			b.apply(t, completed("k", 9, "wrong"))
 			h := b.header(t, "k")
 			require.Equal(t, keystate.Completed, h.State)
 			require.EqualValues(t, 9, h.Version)
@@ -497,9 +492,9 @@ func TestCompareAndSetApply(t *testing.T) {
 		t.Run("MismatchIsRefused", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			b.apply(t, completed("k", 4, fp1, "seen"))
+			b.apply(t, completed("k", 4, "seen"))
 			h := b.header(t, "k")
-			b.apply(t, completed("k", 5, fp1, "written meanwhile"))
+			b.apply(t, completed("k", 5, "written meanwhile"))
 			require.False(t, b.apply(t, update{Key: "k", Version: 4, State: keystate.Failed, Fingerprint: fp1, Expect: h.Expect()}))
 			require.EqualValues(t, 5, b.read(t, "k").Version)
 			require.False(t, b.apply(t, update{Key: "k", Version: 5, Deleted: true, Expect: h.Expect()}))
@@ -512,7 +507,7 @@ func TestCompareAndSetApply(t *testing.T) {
 			h := b.header(t, "k")
 			require.False(t, h.Found)
 			require.Equal(t, cache.ExpectAbsent, h.Expect())
-			b.apply(t, completed("k", 1, fp1, "raced"))
+			b.apply(t, completed("k", 1, "raced"))
 			require.False(t, b.apply(t, update{Key: "k", Version: 1, State: keystate.Failed, Fingerprint: fp1, Expect: h.Expect()}))
 			require.True(t, b.apply(t, update{Key: "new", Version: 1, State: keystate.Failed, Fingerprint: fp1, Expect: cache.ExpectAbsent}))
 		})

@@ -20,7 +20,7 @@ import (
 func buildCommands(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler", "../cmd/gateway")
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler", "../cmd/gateway")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("build the commands: %v\n%s", err, out)
@@ -33,6 +33,9 @@ type proc struct {
 	name, bin, addr string
 	env             []string
 	logPath         string
+	// ctx is the test's: a process still running when the test ends is
+	// killed.
+	ctx context.Context
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -40,19 +43,19 @@ type proc struct {
 
 func newProc(t *testing.T, name, bin, addr string, env ...string) *proc {
 	return &proc{name: name, bin: bin, addr: addr, env: append(os.Environ(), append(env, "HTTP_ADDR="+addr, "LOG_FORMAT=text")...),
-		logPath: filepath.Join(t.TempDir(), name+".log")}
+		logPath: filepath.Join(t.TempDir(), name+".log"), ctx: t.Context()}
 }
 
 // start starts the process and waits until its /healthz answers.
 func (p *proc) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	logs, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	logs, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logs.Close()
-	cmd := exec.Command(p.bin)
+	cmd := exec.CommandContext(p.ctx, p.bin)
 	cmd.Env, cmd.Stdout, cmd.Stderr = p.env, logs, logs
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.name, err)
@@ -60,7 +63,7 @@ func (p *proc) start() error {
 	p.cmd = cmd
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		res, err := http.Get("http://" + p.addr + "/healthz")
+		res, err := p.get("/healthz")
 		if err == nil {
 			res.Body.Close()
 			return nil
@@ -70,6 +73,15 @@ func (p *proc) start() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// get sends a GET for path to the process.
+func (p *proc) get(path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(p.ctx, http.MethodGet, "http://"+p.addr+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultClient.Do(req)
 }
 
 // pause stops the process (SIGSTOP) for d, as a long GC pause or a frozen

@@ -204,10 +204,9 @@ func TestTakeoverHammer(t *testing.T) {
 		var wg sync.WaitGroup
 		var claimed sync.Map
 		for i := range 40 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", keystate.Owner{byte(round), byte(i), 1}, time.Minute)
+			owner := keystate.Owner{byte(round), byte(i), 1}
+			wg.Go(func() {
+				res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", owner, time.Minute)
 				if err != nil {
 					t.Error(err)
 					return
@@ -215,7 +214,7 @@ func TestTakeoverHammer(t *testing.T) {
 				if res.Claimed {
 					claimed.Store(i, res.Key.Version)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		n := 0
@@ -259,23 +258,19 @@ func TestTakeoverRacesComplete(t *testing.T) {
 		b.expireLease(t, key)
 
 		var wg sync.WaitGroup
-		var completeErr error
+		var completeErr, takeoverErr error
 		var takeover outbox.ClaimResult
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			completeErr = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 				_, err := b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: key}, ownerA, keystate.Response{Status: 200})
 				return err
 			})
-		}()
-		go func() {
-			defer wg.Done()
-			var err error
-			takeover, err = b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: key}, "fp", ownerB, time.Minute)
-			require.NoError(t, err)
-		}()
+		})
+		wg.Go(func() {
+			takeover, takeoverErr = b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: key}, "fp", ownerB, time.Minute)
+		})
 		wg.Wait()
+		require.NoError(t, takeoverErr)
 		if takeover.Claimed {
 			require.ErrorIs(t, completeErr, outbox.ErrLeaseLost)
 		} else {
@@ -305,16 +300,15 @@ func TestClaimHammer(t *testing.T) {
 	var wg sync.WaitGroup
 	claims := make(chan bool, 100)
 	for i := range 100 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", keystate.Owner{byte(i), 1}, time.Minute)
+		owner := keystate.Owner{byte(i), 1}
+		wg.Go(func() {
+			res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", owner, time.Minute)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			claims <- res.Claimed
-		}()
+		})
 	}
 	wg.Wait()
 	close(claims)

@@ -3,6 +3,7 @@ package payments_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -50,7 +51,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	} else {
 		b.rdb, prefix = testenv.Redis(t)
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := slog.New(slog.DiscardHandler)
 	gw := testenv.Gateway(t, b.pool, gateway.Config{Latency: opts.latency, SlowDelay: time.Second})
 	for range max(opts.instances, 1) {
 		// Each instance has a pool of its own, as separate processes would.
@@ -75,24 +76,45 @@ type response struct {
 	body   string
 }
 
-func (b *testBundle) do(t *testing.T, i int, method, path string, header map[string]string, body io.Reader) response {
+// do sends a request to the first instance.
+func (b *testBundle) do(t *testing.T, method, path string, header map[string]string, body io.Reader) response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(b.ctx, method, b.servers[i%len(b.servers)].URL+path, body)
+	res, err := b.send(0, method, path, header, body)
 	require.NoError(t, err)
+	return res
+}
+
+// send is do without assertions, for goroutines other than the test's.
+func (b *testBundle) send(i int, method, path string, header map[string]string, body io.Reader) (response, error) {
+	req, err := http.NewRequestWithContext(b.ctx, method, b.servers[i%len(b.servers)].URL+path, body)
+	if err != nil {
+		return response{}, err
+	}
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
 	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
+	if err != nil {
+		return response{}, err
+	}
 	defer res.Body.Close()
 	raw, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return response{res.StatusCode, res.Header, string(raw)}
+	if err != nil {
+		return response{}, err
+	}
+	return response{res.StatusCode, res.Header, string(raw)}, nil
 }
 
 func (b *testBundle) pay(t *testing.T, i int, key, body string) response {
 	t.Helper()
-	return b.do(t, i, http.MethodPost, "/v1/payments", map[string]string{
+	res, err := b.tryPay(i, key, body)
+	require.NoError(t, err)
+	return res
+}
+
+// tryPay is pay without assertions, for goroutines other than the test's.
+func (b *testBundle) tryPay(i int, key, body string) (response, error) {
+	return b.send(i, http.MethodPost, "/v1/payments", map[string]string{
 		"Authorization": "Bearer " + apiKey, "Idempotency-Key": key, "Content-Type": "application/json",
 	}, strings.NewReader(body))
 }
@@ -109,7 +131,10 @@ const visa = `{"amount":1000,"currency":"usd","customer":"cus_1","source":"tok_v
 func errorCode(t *testing.T, body string) string {
 	t.Helper()
 	var e struct {
-		Error struct{ Code, Param string } `json:"error"`
+		Error struct {
+			Code  string `json:"code"`
+			Param string `json:"param"`
+		} `json:"error"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &e), body)
 	return e.Error.Code
@@ -138,10 +163,10 @@ func TestCreateAndReplay(t *testing.T) {
 	require.Equal(t, http.StatusUnprocessableEntity, reused.status)
 	require.Equal(t, "idempotency_key_reused", errorCode(t, reused.body))
 
-	got := b.do(t, 0, http.MethodGet, "/v1/payments/"+p.ID, map[string]string{"Authorization": "Bearer " + apiKey}, nil)
+	got := b.do(t, http.MethodGet, "/v1/payments/"+p.ID, map[string]string{"Authorization": "Bearer " + apiKey}, nil)
 	require.Equal(t, http.StatusOK, got.status)
 	require.JSONEq(t, first.body, got.body)
-	other := b.do(t, 0, http.MethodGet, "/v1/payments/"+p.ID, map[string]string{"Authorization": "Bearer sk_test_2"}, nil)
+	other := b.do(t, http.MethodGet, "/v1/payments/"+p.ID, map[string]string{"Authorization": "Bearer sk_test_2"}, nil)
 	require.Equal(t, http.StatusNotFound, other.status, "another merchant's payment")
 	require.Equal(t, 1, b.count(t, "payments"))
 }
@@ -169,8 +194,15 @@ func TestGatewaySources(t *testing.T) {
 	require.Equal(t, "failed", status)
 
 	slow := strings.Replace(visa, "tok_visa", "tok_slow", 1)
-	done := make(chan response)
-	go func() { done <- b.pay(t, 0, "s", slow) }()
+	type result struct {
+		res response
+		err error
+	}
+	done := make(chan result)
+	go func() {
+		res, err := b.tryPay(0, "s", slow)
+		done <- result{res, err}
+	}()
 	testenv.Eventually(t, 5*time.Second, "slow payment claimed", func() bool {
 		var n int
 		_ = b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys WHERE key = 's'`).Scan(&n)
@@ -180,7 +212,9 @@ func TestGatewaySources(t *testing.T) {
 	require.Equal(t, http.StatusConflict, conflict.status)
 	require.Equal(t, "idempotency_key_in_use", errorCode(t, conflict.body))
 	require.NotEmpty(t, conflict.header.Get("Retry-After"))
-	require.Equal(t, http.StatusCreated, (<-done).status)
+	first := <-done
+	require.NoError(t, first.err)
+	require.Equal(t, http.StatusCreated, first.res.status)
 	require.Equal(t, 2, b.count(t, "payments"), "one declined, one slow")
 }
 
@@ -203,13 +237,14 @@ func TestBadInput(t *testing.T) {
 	}
 	field := func(name, value string) string {
 		var m map[string]any
-		_ = json.Unmarshal([]byte(visa), &m)
+		require.NoError(t, json.Unmarshal([]byte(visa), &m))
 		if value == "<unset>" {
 			delete(m, name)
 		} else {
 			m[name] = json.RawMessage(value)
 		}
-		out, _ := json.Marshal(m)
+		out, err := json.Marshal(m)
+		require.NoError(t, err)
 		return string(out)
 	}
 	big := `{"amount":1000,"currency":"usd","customer":"c","source":"tok_visa"}`
@@ -258,11 +293,16 @@ func TestBadInput(t *testing.T) {
 		{"UnknownRoute", "POST", "/v2/refunds", headers(), visa, 404, "not_found", ""},
 	}
 	for _, tc := range cases {
-		res := b.do(t, 0, tc.method, tc.path, tc.header, strings.NewReader(tc.body))
+		res := b.do(t, tc.method, tc.path, tc.header, strings.NewReader(tc.body))
 		require.Equal(t, tc.status, res.status, "%s: %s", tc.name, res.body)
 		require.Equal(t, "application/json", res.header.Get("Content-Type"), tc.name)
 		var e struct {
-			Error struct{ Type, Code, Message, Param string } `json:"error"`
+			Error struct {
+				Type    string `json:"type"`
+				Code    string `json:"code"`
+				Message string `json:"message"`
+				Param   string `json:"param"`
+			} `json:"error"`
 		}
 		require.NoError(t, json.Unmarshal([]byte(res.body), &e), tc.name)
 		require.Equal(t, tc.code, e.Error.Code, tc.name)
@@ -272,7 +312,7 @@ func TestBadInput(t *testing.T) {
 	}
 
 	// A chunked body over the limit is refused as well.
-	req, err := http.NewRequestWithContext(b.ctx, "POST", b.servers[0].URL+"/v1/payments", io.MultiReader(strings.NewReader(big), strings.NewReader("  ")))
+	req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, b.servers[0].URL+"/v1/payments", io.MultiReader(strings.NewReader(big), strings.NewReader("  ")))
 	require.NoError(t, err)
 	for k, v := range headers() {
 		req.Header.Set(k, v)
@@ -288,7 +328,7 @@ func TestBadInput(t *testing.T) {
 
 	// The edges that are accepted: exactly 64 KiB, and a charset parameter.
 	require.Len(t, big, 64<<10)
-	ok := b.do(t, 0, "POST", "/v1/payments", headers("Content-Type", "application/json; charset=utf-8"), strings.NewReader(big))
+	ok := b.do(t, "POST", "/v1/payments", headers("Content-Type", "application/json; charset=utf-8"), strings.NewReader(big))
 	require.Equal(t, http.StatusCreated, ok.status, ok.body)
 }
 
@@ -322,19 +362,24 @@ func (b *testBundle) burst(t *testing.T, key string, n int, during func()) *tall
 	tl := &tally{bodies: map[string]int{}}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
+	errs := make([]error, n)
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
-			tl.add(b.pay(t, i, key, visa))
-		}()
+			res, err := b.tryPay(i, key, visa)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			tl.add(res)
+		})
 	}
 	close(start)
 	if during != nil {
 		during()
 	}
 	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
 	return tl
 }
 

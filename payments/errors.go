@@ -16,9 +16,21 @@ func writeError(w http.ResponseWriter, status int, code, message, param string) 
 		Message string `json:"message"`
 		Param   string `json:"param,omitempty"`
 	}
-	body, _ := json.Marshal(struct {
+	writeJSON(w, status, struct {
 		Error apiError `json:"error"`
 	}{apiError{Type: errorType(status), Code: code, Message: message, Param: param}})
+}
+
+// unencodable is the answer when a response cannot be encoded: a bug,
+// answered as one rather than with an empty body.
+const unencodable = `{"error":{"type":"api_error","code":"internal_error","message":"The response could not be encoded."}}`
+
+// writeJSON writes v as the JSON body of a status response.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(unencodable)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))

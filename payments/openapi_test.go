@@ -2,11 +2,11 @@ package payments_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -53,7 +53,7 @@ func TestOpenAPIMatchesTheHandler(t *testing.T) {
 	record := func(op string, res response) response {
 		mu.Lock()
 		defer mu.Unlock()
-		code := fmt.Sprint(res.status)
+		code := strconv.Itoa(res.status)
 		if !slices.Contains(produced[op], code) {
 			produced[op] = append(produced[op], code)
 		}
@@ -73,25 +73,33 @@ func TestOpenAPIMatchesTheHandler(t *testing.T) {
 	pay("oa-2", strings.Replace(visa, "tok_visa", "tok_chargeDeclined", 1)) // 402
 	pay("oa-3", strings.Replace(visa, "tok_visa", "tok_gatewayError", 1))   // 502
 	pay("oa-4", `{"amount":0}`)                                             // 400
-	record(create, b.do(t, 0, "POST", "/v1/payments", map[string]string{"Authorization": "Bearer nope"}, strings.NewReader(visa)))
-	record(create, b.do(t, 0, "POST", "/v1/payments", map[string]string{"Authorization": "Bearer " + apiKey, "Idempotency-Key": "oa-5", "Content-Type": "text/plain"}, strings.NewReader(visa)))
-	record(create, b.do(t, 0, "POST", "/v1/payments", jsonHeaders("oa-6"), strings.NewReader(`{"customer":"`+strings.Repeat("x", 70<<10)+`"}`)))
-	record(create, b.do(t, 0, "DELETE", "/v1/payments", auth, nil))
+	record(create, b.do(t, "POST", "/v1/payments", map[string]string{"Authorization": "Bearer nope"}, strings.NewReader(visa)))
+	record(create, b.do(t, "POST", "/v1/payments", map[string]string{"Authorization": "Bearer " + apiKey, "Idempotency-Key": "oa-5", "Content-Type": "text/plain"}, strings.NewReader(visa)))
+	record(create, b.do(t, "POST", "/v1/payments", jsonHeaders("oa-6"), strings.NewReader(`{"customer":"`+strings.Repeat("x", 70<<10)+`"}`)))
+	record(create, b.do(t, "DELETE", "/v1/payments", auth, nil))
 	slow := strings.Replace(visa, "tok_visa", "tok_slow", 1)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); pay("oa-7", slow) }()
+	var slowErr error
+	wg.Go(func() {
+		var res response
+		if res, slowErr = b.tryPay(0, "oa-7", slow); slowErr == nil {
+			record(create, res)
+		}
+	})
 	time.Sleep(200 * time.Millisecond)
 	require.Equal(t, http.StatusConflict, pay("oa-7", slow).status)
 	wg.Wait()
+	require.NoError(t, slowErr)
 
-	var p struct{ ID string }
+	var p struct {
+		ID string `json:"id"`
+	}
 	require.NoError(t, json.Unmarshal([]byte(created.body), &p))
-	record(read, b.do(t, 0, "GET", "/v1/payments/"+p.ID, auth, nil))
-	record(read, b.do(t, 0, "GET", "/v1/payments/pay_missing", auth, nil))
-	record(read, b.do(t, 0, "GET", "/v1/payments/"+p.ID, map[string]string{"Authorization": "Bearer sk_test_2"}, nil))
-	record(read, b.do(t, 0, "GET", "/v1/payments/"+p.ID, nil, nil))
-	record(read, b.do(t, 0, "PUT", "/v1/payments/"+p.ID, auth, nil))
+	record(read, b.do(t, "GET", "/v1/payments/"+p.ID, auth, nil))
+	record(read, b.do(t, "GET", "/v1/payments/pay_missing", auth, nil))
+	record(read, b.do(t, "GET", "/v1/payments/"+p.ID, map[string]string{"Authorization": "Bearer sk_test_2"}, nil))
+	record(read, b.do(t, "GET", "/v1/payments/"+p.ID, nil, nil))
+	record(read, b.do(t, "PUT", "/v1/payments/"+p.ID, auth, nil))
 
 	// 503: an api whose Postgres is gone.
 	pool := testenv.Pool(t, b.dbURL)
@@ -101,7 +109,8 @@ func TestOpenAPIMatchesTheHandler(t *testing.T) {
 		APIKeys: map[string]string{apiKey: "acct_1"}, Logger: testenv.QuietLogger()}))
 	defer down.Close()
 	pool.Close()
-	req, _ := http.NewRequest("POST", down.URL+"/v1/payments", strings.NewReader(visa))
+	req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, down.URL+"/v1/payments", strings.NewReader(visa))
+	require.NoError(t, err)
 	for k, v := range jsonHeaders("oa-8") {
 		req.Header.Set(k, v)
 	}

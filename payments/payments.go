@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -133,8 +132,7 @@ func (a *api) validateCreate(next http.Handler) http.Handler {
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, onceonly.DefaultMaxBody))
 		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
+			if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
 				writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", "The request body is larger than 64 KiB.", "")
 				return
 			}
@@ -143,8 +141,7 @@ func (a *api) validateCreate(next http.Handler) http.Handler {
 		}
 		req, err := parseCreate(body)
 		if err != nil {
-			var fe *fieldError
-			if errors.As(err, &fe) {
+			if fe, ok := errors.AsType[*fieldError](err); ok {
 				writeError(w, http.StatusBadRequest, "invalid_request", fe.message, fe.param)
 				return
 			}
@@ -232,7 +229,7 @@ func (a *api) writePayment(w http.ResponseWriter, status int, p Payment) {
 // have charged nothing, or an error when the outcome stays unknown.
 func (a *api) charge(ctx context.Context, key string, req gateway.ChargeRequest) (gateway.Charge, error) {
 	var lastErr error
-	answered := false // the last failure was an answer of the gateway, not a lost call
+	var answered bool // the last failure was an answer of the gateway, not a lost call
 	for attempt := 1; ; attempt++ {
 		c, err := a.cfg.Gateway.Charge(ctx, key, req)
 		if err == nil {
@@ -300,8 +297,10 @@ func insertPayment(ctx context.Context, tx pgx.Tx, merchantID, key string, req C
 
 func scanPayment(row pgx.Row) (Payment, error) {
 	p := Payment{Object: "payment"}
-	err := row.Scan(&p.ID, &p.Amount, &p.Currency, &p.Customer, &p.Description, &p.Status, &p.Charge, &p.Created)
-	return p, err
+	if err := row.Scan(&p.ID, &p.Amount, &p.Currency, &p.Customer, &p.Description, &p.Status, &p.Charge, &p.Created); err != nil {
+		return p, fmt.Errorf("read payment: %w", err)
+	}
+	return p, nil
 }
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {
@@ -317,13 +316,6 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSON(w, http.StatusOK, p)
 	}
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, _ := json.Marshal(v)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
 }
 
 const idAlphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

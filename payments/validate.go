@@ -3,7 +3,7 @@ package payments
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
+	"errors"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -33,10 +33,19 @@ type fieldError struct {
 
 func (e *fieldError) Error() string { return e.message }
 
-// errNotJSON marks a body that does not parse as JSON.
-type errNotJSON struct{ err error }
+// notJSONError marks a body that does not parse as JSON.
+type notJSONError struct{ err error }
 
-func (e errNotJSON) Error() string { return e.err.Error() }
+func (e notJSONError) Error() string { return e.err.Error() }
+
+// The parameters of a create body.
+const (
+	paramAmount      = "amount"
+	paramCurrency    = "currency"
+	paramCustomer    = "customer"
+	paramSource      = "source"
+	paramDescription = "description"
+)
 
 // parseCreate parses and validates a create body.
 func parseCreate(body []byte) (CreateRequest, error) {
@@ -44,12 +53,12 @@ func parseCreate(body []byte) (CreateRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&fields); err != nil {
 		if bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || !json.Valid(body) {
-			return CreateRequest{}, errNotJSON{err}
+			return CreateRequest{}, notJSONError{err}
 		}
 		return CreateRequest{}, &fieldError{message: "The request body must be a JSON object."}
 	}
 	if dec.More() {
-		return CreateRequest{}, errNotJSON{fmt.Errorf("trailing data after the JSON object")}
+		return CreateRequest{}, notJSONError{errors.New("trailing data after the JSON object")}
 	}
 	if fields == nil {
 		return CreateRequest{}, &fieldError{message: "The request body must be a JSON object."}
@@ -57,48 +66,48 @@ func parseCreate(body []byte) (CreateRequest, error) {
 	var req CreateRequest
 	for name := range fields {
 		switch name {
-		case "amount", "currency", "customer", "source", "description":
+		case paramAmount, paramCurrency, paramCustomer, paramSource, paramDescription:
 		default:
 			return req, &fieldError{param: name, message: "Unknown parameter: " + name + "."}
 		}
 	}
-	amount, ok := fields["amount"]
+	amount, ok := fields[paramAmount]
 	if !ok {
-		return req, &fieldError{"amount", "Missing required parameter: amount."}
+		return req, &fieldError{paramAmount, "Missing required parameter: amount."}
 	}
 	n, err := strconv.ParseInt(string(amount), 10, 64)
 	if err != nil || n < 1 || n > 99999999 {
-		return req, &fieldError{"amount", "amount must be an integer from 1 to 99999999 (minor units)."}
+		return req, &fieldError{paramAmount, "amount must be an integer from 1 to 99999999 (minor units)."}
 	}
 	req.Amount = n
 
-	if req.Currency, err = stringField(fields, "currency", true); err != nil {
+	if req.Currency, err = stringField(fields, paramCurrency, true); err != nil {
 		return req, err
 	}
 	if !isCurrency(req.Currency) {
-		return req, &fieldError{"currency", "currency must be a lowercase ISO 4217 code such as usd."}
+		return req, &fieldError{paramCurrency, "currency must be a lowercase ISO 4217 code such as usd."}
 	}
-	if req.Customer, err = stringField(fields, "customer", true); err != nil {
+	if req.Customer, err = stringField(fields, paramCustomer, true); err != nil {
 		return req, err
 	}
 	if l := utf8.RuneCountInString(req.Customer); l < 1 || l > 255 {
-		return req, &fieldError{"customer", "customer must be 1 to 255 characters."}
+		return req, &fieldError{paramCustomer, "customer must be 1 to 255 characters."}
 	}
-	if req.Source, err = stringField(fields, "source", true); err != nil {
+	if req.Source, err = stringField(fields, paramSource, true); err != nil {
 		return req, err
 	}
 	switch req.Source {
 	case SourceVisa, SourceDeclined, SourceGatewayError, SourceSlow:
 	default:
-		return req, &fieldError{"source", "source must be one of tok_visa, tok_chargeDeclined, tok_gatewayError, tok_slow."}
+		return req, &fieldError{paramSource, "source must be one of tok_visa, tok_chargeDeclined, tok_gatewayError, tok_slow."}
 	}
-	if raw, ok := fields["description"]; ok && string(raw) != "null" {
-		d, err := stringField(fields, "description", false)
+	if raw, ok := fields[paramDescription]; ok && string(raw) != "null" {
+		d, err := stringField(fields, paramDescription, false)
 		if err != nil {
 			return req, err
 		}
 		if utf8.RuneCountInString(d) > 1000 {
-			return req, &fieldError{"description", "description must be at most 1000 characters."}
+			return req, &fieldError{paramDescription, "description must be at most 1000 characters."}
 		}
 		req.Description = &d
 	}
@@ -123,7 +132,7 @@ func stringField(fields map[string]json.RawMessage, name string, required bool) 
 // isoCurrencies lists the active ISO 4217 codes.
 var isoCurrencies = func() map[string]bool {
 	m := map[string]bool{}
-	for _, c := range strings.Fields(`aed afn all amd ang aoa ars aud awg azn bam bbd bdt bgn bhd bif bmd bnd bob
+	for c := range strings.FieldsSeq(`aed afn all amd ang aoa ars aud awg azn bam bbd bdt bgn bhd bif bmd bnd bob
 		brl bsd btn bwp byn bzd cad cdf chf clp cny cop crc cuc cup cve czk djf dkk dop dzd egp ern etb eur fjd
 		fkp gbp gel ghs gip gmd gnf gtq gyd hkd hnl htg huf idr ils inr iqd irr isk jmd jod jpy kes kgs khr kmf
 		kpw krw kwd kyd kzt lak lbp lkr lrd lsl lyd mad mdl mga mkd mmk mnt mop mru mur mvr mwk mxn myr mzn nad

@@ -142,7 +142,7 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		require.True(t, found && e.Provisional, "the request in flight keeps its claim")
 		e, _, err = b.Cache.Read(b.Ctx, keystate.Ref{Scope: "s", Key: "k1"})
 		require.NoError(t, err)
-		require.Equal(t, `{"key":"k1"}`, string(e.Response.Body), "a repair copies the stored response")
+		require.Equal(t, `{"key":"k1"}`, string(e.Response.Body), "a repair copies the stored response") //nolint:testifylint // encoded-compare: the copy is byte for byte, not just equal JSON
 
 		again := b.pass(t, r, false)
 		require.Zero(t, again.Drift())
@@ -334,24 +334,24 @@ func TestOnePassAtATime(t *testing.T) {
 	var wg sync.WaitGroup
 	var active, overlaps atomic.Int32
 	reports := make([]Report, 6)
+	errs := make([]error, len(reports))
 	for i := range reports {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rr := b.reconciler(t, Config{PageSize: 5})
-			rr.inPass = func() {
-				if active.Add(1) > 1 {
-					overlaps.Add(1)
-				}
-				time.Sleep(30 * time.Millisecond)
-				active.Add(-1)
+		rr := b.reconciler(t, Config{PageSize: 5})
+		rr.inPass = func() {
+			if active.Add(1) > 1 {
+				overlaps.Add(1)
 			}
-			rep, err := rr.Pass(b.Ctx, false)
-			require.NoError(t, err)
-			reports[i] = rep
-		}()
+			time.Sleep(30 * time.Millisecond)
+			active.Add(-1)
+		}
+		wg.Go(func() {
+			reports[i], errs[i] = rr.Pass(b.Ctx, false)
+		})
 	}
 	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
 	var ran, repaired int64
 	for _, rep := range reports {
 		if !rep.Skipped {

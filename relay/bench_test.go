@@ -102,11 +102,9 @@ func drainAll(ctx context.Context, rs []*Relay) (int, error) {
 	counts := make([]int, len(rs))
 	errs := make([]error, len(rs))
 	for i, r := range rs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			counts[i], errs[i] = r.Drain(ctx)
-		}()
+		})
 	}
 	wg.Wait()
 	n := 0
@@ -145,9 +143,7 @@ func BenchmarkLag(b *testing.B) {
 		began := time.Now()
 		var wg sync.WaitGroup
 		for w := range writers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := w; i < total; i += writers {
 					time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
 					_, err := bd.Store.Claim(bd.Ctx, bd.Pool, keystate.Ref{Scope: "bench", Key: "lag-" + strconv.Itoa(i)}, "v1:fp", owner, time.Minute)
@@ -156,7 +152,7 @@ func BenchmarkLag(b *testing.B) {
 						return
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		achieved := float64(total) / time.Since(began).Seconds()

@@ -185,9 +185,7 @@ func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 		var wg sync.WaitGroup
 		var writes atomic.Int64
 		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for ctx.Err() == nil {
 					if err := b.churn(ctx, "s", fmt.Sprintf("hot%d", (w+rand.IntN(keys))%keys)); err != nil && ctx.Err() == nil {
 						t.Error(err)
@@ -195,7 +193,7 @@ func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 					}
 					writes.Add(1)
 				}
-			}()
+			})
 		}
 		seen := map[string]int64{}
 		for ctx.Err() == nil {
@@ -231,17 +229,17 @@ func TestTwoRelaysDeliverEveryEventOnce(t *testing.T) {
 
 		relays := []*Relay{b.relay(t, Config{BatchSize: 50}), b.relay(t, Config{BatchSize: 50})}
 		counts := make([]int, len(relays))
+		errs := make([]error, len(relays))
 		var wg sync.WaitGroup
 		for i, r := range relays {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				n, err := r.Drain(b.Ctx)
-				require.NoError(t, err)
-				counts[i] = n
-			}()
+			wg.Go(func() {
+				counts[i], errs[i] = r.Drain(b.Ctx)
+			})
 		}
 		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
 		require.Equal(t, 3*keys, counts[0]+counts[1], "every event published exactly once")
 		require.Zero(t, b.outboxLen(t))
 		b.requireConverged(t)
@@ -459,9 +457,7 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 	ctx, stop := context.WithTimeout(b.Ctx, 2*time.Second)
 	defer stop()
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for i := 0; ctx.Err() == nil; i++ {
 			key := fmt.Sprintf("k%d", i)
 			if _, err := b.Store.Claim(ctx, writer, keystate.Ref{Scope: "s", Key: key}, "v1:fp", owner, time.Minute); err != nil && ctx.Err() == nil {
@@ -469,7 +465,7 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 				return
 			}
 		}
-	}()
+	})
 	var kills int
 	for ctx.Err() == nil {
 		time.Sleep(150 * time.Millisecond)

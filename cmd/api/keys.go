@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,7 +89,10 @@ func keysCommand(ctx context.Context, pgCfg *pgxpool.Config, rdbOpts *redis.Univ
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	return enc.Encode(viewOf(scope, key, in))
+	if err := enc.Encode(viewOf(scope, key, in)); err != nil {
+		return fmt.Errorf("write the key: %w", err)
+	}
+	return nil
 }
 
 // viewOf turns an inspection into what `api keys show` prints.
@@ -99,7 +103,7 @@ func viewOf(scope, key string, in onceonly.Inspection) keyView {
 		switch k.Status {
 		case keystate.InProgress:
 			lease := k.LeaseRemaining.Milliseconds()
-			owner := fmt.Sprintf("%x", k.Owner[:])
+			owner := hex.EncodeToString(k.Owner[:])
 			row.LeaseRemainingMs, row.Owner = &lease, &owner
 		case keystate.Completed:
 			n := len(k.Response.Body)

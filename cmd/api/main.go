@@ -25,7 +25,13 @@ import (
 	"github.com/onceonly/onceonly/payments"
 )
 
-const demoAPIKeys = "sk_test_demo=acct_demo"
+const demoAPIKeys = "sk_test_demo=acct_demo" //nolint:gosec // G101: the public demo key, accepted only while API_KEYS is unset, with a warning
+
+// The subcommands of api besides serving.
+const (
+	subMigrate = "migrate"
+	subKeys    = "keys"
+)
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -63,18 +69,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	set := config.NewSet("api", stderr)
 	set.SetSynopsis("usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n       api keys show|purge [--force] SCOPE KEY [flags]\n       api probe URL                 exit 0 if URL answers 200 (container health checks)")
 	sub := ""
-	if len(args) > 0 && (args[0] == "migrate" || args[0] == "keys") {
+	if len(args) > 0 && (args[0] == subMigrate || args[0] == subKeys) {
 		sub, args = args[0], args[1:]
 	}
 	var subCmd string
 	if sub != "" {
 		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 			fmt.Fprintf(stderr, "api %s: say %s\n", sub, map[string]string{
-				"migrate": "up, down, status or version", "keys": "show or purge, then SCOPE KEY"}[sub])
+				subMigrate: "up, down, status or version", subKeys: "show or purge, then SCOPE KEY"}[sub])
 			return 2
 		}
 		subCmd, args = args[0], args[1:]
-		if sub == "keys" && subCmd != "show" && subCmd != "purge" {
+		if sub == subKeys && subCmd != "show" && subCmd != "purge" {
 			fmt.Fprintf(stderr, "api keys: unknown command %q: say show or purge\n", subCmd)
 			return 2
 		}
@@ -82,7 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	force := set.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress")
 	s := define(set)
 	var keyArgs []string
-	if sub == "keys" {
+	if sub == subKeys {
 		// SCOPE KEY come after the flags, or before them.
 		for len(args) > 0 && !strings.HasPrefix(args[0], "-") && len(keyArgs) < 2 {
 			keyArgs, args = append(keyArgs, args[0]), args[1:]
@@ -95,7 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "api:", err)
 		return 2
 	}
-	if sub == "keys" {
+	if sub == subKeys {
 		keyArgs = append(keyArgs, set.Args()...)
 		if len(keyArgs) != 2 {
 			fmt.Fprintln(stderr, "api keys: say show or purge, then SCOPE KEY")
@@ -112,7 +118,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
-	if sub == "keys" {
+	if sub == subKeys {
 		if err := keysCommand(ctx, setup.Postgres, setup.Redis, *s.RedisPrefix, subCmd, *force, keyArgs[0], keyArgs[1], stdout); err != nil {
 			fmt.Fprintln(stderr, "api keys:", err)
 			return 1
@@ -234,7 +240,7 @@ func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.W
 
 func parseAPIKeys(raw string) (map[string]string, error) {
 	keys := map[string]string{}
-	for _, pair := range strings.Split(raw, ",") {
+	for pair := range strings.SplitSeq(raw, ",") {
 		key, merchant, ok := strings.Cut(strings.TrimSpace(pair), "=")
 		if !ok || key == "" || merchant == "" || strings.Contains(merchant, ":") {
 			return nil, fmt.Errorf("bad configuration: API_KEYS: %q is not key=merchant (merchant without ':')", pair)
@@ -323,7 +329,8 @@ func openGateway(ctx context.Context, s *settings, pool *pgxpool.Pool, log *slog
 	}
 	log.Warn("GATEWAY_URL is unset: charging through an in-process simulated gateway", "url", base)
 	return &gateway.Client{BaseURL: base, HTTP: httpClient}, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		// Called after ctx has ended: the shutdown keeps ctx's values, not its end.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		_ = stop(sctx)
 	}, nil
@@ -336,8 +343,13 @@ func probe(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "api probe: say one URL")
 		return 2
 	}
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, args[0], nil) //nolint:gosec // G704: probing the URL its operator names is the command's job
+	if err != nil {
+		fmt.Fprintln(stderr, "api probe:", err)
+		return 1
+	}
 	c := &http.Client{Timeout: 2 * time.Second}
-	res, err := c.Get(args[0])
+	res, err := c.Do(req) //nolint:gosec // G704: as above
 	if err != nil {
 		fmt.Fprintln(stderr, "api probe:", err)
 		return 1

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -78,7 +77,7 @@ func TestGracefulShutdown(t *testing.T) {
 	bin := testenv.BuildBinary(t, ".")
 	dbURL := testenv.DatabaseURL(t)
 	addr := testenv.FreeAddr(t)
-	cmd := exec.Command(bin)
+	cmd := exec.CommandContext(t.Context(), bin)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
 		"REDIS_PREFIX=shutdown"+testenv.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "SLOW_GATEWAY_DELAY=1s", "LOG_FORMAT=text")
 	var logs bytes.Buffer
@@ -92,9 +91,14 @@ func TestGracefulShutdown(t *testing.T) {
 		err    error
 	}
 	done := make(chan result)
+	ctx := testenv.Context(t)
 	go func() {
-		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/payments",
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/payments",
 			strings.NewReader(`{"amount":5,"currency":"eur","customer":"c","source":"tok_slow"}`))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
 		req.Header.Set("Authorization", "Bearer sk_test_demo")
 		req.Header.Set("Idempotency-Key", "shutdown-1")
 		req.Header.Set("Content-Type", "application/json")
@@ -117,10 +121,10 @@ func TestGracefulShutdown(t *testing.T) {
 
 	pool := testenv.Pool(t, dbURL)
 	var claimed, paid int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'in_progress'), count(*) FROM idempotency_keys`).Scan(&claimed, &paid))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'in_progress'), count(*) FROM idempotency_keys`).Scan(&claimed, &paid))
 	require.Equal(t, 0, claimed, "nothing left claimed")
 	require.Equal(t, 1, paid)
-	require.Contains(t, logs.String(), "shutting down", fmt.Sprint(logs.String()))
+	require.Contains(t, logs.String(), "shutting down", logs.String())
 }
 
 func TestKeysShowAndPurge(t *testing.T) {
@@ -217,14 +221,16 @@ func TestReadinessWithoutRedis(t *testing.T) {
 				redisEnv, stop = "REDIS_URL="+srv.URL(), srv.Stop
 			}
 			addr := testenv.FreeAddr(t)
-			cmd := exec.Command(bin)
+			cmd := exec.CommandContext(t.Context(), bin)
 			cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.DatabaseURL(t), redisEnv, "HTTP_ADDR="+addr, "LOG_LEVEL=error")
 			require.NoError(t, cmd.Start())
 			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 			testenv.WaitReady(t, addr)
 
 			readyz := func() (int, string) {
-				res, err := http.Get("http://" + addr + "/readyz")
+				req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+addr+"/readyz", nil)
+				require.NoError(t, err)
+				res, err := http.DefaultClient.Do(req)
 				require.NoError(t, err)
 				defer res.Body.Close()
 				body, err := io.ReadAll(res.Body)
@@ -245,8 +251,9 @@ func TestReadinessWithoutRedis(t *testing.T) {
 			for i := range 5 { // and it serves: first executions and replays, from Postgres where needed
 				key := fmt.Sprintf("degraded-%s-%d", target, i)
 				for range 2 {
-					req, _ := http.NewRequest("POST", "http://"+addr+"/v1/payments",
+					req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+addr+"/v1/payments",
 						strings.NewReader(`{"amount":5,"currency":"eur","customer":"c","source":"tok_visa"}`))
+					require.NoError(t, err)
 					req.Header.Set("Authorization", "Bearer sk_test_demo")
 					req.Header.Set("Idempotency-Key", key)
 					req.Header.Set("Content-Type", "application/json")

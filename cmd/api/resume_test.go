@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,12 +22,31 @@ import (
 // process is a command started for a test, killed when the test ends.
 type process struct {
 	cmd  *exec.Cmd
-	logs *bytes.Buffer
+	logs *syncBuffer
+}
+
+// syncBuffer is a buffer that the command's output goroutine writes while
+// the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func startProcess(t *testing.T, bin string, env ...string) *process {
 	t.Helper()
-	p := &process{cmd: exec.Command(bin), logs: &bytes.Buffer{}}
+	p := &process{cmd: exec.CommandContext(t.Context(), bin), logs: &syncBuffer{}}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = p.logs
 	require.NoError(t, p.cmd.Start())
@@ -35,10 +57,14 @@ func startProcess(t *testing.T, bin string, env ...string) *process {
 	return p
 }
 
-func payOnce(t *testing.T, addr, key, body string) (int, string, http.Header) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(body))
-	require.NoError(t, err)
+// payOnce sends one payment and returns its answer; a request that gets no
+// answer returns status 0 and the error. It asserts nothing, so it can run
+// outside the test's goroutine.
+func payOnce(ctx context.Context, addr, key, body string) (int, string, http.Header) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/payments", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error(), nil
+	}
 	req.Header.Set("Authorization", "Bearer sk_test_demo")
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
@@ -62,18 +88,18 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 	dbURL := testenv.DatabaseURL(t)
 	gwAddr, addrA, addrB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
 	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text"}
-	startProcess(t, gw, append(common, "HTTP_ADDR="+gwAddr, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms")...)
+	startProcess(t, gw, slices.Concat(common, []string{"HTTP_ADDR=" + gwAddr, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms"})...)
 	testenv.WaitReady(t, gwAddr)
-	apiEnv := append(common, "GATEWAY_URL=http://"+gwAddr, "LEASE_TIMEOUT=2s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=5s")
+	apiEnv := slices.Concat(common, []string{"GATEWAY_URL=http://" + gwAddr, "LEASE_TIMEOUT=2s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=5s"})
 	a := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrA)...)
 	b := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrB)...)
 	testenv.WaitReady(t, addrA)
 	testenv.WaitReady(t, addrB)
 
 	const body = `{"amount":700,"currency":"eur","customer":"cus_k","source":"tok_visa"}`
-	go payOnce(t, addrA, "killed-1", body) // its answer never comes
-	pool := testenv.Pool(t, dbURL)
 	ctx := testenv.Context(t)
+	go payOnce(ctx, addrA, "killed-1", body) // its answer never comes
+	pool := testenv.Pool(t, dbURL)
 	var chargeID string
 	testenv.Eventually(t, 10*time.Second, "the gateway charged", func() bool {
 		err := pool.QueryRow(ctx, `SELECT charge_id FROM gateway.charges WHERE reference = 'acct_demo/killed-1' AND charge_id IS NOT NULL`).Scan(&chargeID)
@@ -96,7 +122,7 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 	require.Equal(t, 1, rows)
 	require.Contains(t, b.logs.String(), "execution resumed")
 
-	status, answer, header := payOnce(t, addrB, "killed-1", body)
+	status, answer, header := payOnce(ctx, addrB, "killed-1", body)
 	require.Equal(t, http.StatusCreated, status, answer)
 	require.Equal(t, "true", header.Get("Idempotent-Replayed"))
 	require.Contains(t, answer, `"charge":"`+chargeID+`"`)
@@ -114,31 +140,31 @@ func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
 	dbURL := testenv.DatabaseURL(t)
 	gwAddr, addrA, addrB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
 	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text"}
-	startProcess(t, gw, append(common, "HTTP_ADDR="+gwAddr, "SLOW_GATEWAY_DELAY=3s")...)
+	startProcess(t, gw, slices.Concat(common, []string{"HTTP_ADDR=" + gwAddr, "SLOW_GATEWAY_DELAY=3s"})...)
 	testenv.WaitReady(t, gwAddr)
-	apiEnv := append(common, "GATEWAY_URL=http://"+gwAddr, "LEASE_TIMEOUT=1s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=10s")
+	apiEnv := slices.Concat(common, []string{"GATEWAY_URL=http://" + gwAddr, "LEASE_TIMEOUT=1s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=10s"})
 	a := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrA)...)
 	startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrB)...)
 	testenv.WaitReady(t, addrA)
 	testenv.WaitReady(t, addrB)
 
 	const body = `{"amount":900,"currency":"eur","customer":"cus_p","source":"tok_slow"}`
+	ctx := testenv.Context(t)
 	first := make(chan int, 1)
 	go func() {
-		status, _, _ := payOnce(t, addrA, "paused-1", body)
+		status, _, _ := payOnce(ctx, addrA, "paused-1", body)
 		first <- status
 	}()
 	time.Sleep(300 * time.Millisecond) // A has claimed the key and called the gateway
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 	time.Sleep(1500 * time.Millisecond) // past A's lease
-	status, answer, _ := payOnce(t, addrB, "paused-1", body)
+	status, answer, _ := payOnce(ctx, addrB, "paused-1", body)
 	require.Contains(t, []int{http.StatusBadGateway, http.StatusConflict}, status, "the takeover finds the first call still in flight at the gateway: %s", answer)
 	time.Sleep(time.Second)
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 	<-first
 
 	pool := testenv.Pool(t, dbURL)
-	ctx := testenv.Context(t)
 	var paymentCharge string
 	testenv.Eventually(t, 20*time.Second, "the payment is finished", func() bool {
 		return pool.QueryRow(ctx, `SELECT charge_id FROM payments WHERE idempotency_key = 'paused-1'`).Scan(&paymentCharge) == nil

@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,10 +74,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func (s *settings) validate() error {
 	if _, err := cron.ParseStandard(*s.schedule); err != nil {
-		return fmt.Errorf("bad configuration: RECONCILE_SCHEDULE=%q: %v", *s.schedule, err)
+		return fmt.Errorf("bad configuration: RECONCILE_SCHEDULE=%q: %w", *s.schedule, err)
 	}
 	if *s.dryRun && !*s.once {
-		return fmt.Errorf("bad configuration: --dry-run needs --once")
+		return errors.New("bad configuration: --dry-run needs --once")
 	}
 	for name, d := range map[string]time.Duration{"FAILED_TTL": *s.failedTTL, "RECONCILE_TIMEOUT": *s.passTimeout} {
 		if d <= 0 {
@@ -107,7 +108,10 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 		if err != nil {
 			return err
 		}
-		return json.NewEncoder(stdout).Encode(rep)
+		if err := json.NewEncoder(stdout).Encode(rep); err != nil {
+			return fmt.Errorf("write the report: %w", err)
+		}
+		return nil
 	}
 
 	log.Info("reconciler started", "addr", *s.HTTPAddr, "schedule", *s.schedule)

@@ -94,7 +94,7 @@ func TestDaemon(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	seed(t, dbURL, 3)
 	addr := testenv.FreeAddr(t)
-	cmd := exec.Command(bin)
+	cmd := exec.CommandContext(t.Context(), bin)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
 		"REDIS_PREFIX="+prefix, "HTTP_ADDR="+addr, "RECONCILE_SCHEDULE=@every 200ms", "LOG_FORMAT=text")
 	var logs bytes.Buffer
