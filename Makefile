@@ -66,5 +66,5 @@ tour:
 # on a private stack, once on a single Redis and once on a Redis Cluster
 # (CHAOS_REDIS=single|cluster for one); the summaries land in chaos-summary.json.
 chaos:
-	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-20000} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
+	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-4000} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
 		scripts/test.sh -run TestChaos -v -timeout 60m

@@ -13,11 +13,19 @@
 //  1. validate the key (ValidateKey);
 //  2. ask Redis (replay, in flight, reused, or a provisional claim);
 //  3. claim the key in Postgres under a lease owned by this execution;
-//  4. run the handler in a transaction that completes the key, fenced by the
-//     owner, so a worker whose lease was taken over rolls back;
+//  4. run the handler: its steps, then a transaction that completes the key,
+//     fenced by the owner, so a worker whose lease was taken over rolls back;
 //  5. write the result through to Redis (the relay delivers it anyway).
+//
+// Handlers that call systems outside Postgres (a payment gateway) run
+// their calls as steps (Step), each with a downstream idempotency key and
+// recovery points, before the final transaction (Tx); a live engine
+// (Resume) finishes an execution whose process died after a step started.
+// See docs/steps.md.
 //
 // The key states are in_progress, completed and failed; every transition
 // bumps a version that Redis applies only when it is higher than what it
-// holds.
+// holds. The invariants the engine keeps (I1–I12, cited in comments across
+// the code) are stated in docs/invariants.md, and the life of a key,
+// statement by statement, in docs/state-machine.md.
 package onceonly

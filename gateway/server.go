@@ -56,6 +56,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceonly/onceonly/internal/backoff"
 	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/internal/promutil"
 )
@@ -326,7 +327,7 @@ type outcome struct {
 
 func (h *handler) postCharge(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	if !sleep(ctx, h.latency) {
+	if backoff.Sleep(ctx, h.latency) != nil {
 		h.cutShort(w)
 		return
 	}
@@ -382,7 +383,7 @@ func (h *handler) charge(w http.ResponseWriter, r *http.Request, key string, req
 		return
 	case FaultChargeThenHang:
 		h.injected(mode, key)
-		if !sleep(ctx, h.hang) {
+		if backoff.Sleep(ctx, h.hang) != nil {
 			// The client went away or the server is shutting down: cut the
 			// connection, as a gateway that hung would.
 			h.m.requests.WithLabelValues("none").Inc()
@@ -447,7 +448,7 @@ func final(row existing) outcome {
 
 // process charges for a call that owns its key under token.
 func (h *handler) process(ctx context.Context, key, token string, req ChargeRequest) (outcome, error) {
-	if req.Source == SourceSlow && !sleep(ctx, h.slow) {
+	if req.Source == SourceSlow && backoff.Sleep(ctx, h.slow) != nil {
 		// Cut short before the charge: give the key up, so a retry runs now
 		// rather than after the lease.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
@@ -499,7 +500,7 @@ func (h *handler) process(ctx context.Context, key, token string, req ChargeRequ
 
 func (h *handler) listCharges(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	if !sleep(ctx, h.latency) {
+	if backoff.Sleep(ctx, h.latency) != nil {
 		h.cutShort(w)
 		return
 	}
@@ -585,21 +586,6 @@ func (h *handler) reset(w http.ResponseWriter) {
 		_ = tc.SetLinger(0) // close sends RST, not FIN
 	}
 	_ = conn.Close()
-}
-
-// sleep waits d; false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return true
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // metrics are the gateway's Prometheus counters.

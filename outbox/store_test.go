@@ -35,19 +35,20 @@ var (
 	ownerB = keystate.Owner{2}
 )
 
-func (b *testBundle) events(t *testing.T) []int64 {
+// events returns the versions of the outbox events db sees, oldest first.
+func (b *testBundle) events(t *testing.T, db outbox.DB) []int64 {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT version FROM outbox ORDER BY id`)
+	rows, err := db.Query(b.ctx, `SELECT version FROM outbox ORDER BY id`)
 	require.NoError(t, err)
 	versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	return versions
 }
 
-// expireLease moves the lease of a key into the past.
-func (b *testBundle) expireLease(t *testing.T, key string) {
+// expireLease moves the lease of a key into the past, through db.
+func (b *testBundle) expireLease(t *testing.T, db outbox.DB, key string) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s' WHERE key = $1`, key)
+	_, err := db.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s' WHERE key = $1`, key)
 	require.NoError(t, err)
 }
 
@@ -65,7 +66,7 @@ func TestClaim(t *testing.T) {
 		require.Equal(t, ownerA, res.Key.Owner)
 		require.InDelta(t, float64(time.Minute), float64(res.Key.LeaseRemaining), float64(time.Second))
 		require.InDelta(t, float64(time.Hour), float64(res.Key.ExpiresIn), float64(time.Second))
-		require.Equal(t, []int64{1}, b.events(t))
+		require.Equal(t, []int64{1}, b.events(t, b.pool))
 	})
 
 	t.Run("HeldKeyIsReported", func(t *testing.T) {
@@ -80,7 +81,7 @@ func TestClaim(t *testing.T) {
 			require.Equal(t, ownerA, res.Key.Owner)
 			require.Equal(t, "fp", res.Key.Fingerprint)
 		}
-		require.Equal(t, []int64{1}, b.events(t), "a refused claim writes no event")
+		require.Equal(t, []int64{1}, b.events(t, b.pool), "a refused claim writes no event")
 	})
 
 	t.Run("ExpiredLeaseIsTakenOver", func(t *testing.T) {
@@ -88,7 +89,7 @@ func TestClaim(t *testing.T) {
 		b := setup(t)
 		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
-		b.expireLease(t, "k")
+		b.expireLease(t, b.pool, "k")
 
 		res, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "other", ownerB, time.Minute)
 		require.NoError(t, err)
@@ -99,7 +100,7 @@ func TestClaim(t *testing.T) {
 		require.True(t, res.Claimed)
 		require.Equal(t, int64(2), res.Key.Version)
 		require.Equal(t, ownerB, res.Key.Owner)
-		require.Equal(t, []int64{1, 2}, b.events(t))
+		require.Equal(t, []int64{1, 2}, b.events(t, b.pool))
 	})
 
 	t.Run("FailedKeyIsReclaimed", func(t *testing.T) {
@@ -154,7 +155,7 @@ func TestClaim(t *testing.T) {
 		var xmax string
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT xmax::text FROM idempotency_keys WHERE key = 'k'`).Scan(&xmax))
 		require.Equal(t, "0", xmax)
-		require.Equal(t, []int64{1, 2}, b.events(t))
+		require.Equal(t, []int64{1, 2}, b.events(t, b.pool))
 	})
 }
 
@@ -200,7 +201,7 @@ func TestTakeoverHammer(t *testing.T) {
 		if round == 0 {
 			require.True(t, held.Claimed)
 		}
-		b.expireLease(t, "k")
+		b.expireLease(t, b.pool, "k")
 		var wg sync.WaitGroup
 		var claimed sync.Map
 		for i := range 40 {
@@ -220,29 +221,30 @@ func TestTakeoverHammer(t *testing.T) {
 		n := 0
 		claimed.Range(func(_, _ any) bool { n++; return true })
 		require.Equal(t, 1, n, "round %d", round)
-		b.expireLease(t, "k")
+		b.expireLease(t, b.pool, "k")
 	}
 }
 
 func TestCompleteIsFencedByOwner(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
+	tx := testenv.Tx(t, b.pool) // rolled back: nothing here must commit
+	_, err := b.store.Claim(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 	require.NoError(t, err)
-	b.expireLease(t, "k")
-	_, err = b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
+	b.expireLease(t, tx, "k")
+	_, err = b.store.Claim(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
 	require.NoError(t, err)
 
-	_, err = b.store.Complete(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
+	_, err = b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
 	require.ErrorIs(t, err, outbox.ErrLeaseLost)
-	_, err = b.store.Fail(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
+	_, err = b.store.Fail(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
 	require.ErrorIs(t, err, outbox.ErrLeaseLost)
-	require.ErrorIs(t, b.store.Heartbeat(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Minute), outbox.ErrLeaseLost)
+	require.ErrorIs(t, b.store.Heartbeat(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Minute), outbox.ErrLeaseLost)
 
-	k, err := b.store.Complete(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerB, keystate.Response{Status: 200, Body: []byte("ok")})
+	k, err := b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerB, keystate.Response{Status: 200, Body: []byte("ok")})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), k.Version)
-	require.Equal(t, []int64{1, 2, 3}, b.events(t))
+	require.Equal(t, []int64{1, 2, 3}, b.events(t, tx))
 }
 
 // TestTakeoverWaitsForTheHolder shows the fence under concurrency: a
@@ -255,7 +257,7 @@ func TestTakeoverRacesComplete(t *testing.T) {
 		key := "k" + string(rune('a'+i))
 		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: key}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
-		b.expireLease(t, key)
+		b.expireLease(t, b.pool, key)
 
 		var wg sync.WaitGroup
 		var completeErr, takeoverErr error
@@ -283,15 +285,16 @@ func TestTakeoverRacesComplete(t *testing.T) {
 func TestHeartbeatExtendsLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Second)
+	tx := testenv.Tx(t, b.pool) // rolled back: nothing here must commit
+	_, err := b.store.Claim(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Second)
 	require.NoError(t, err)
-	require.NoError(t, b.store.Heartbeat(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Hour))
-	k, found, err := b.store.Get(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"})
+	require.NoError(t, b.store.Heartbeat(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Hour))
+	k, found, err := b.store.Get(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"})
 	require.NoError(t, err)
 	require.True(t, found)
 	require.Greater(t, k.LeaseRemaining, 59*time.Minute)
 	require.Equal(t, int64(1), k.Version)
-	require.Equal(t, []int64{1}, b.events(t))
+	require.Equal(t, []int64{1}, b.events(t, tx))
 }
 
 func TestClaimHammer(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/gateway"
+	"github.com/onceonly/onceonly/internal/backoff"
 )
 
 // Config configures the API.
@@ -249,7 +250,7 @@ func (a *api) charge(ctx context.Context, key string, req gateway.ChargeRequest)
 		if isInFlight {
 			wait = min(max(inFlight.RetryAfter, wait), time.Second)
 		}
-		if !sleep(ctx, wait) {
+		if backoff.Sleep(ctx, wait) != nil {
 			break
 		}
 	}
@@ -272,17 +273,6 @@ func (a *api) charge(ctx context.Context, key string, req gateway.ChargeRequest)
 func lostCall(err error) bool {
 	var ue *url.Error
 	return errors.As(err, &ue) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 const paymentColumns = `id, amount, currency, customer, description, status, coalesce(charge_id, ''),

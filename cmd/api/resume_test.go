@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,44 +13,6 @@ import (
 
 	"github.com/onceonly/onceonly/internal/testenv"
 )
-
-// process is a command started for a test, killed when the test ends.
-type process struct {
-	cmd  *exec.Cmd
-	logs *syncBuffer
-}
-
-// syncBuffer is a buffer that the command's output goroutine writes while
-// the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func startProcess(t *testing.T, bin string, env ...string) *process {
-	t.Helper()
-	p := &process{cmd: exec.CommandContext(t.Context(), bin), logs: &syncBuffer{}}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stderr = p.logs
-	require.NoError(t, p.cmd.Start())
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		_ = p.cmd.Wait()
-	})
-	return p
-}
 
 // payOnce sends one payment and returns its answer; a request that gets no
 // answer returns status 0 and the error. It asserts nothing, so it can run
@@ -86,15 +43,11 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 	api := testenv.BuildBinary(t, ".")
 	gw := testenv.BuildBinary(t, "../gateway")
 	dbURL := testenv.DatabaseURL(t)
-	gwAddr, addrA, addrB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
-	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text"}
-	startProcess(t, gw, slices.Concat(common, []string{"HTTP_ADDR=" + gwAddr, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms"})...)
-	testenv.WaitReady(t, gwAddr)
-	apiEnv := slices.Concat(common, []string{"GATEWAY_URL=http://" + gwAddr, "LEASE_TIMEOUT=2s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=5s"})
-	a := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrA)...)
-	b := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrB)...)
-	testenv.WaitReady(t, addrA)
-	testenv.WaitReady(t, addrB)
+	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms")
+	apiEnv := []string{"DATABASE_URL=" + dbURL, "GATEWAY_URL=http://" + g.Addr, "LEASE_TIMEOUT=2s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=5s"}
+	a := testenv.StartDaemon(t, api, apiEnv...)
+	b := testenv.StartDaemon(t, api, apiEnv...)
+	addrA, addrB := a.Addr, b.Addr
 
 	const body = `{"amount":700,"currency":"eur","customer":"cus_k","source":"tok_visa"}`
 	ctx := testenv.Context(t)
@@ -105,7 +58,7 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT charge_id FROM gateway.charges WHERE reference = 'acct_demo/killed-1' AND charge_id IS NOT NULL`).Scan(&chargeID)
 		return err == nil
 	})
-	require.NoError(t, a.cmd.Process.Kill()) // between the gateway's charge and the commit
+	require.NoError(t, a.Cmd.Process.Kill()) // between the gateway's charge and the commit
 	killedAt := time.Now()
 
 	var paymentCharge string
@@ -120,7 +73,7 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE idempotency_key = 'killed-1'`).Scan(&rows))
 	require.Equal(t, 1, charges)
 	require.Equal(t, 1, rows)
-	require.Contains(t, b.logs.String(), "execution resumed")
+	require.Contains(t, b.Logs.String(), "execution resumed")
 
 	status, answer, header := payOnce(ctx, addrB, "killed-1", body)
 	require.Equal(t, http.StatusCreated, status, answer)
@@ -138,15 +91,10 @@ func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
 	api := testenv.BuildBinary(t, ".")
 	gw := testenv.BuildBinary(t, "../gateway")
 	dbURL := testenv.DatabaseURL(t)
-	gwAddr, addrA, addrB := testenv.FreeAddr(t), testenv.FreeAddr(t), testenv.FreeAddr(t)
-	common := []string{"DATABASE_URL=" + dbURL, "LOG_FORMAT=text"}
-	startProcess(t, gw, slices.Concat(common, []string{"HTTP_ADDR=" + gwAddr, "SLOW_GATEWAY_DELAY=3s"})...)
-	testenv.WaitReady(t, gwAddr)
-	apiEnv := slices.Concat(common, []string{"GATEWAY_URL=http://" + gwAddr, "LEASE_TIMEOUT=1s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=10s"})
-	a := startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrA)...)
-	startProcess(t, api, append(apiEnv, "HTTP_ADDR="+addrB)...)
-	testenv.WaitReady(t, addrA)
-	testenv.WaitReady(t, addrB)
+	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=3s")
+	apiEnv := []string{"DATABASE_URL=" + dbURL, "GATEWAY_URL=http://" + g.Addr, "LEASE_TIMEOUT=1s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=10s"}
+	a := testenv.StartDaemon(t, api, apiEnv...)
+	addrA, addrB := a.Addr, testenv.StartDaemon(t, api, apiEnv...).Addr
 
 	const body = `{"amount":900,"currency":"eur","customer":"cus_p","source":"tok_slow"}`
 	ctx := testenv.Context(t)
@@ -156,12 +104,12 @@ func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
 		first <- status
 	}()
 	time.Sleep(300 * time.Millisecond) // A has claimed the key and called the gateway
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGSTOP))
 	time.Sleep(1500 * time.Millisecond) // past A's lease
 	status, answer, _ := payOnce(ctx, addrB, "paused-1", body)
 	require.Contains(t, []int{http.StatusBadGateway, http.StatusConflict}, status, "the takeover finds the first call still in flight at the gateway: %s", answer)
 	time.Sleep(time.Second)
-	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGCONT))
 	<-first
 
 	pool := testenv.Pool(t, dbURL)

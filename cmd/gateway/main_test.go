@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,14 +70,14 @@ func TestUnreachablePostgres(t *testing.T) {
 func TestDaemon(t *testing.T) {
 	bin := testenv.BuildBinary(t, ".")
 	dbURL := testenv.EmptyDatabaseURL(t)
-	addr, cmd, logs := startDaemon(t, bin, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=300ms")
+	d := testenv.StartDaemon(t, bin, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=300ms")
 
 	ctx := testenv.Context(t)
-	c := &gateway.Client{BaseURL: "http://" + addr}
+	c := &gateway.Client{BaseURL: "http://" + d.Addr}
 	req := gateway.ChargeRequest{Amount: 1999, Currency: "usd", Source: "tok_slow", Reference: "acct_demo/order-7"}
 	began := time.Now()
 	ch, err := c.Charge(ctx, "daemon-key", req)
-	require.NoError(t, err, logs.String())
+	require.NoError(t, err, d.Logs.String())
 	require.Equal(t, "succeeded", ch.Status)
 	require.GreaterOrEqual(t, time.Since(began), 300*time.Millisecond)
 	again, err := c.Charge(ctx, "daemon-key", req)
@@ -91,19 +87,19 @@ func TestDaemon(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []gateway.Charge{ch}, list.Data)
 
-	body := get(t, "http://"+addr+"/metrics")
+	body := get(t, "http://"+d.Addr+"/metrics")
 	for _, metric := range []string{`gateway_charges_total{status="succeeded"} 1`, `gateway_requests_total{code="201"} 2`,
 		`gateway_requests_total{code="200"} 1`, `gateway_faults_total{mode="charge_then_hang"} 0`, "go_goroutines"} {
 		require.Contains(t, body, metric)
 	}
-	require.Contains(t, get(t, "http://"+addr+"/healthz"), `"ok"`)
-	require.Contains(t, get(t, "http://"+addr+"/readyz"), `"postgres":"ok"`)
+	require.Contains(t, get(t, "http://"+d.Addr+"/healthz"), `"ok"`)
+	require.Contains(t, get(t, "http://"+d.Addr+"/readyz"), `"postgres":"ok"`)
 
 	start := time.Now()
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, cmd.Wait(), logs.String())
+	require.NoError(t, d.Cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, d.Cmd.Wait(), d.Logs.String())
 	require.Less(t, time.Since(start), 10*time.Second)
-	require.Contains(t, logs.String(), "gateway started")
+	require.Contains(t, d.Logs.String(), "gateway started")
 }
 
 // TestDaemonShutdownCutsAHangingCall: SIGTERM with a charge_then_hang call
@@ -111,10 +107,10 @@ func TestDaemon(t *testing.T) {
 func TestDaemonShutdownCutsAHangingCall(t *testing.T) {
 	bin := testenv.BuildBinary(t, ".")
 	dbURL := testenv.EmptyDatabaseURL(t)
-	addr, cmd, logs := startDaemon(t, bin, "DATABASE_URL="+dbURL, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1h")
+	d := testenv.StartDaemon(t, bin, "DATABASE_URL="+dbURL, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1h")
 
 	ctx := testenv.Context(t)
-	c := &gateway.Client{BaseURL: "http://" + addr}
+	c := &gateway.Client{BaseURL: "http://" + d.Addr}
 	errc := make(chan error, 1)
 	go func() {
 		_, err := c.Charge(ctx, "daemon-hang", gateway.ChargeRequest{Amount: 1, Currency: "usd", Source: "tok_visa", Reference: "a/h"})
@@ -127,45 +123,11 @@ func TestDaemonShutdownCutsAHangingCall(t *testing.T) {
 		return n == 1
 	})
 	start := time.Now()
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, cmd.Wait(), logs.String())
+	require.NoError(t, d.Cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, d.Cmd.Wait(), d.Logs.String())
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.ErrorIs(t, <-errc, gateway.ErrUnknownOutcome)
-	require.Contains(t, logs.String(), "mode=charge_then_hang")
-}
-
-// startDaemon starts the gateway binary with env on a free address and
-// waits until it is ready.
-func startDaemon(t *testing.T, bin string, env ...string) (addr string, cmd *exec.Cmd, logs *syncBuffer) {
-	t.Helper()
-	addr = testenv.FreeAddr(t)
-	cmd = exec.CommandContext(t.Context(), bin)
-	cmd.Env = append(os.Environ(), append(env, "HTTP_ADDR="+addr, "LOG_FORMAT=text")...)
-	logs = &syncBuffer{}
-	cmd.Stderr = logs
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	testenv.WaitReady(t, addr)
-	return addr, cmd, logs
-}
-
-// syncBuffer is a bytes.Buffer the process's output may be written to while
-// the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	require.Contains(t, d.Logs.String(), "mode=charge_then_hang")
 }
 
 func get(t *testing.T, url string) string {

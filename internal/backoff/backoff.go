@@ -33,8 +33,12 @@ func (b *Backoff) Next() time.Duration {
 // Reset starts over after a success.
 func (b *Backoff) Reset() { b.attempt = 0 }
 
-// Sleep waits d or until ctx ends, and returns ctx's error in that case.
+// Sleep waits d or until ctx ends, and returns ctx's error in that case. A
+// d of zero or less returns at once.
 func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
