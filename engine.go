@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -207,6 +208,11 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint, handler s
 
 	claimedAt := time.Now()
 	claim, err := e.store.Claim(ctx, e.cfg.Pool, ref, fingerprint, owner, e.cfg.LeaseTimeout)
+	if err != nil && pgconn.SafeToRetry(err) && ctx.Err() == nil {
+		// A pooled connection that died (Postgres restarted) fails before
+		// sending anything: once more, on another connection.
+		claim, err = e.store.Claim(ctx, e.cfg.Pool, ref, fingerprint, owner, e.cfg.LeaseTimeout)
+	}
 	if err != nil {
 		e.releaseCache(ctx, ref, owner)
 		outcome = outcomeUnavailable

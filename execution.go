@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceonly/onceonly/keystate"
 )
@@ -103,6 +104,10 @@ func (x *Execution) Tx(ctx context.Context) (pgx.Tx, error) {
 		return nil, ErrLeaseLost
 	}
 	tx, err := x.engine.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil && pgconn.SafeToRetry(err) && ctx.Err() == nil {
+		// A pooled connection that died before anything was sent: once more.
+		tx, err = x.engine.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: begin: %w", ErrUnavailable, err)
 	}

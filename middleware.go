@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -30,6 +32,19 @@ type MiddlewareOptions struct {
 	Scope func(r *http.Request) (string, error)
 	// MaxBody is the largest request body accepted (DefaultMaxBody).
 	MaxBody int64
+	// Methods are the methods the middleware guards (default POST and
+	// PATCH, which are not idempotent by themselves); requests with any
+	// other method pass through to the handler untouched.
+	Methods []string
+	// StoreHeaders, when set, lists the only response headers stored and
+	// replayed besides Content-Type; by default every header the handler
+	// sets is, but Content-Length, Date and hop-by-hop headers.
+	StoreHeaders []string
+	// KeyOptional lets a guarded request without an Idempotency-Key header
+	// pass through untouched (it runs as it would without the middleware);
+	// by default such a request gets 400 idempotency_key_missing. A key that
+	// is present is always validated.
+	KeyOptional bool
 	// Name registers the wrapped handler under this name (Engine.Register),
 	// so it may call systems outside Postgres through Step and a live engine
 	// can finish an execution whose process died after a step started: it
@@ -92,9 +107,16 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 	if opts.WriteError == nil {
 		opts.WriteError = WriteProblem
 	}
+	if opts.Methods == nil {
+		opts.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	guarded := make(map[string]bool, len(opts.Methods))
+	for _, m := range opts.Methods {
+		guarded[strings.ToUpper(m)] = true
+	}
 	return func(next http.Handler) http.Handler {
 		if opts.Name != "" {
-			if err := e.Register(opts.Name, resumeHTTP(next)); err != nil {
+			if err := e.Register(opts.Name, resumeHTTP(next, opts.StoreHeaders)); err != nil {
 				panic(err)
 			}
 		}
@@ -103,6 +125,10 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				opts.WriteError(w, r, &HTTPError{Status: status, Code: code, Message: message, Param: param})
 			}
 			key, present := r.Header[http.CanonicalHeaderKey(HeaderKey)]
+			if !guarded[r.Method] || (!present && opts.KeyOptional) {
+				next.ServeHTTP(w, r)
+				return
+			}
 			if !present {
 				fail(http.StatusBadRequest, "idempotency_key_missing", "The Idempotency-Key header is required.", HeaderKey)
 				return
@@ -135,7 +161,7 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 			out, err := e.execute(r.Context(), scope, key[0], fingerprint, opts.Name, request, func(ctx context.Context, _ *Execution) (Result, error) {
 				inner := r.WithContext(ctx)
 				inner.Body = io.NopCloser(bytes.NewReader(body))
-				return serve(next, inner), nil
+				return serve(next, inner, opts.StoreHeaders), nil
 			})
 			if err != nil {
 				writeEngineError(w, err, fail)
@@ -160,6 +186,7 @@ func requestFingerprint(r *http.Request, body []byte) (string, error) {
 
 // writeResult writes a stored or fresh result.
 func writeResult(w http.ResponseWriter, res Result) {
+	maps.Copy(w.Header(), res.Header)
 	if res.ContentType != "" {
 		w.Header().Set("Content-Type", res.ContentType)
 	}
@@ -207,11 +234,12 @@ func writeRetryAfter(w http.ResponseWriter, seconds float64) {
 	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(seconds)))))
 }
 
-// serve runs h on r and returns what it wrote.
-func serve(h http.Handler, r *http.Request) Result {
+// serve runs h on r and returns what it wrote, keeping only the headers
+// keep names (all storable ones when keep is nil).
+func serve(h http.Handler, r *http.Request, keep []string) Result {
 	rec := &recorder{header: http.Header{}}
 	h.ServeHTTP(rec, r)
-	return rec.result()
+	return rec.result(keep)
 }
 
 // storedRequest is an HTTP request as an execution keeps it for a
@@ -241,7 +269,7 @@ func encodeRequest(r *http.Request, body []byte) []byte {
 
 // resumeHTTP returns the Func that resumes an execution of h: h runs again
 // on the stored request.
-func resumeHTTP(h http.Handler) Func {
+func resumeHTTP(h http.Handler, keep []string) Func {
 	return func(ctx context.Context, x *Execution) (Result, error) {
 		var sr storedRequest
 		if err := json.Unmarshal(x.Request(), &sr); err != nil {
@@ -252,7 +280,7 @@ func resumeHTTP(h http.Handler) Func {
 			return Result{}, fmt.Errorf("rebuild stored request: %w", err)
 		}
 		r.Header = sr.Header
-		return serve(h, r), nil
+		return serve(h, r, keep), nil
 	}
 }
 
@@ -278,10 +306,43 @@ func (r *recorder) Write(b []byte) (int, error) {
 	return r.body.Write(b)
 }
 
-func (r *recorder) result() Result {
+func (r *recorder) result(keep []string) Result {
 	status := r.status
 	if status == 0 {
 		status = http.StatusOK
 	}
-	return Result{Status: status, ContentType: r.header.Get("Content-Type"), Body: r.body.Bytes()}
+	return Result{Status: status, ContentType: r.header.Get("Content-Type"), Header: storable(r.header, keep), Body: r.body.Bytes()}
+}
+
+// unstoredHeaders are never stored with a response: the framing and the
+// date belong to each answer, hop-by-hop headers to each connection, and
+// Content-Type is stored on its own (Idempotent-Replayed is the engine's).
+var unstoredHeaders = map[string]bool{
+	"Content-Type": true, "Content-Length": true, "Date": true, "Connection": true, "Keep-Alive": true,
+	"Proxy-Authenticate": true, "Proxy-Authorization": true, "Te": true, "Trailer": true,
+	"Transfer-Encoding": true, "Upgrade": true, HeaderReplayed: true,
+}
+
+// storable returns the headers of h that are stored: those named in keep,
+// or every one but unstoredHeaders when keep is nil.
+func storable(h http.Header, keep []string) http.Header {
+	out := http.Header{}
+	if keep != nil {
+		for _, name := range keep {
+			name = http.CanonicalHeaderKey(name)
+			if v := h.Values(name); len(v) > 0 && !unstoredHeaders[name] {
+				out[name] = v
+			}
+		}
+	} else {
+		for name, v := range h {
+			if !unstoredHeaders[http.CanonicalHeaderKey(name)] && len(v) > 0 {
+				out[http.CanonicalHeaderKey(name)] = v
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }

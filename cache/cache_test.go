@@ -2,6 +2,7 @@ package cache_test
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,6 +209,30 @@ func TestCheck(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, cache.Replay, res.Verdict)
 			require.Equal(t, u.Response, res.Entry.Response)
+		})
+
+		t.Run("CompletedWithoutContentType", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			u := completed("k", 2, "raw")
+			u.Response.ContentType = "" // the handler set none: replayed with none (I2)
+			b.apply(t, u)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Replay, res.Verdict)
+			require.Equal(t, u.Response, res.Entry.Response)
+		})
+
+		t.Run("CompletedWithHeaders", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			u := completed("k", 2, `{"id":"pay_1"}`)
+			u.Response.Header = http.Header{"Location": {"/v1/payments/pay_1"}, "X-Multi": {"a", "b: c"}}
+			b.apply(t, u)
+			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, cache.Replay, res.Verdict)
+			require.Equal(t, u.Response, res.Entry.Response, "status, type, every header value and the body come back")
 		})
 
 		t.Run("CompletedLargeBodyIsAMarker", func(t *testing.T) {

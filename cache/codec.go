@@ -16,12 +16,15 @@ const (
 	flagProvisional = 'p'
 	flagConfirmed   = 'c'
 	flagMarker      = 'm'
+	flagHeaders     = 'h'
 
 	digestLen = 8
 	ownerLen  = 16
 
-	// jsonContentType is stored as an empty content type.
+	// jsonContentType is stored as an empty content type, and a response
+	// without one as noContentType (not a media type, so never ambiguous).
 	jsonContentType = "application/json"
+	noContentType   = "-"
 )
 
 // ErrCorrupt is returned by Decode for a value that is not in the layout.
@@ -106,10 +109,27 @@ func Decode(v []byte) (Entry, error) {
 			return e, ErrCorrupt
 		}
 		e.Response.ContentType = string(tail[3 : 3+nl])
-		if e.Response.ContentType == "" {
+		switch e.Response.ContentType {
+		case "":
 			e.Response.ContentType = jsonContentType
+		case noContentType:
+			e.Response.ContentType = ""
 		}
-		e.Response.Body = tail[3+nl+1:]
+		rest := tail[3+nl+1:]
+		if flag == flagHeaders {
+			// <header bytes, decimal>\n<header lines><body>
+			c := bytes.IndexByte(rest, '\n')
+			if c < 0 {
+				return e, ErrCorrupt
+			}
+			n, err := strconv.Atoi(string(rest[:c]))
+			if err != nil || n < 0 || n > len(rest)-c-1 {
+				return e, ErrCorrupt
+			}
+			e.Response.Header = keystate.DecodeHeader(string(rest[c+1 : c+1+n]))
+			rest = rest[c+1+n:]
+		}
+		e.Response.Body = rest
 	case keystate.Failed: // nothing after the digest
 	}
 	return e, nil
@@ -127,19 +147,32 @@ func head(buf []byte, state keystate.Status, version int64, flag byte, digest st
 // encodeCompleted encodes a completed value; large marks a body kept in
 // Postgres only.
 func encodeCompleted(version int64, digest string, r keystate.Response, large bool) []byte {
+	header := keystate.EncodeHeader(r.Header)
 	flag := byte(flagConfirmed)
-	if large {
+	switch {
+	case large:
 		flag = flagMarker
+	case header != "":
+		flag = flagHeaders
 	}
-	buf := make([]byte, 0, 32+len(r.ContentType)+len(r.Body))
+	buf := make([]byte, 0, 40+len(r.ContentType)+len(header)+len(r.Body))
 	buf = head(buf, keystate.Completed, version, flag, digest)
 	buf = strconv.AppendInt(buf, int64(r.Status), 10)
 	if large {
 		return buf
 	}
-	if r.ContentType != jsonContentType {
+	switch r.ContentType {
+	case jsonContentType:
+	case "":
+		buf = append(buf, noContentType...)
+	default:
 		buf = append(buf, r.ContentType...)
 	}
 	buf = append(buf, '\n')
+	if flag == flagHeaders {
+		buf = strconv.AppendInt(buf, int64(len(header)), 10)
+		buf = append(buf, '\n')
+		buf = append(buf, header...)
+	}
 	return append(buf, r.Body...)
 }

@@ -11,6 +11,9 @@ package keystate
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"net/http"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -76,7 +79,47 @@ type Ref struct{ Scope, Key string }
 type Response struct {
 	Status      int
 	ContentType string
-	Body        []byte
+	// Header holds the other headers the handler set (Content-Type,
+	// Content-Length, Date and hop-by-hop headers are never stored).
+	Header http.Header
+	Body   []byte
+}
+
+// EncodeHeader writes h as "Name: value" lines, names in canonical form and
+// sorted, one line per value: the form Postgres and Redis keep. An empty h
+// is "".
+func EncodeHeader(h http.Header) string {
+	if len(h) == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(h))
+	for name := range h {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	for _, name := range names {
+		for _, v := range h[name] {
+			b.WriteString(http.CanonicalHeaderKey(name))
+			b.WriteString(": ")
+			b.WriteString(v)
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+// DecodeHeader reads what EncodeHeader wrote; "" is a nil header.
+func DecodeHeader(s string) http.Header {
+	if s == "" {
+		return nil
+	}
+	h := http.Header{}
+	for line := range strings.SplitSeq(strings.TrimSuffix(s, "\n"), "\n") {
+		name, value, _ := strings.Cut(line, ": ")
+		h[name] = append(h[name], value)
+	}
+	return h
 }
 
 // Key is the state of one idempotency key as Postgres holds it. Durations

@@ -6,12 +6,14 @@
 --   version the Postgres version the value reflects (decimal)
 --   flag    'p' provisional claim made by check.lua (in_progress only, never
 --           outranks a Postgres version), 'c' confirmed by Postgres, 'm' completed
---           with the body kept in Postgres only (too large for the cache)
+--           with the body kept in Postgres only (too large for the cache), 'h'
+--           completed with stored headers (the tail's body starts with
+--           <header bytes>\n<"Name: value" lines>)
 --   fp8     first 8 bytes of SHA-256 of the request fingerprint (another
 --           payload matches by chance once in 2^64; Postgres keeps the whole)
 --   tail    in_progress: <lease_until_ms>:<owner16>  (lease in Redis TIME)
 --           completed:   <status, 3 digits><content type>\n<body>
---                        (empty content type means application/json)
+--                        (empty content type means application/json, "-" none)
 --           failed:      empty
 --
 -- decode returns state, version, flag, fp8, tail, or nil for anything that is

@@ -85,12 +85,14 @@ func scanKey(row pgx.Row, extra ...any) (keystate.Key, error) {
 	var k keystate.Key
 	var owner [16]byte
 	var leaseMs, expiresMs int64
+	var header string
 	dest := append([]any{&k.Scope, &k.Key, &k.Status, &k.Version, &k.Fingerprint, &owner,
-		&leaseMs, &k.Response.Status, &k.Response.ContentType, &k.Response.Body, &k.BodyOmitted, &expiresMs}, extra...)
+		&leaseMs, &k.Response.Status, &k.Response.ContentType, &header, &k.Response.Body, &k.BodyOmitted, &expiresMs}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return keystate.Key{}, fmt.Errorf("scan key: %w", err)
 	}
 	k.Owner = keystate.Owner(owner)
+	k.Response.Header = keystate.DecodeHeader(header)
 	k.LeaseRemaining = time.Duration(leaseMs) * time.Millisecond
 	k.ExpiresIn = time.Duration(expiresMs) * time.Millisecond
 	return k, nil
@@ -189,21 +191,22 @@ func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner key
 	if body == nil {
 		body = []byte{}
 	}
-	return s.finish(ctx, tx, ref, owner, keystate.Completed, &resp.Status, &resp.ContentType, body, s.cfg.CompletedTTL)
+	header := keystate.EncodeHeader(resp.Header)
+	return s.finish(ctx, tx, ref, owner, keystate.Completed, &resp.Status, &resp.ContentType, &header, body, s.cfg.CompletedTTL)
 }
 
 // Fail marks the key failed (retryable: the next request claims it again).
 // It returns ErrLeaseLost when owner no longer holds the key.
 func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
-	return s.finish(ctx, db, ref, owner, keystate.Failed, nil, nil, nil, s.cfg.FailedTTL)
+	return s.finish(ctx, db, ref, owner, keystate.Failed, nil, nil, nil, nil, s.cfg.FailedTTL)
 }
 
 func (s *Store) finish(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, status keystate.Status,
-	respStatus *int, contentType *string, body []byte, ttl time.Duration,
+	respStatus *int, contentType, header *string, body []byte, ttl time.Duration,
 ) (keystate.Key, error) {
 	var notified bool
 	k, err := scanKey(db.QueryRow(ctx, finishSQL, ref.Scope, ref.Key, [16]byte(owner), status,
-		respStatus, contentType, body, ttl, !s.cfg.DeferNotify), &notified)
+		respStatus, contentType, body, ttl, !s.cfg.DeferNotify, header), &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keystate.Key{}, ErrLeaseLost
 	}

@@ -32,6 +32,7 @@ type testBundle struct {
 	dbURL   string
 	pool    *pgxpool.Pool
 	rdb     redis.UniversalClient
+	prefix  string
 	servers []*httptest.Server
 }
 
@@ -51,6 +52,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	} else {
 		b.rdb, prefix = testenv.Redis(t)
 	}
+	b.prefix = prefix
 	quiet := slog.New(slog.DiscardHandler)
 	gw := testenv.Gateway(t, b.pool, gateway.Config{Latency: opts.latency, SlowDelay: time.Second})
 	for range max(opts.instances, 1) {
@@ -152,12 +154,22 @@ func TestCreateAndReplay(t *testing.T) {
 	require.Equal(t, "succeeded", p.Status)
 	_, err := time.Parse(time.RFC3339, p.Created)
 	require.NoError(t, err)
+	require.Equal(t, "/v1/payments/"+p.ID, first.header.Get("Location"))
+	var charge string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT charge_id FROM gateway.charges WHERE reference = 'acct_1/k1'`).Scan(&charge))
+	require.Equal(t, charge, p.Charge, "the payment carries the gateway's charge id")
 
 	// Whitespace and key order are the same payload.
 	again := b.pay(t, 0, "k1", `{ "source":"tok_visa", "customer":"cus_1","currency":"usd","amount":1000 }`)
 	require.Equal(t, http.StatusCreated, again.status)
 	require.Equal(t, "true", again.header.Get(onceonly.HeaderReplayed))
 	require.Equal(t, first.body, again.body)
+	require.Equal(t, first.header.Get("Location"), again.header.Get("Location"), "the handler's headers are replayed (I2)")
+	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"acct_1:k1").Err()) // and from Postgres as well as from Redis
+	fromPG := b.pay(t, 0, "k1", visa)
+	require.Equal(t, "true", fromPG.header.Get(onceonly.HeaderReplayed))
+	require.Equal(t, first.header.Get("Location"), fromPG.header.Get("Location"))
+	require.Equal(t, first.body, fromPG.body)
 
 	reused := b.pay(t, 0, "k1", strings.Replace(visa, "1000", "1001", 1))
 	require.Equal(t, http.StatusUnprocessableEntity, reused.status)
@@ -287,6 +299,13 @@ func TestBadInput(t *testing.T) {
 		{"LongDescription", "POST", "/v1/payments", headers(), field("description", `"`+strings.Repeat("d", 1001)+`"`), 400, "invalid_request", "description"},
 		{"DescriptionNumber", "POST", "/v1/payments", headers(), field("description", `5`), 400, "invalid_request", "description"},
 		{"TooLarge", "POST", "/v1/payments", headers(), big + " ", 413, "request_too_large", ""},
+		{"DuplicateName", "POST", "/v1/payments", headers(), `{"amount":1000,"amount":2000,"currency":"usd","customer":"c","source":"tok_visa"}`, 400, "invalid_json", ""},
+		{"DuplicateNameEscaped", "POST", "/v1/payments", headers(), `{"amount":1000,"\u0061mount":2000,"currency":"usd","customer":"c","source":"tok_visa"}`, 400, "invalid_json", ""},
+		{"DuplicateNested", "POST", "/v1/payments", headers(), `{"amount":1000,"currency":"usd","customer":"c","source":"tok_visa","description":null,"x":{"a":1,"a":2}}`, 400, "invalid_json", ""},
+		{"NULInCustomer", "POST", "/v1/payments", headers(), field("customer", `"a\u0000b"`), 400, "invalid_request", "customer"},
+		{"LoneHighSurrogate", "POST", "/v1/payments", headers(), field("customer", `"x\ud800y"`), 400, "invalid_request", "customer"},
+		{"LoneLowSurrogate", "POST", "/v1/payments", headers(), field("description", `"\udc00"`), 400, "invalid_request", "description"},
+		{"InvalidUTF8", "POST", "/v1/payments", headers(), `{"amount":1000,"currency":"usd","customer":"c` + "\xff" + `","source":"tok_visa"}`, 400, "invalid_request", "customer"},
 		{"GetCollection", "GET", "/v1/payments", headers(), "", 405, "method_not_allowed", ""},
 		{"DeletePayment", "DELETE", "/v1/payments/pay_x", headers(), "", 405, "method_not_allowed", ""},
 		{"UnknownPayment", "GET", "/v1/payments/pay_nope", headers(), "", 404, "not_found", "id"},
@@ -310,6 +329,7 @@ func TestBadInput(t *testing.T) {
 		require.NotEmpty(t, e.Error.Type, tc.name)
 		require.NotEmpty(t, e.Error.Message, tc.name)
 	}
+	require.Zero(t, b.count(t, "idempotency_keys"), "bad input claims no key (I10)")
 
 	// A chunked body over the limit is refused as well.
 	req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, b.servers[0].URL+"/v1/payments", io.MultiReader(strings.NewReader(big), strings.NewReader("  ")))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -49,6 +50,9 @@ const (
 
 // parseCreate parses and validates a create body.
 func parseCreate(body []byte) (CreateRequest, error) {
+	if err := rejectDuplicateNames(body); err != nil {
+		return CreateRequest{}, notJSONError{err}
+	}
 	var fields map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&fields); err != nil {
@@ -64,11 +68,14 @@ func parseCreate(body []byte) (CreateRequest, error) {
 		return CreateRequest{}, &fieldError{message: "The request body must be a JSON object."}
 	}
 	var req CreateRequest
-	for name := range fields {
+	for name, raw := range fields {
 		switch name {
 		case paramAmount, paramCurrency, paramCustomer, paramSource, paramDescription:
 		default:
 			return req, &fieldError{param: name, message: "Unknown parameter: " + name + "."}
+		}
+		if !cleanString(raw) {
+			return req, &fieldError{param: name, message: name + " must not hold U+0000, a lone surrogate or invalid UTF-8."}
 		}
 	}
 	amount, ok := fields[paramAmount]
@@ -145,3 +152,104 @@ var isoCurrencies = func() map[string]bool {
 }()
 
 func isCurrency(c string) bool { return isoCurrencies[c] }
+
+// rejectDuplicateNames fails for a JSON document in which an object holds
+// the same name twice (compared after unescaping), at any depth: parsers
+// disagree on which one wins, so such a body is refused, not guessed at.
+func rejectDuplicateNames(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var walk func() error
+	walk = func() error {
+		tok, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("read JSON: %w", err)
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				name, err := dec.Token()
+				if err != nil {
+					return fmt.Errorf("read JSON: %w", err)
+				}
+				key, _ := name.(string)
+				if seen[key] {
+					return fmt.Errorf("the name %q appears twice in one object", key)
+				}
+				seen[key] = true
+				if err := walk(); err != nil {
+					return err
+				}
+			}
+			_, err = dec.Token() // }
+		case json.Delim('['):
+			for dec.More() {
+				if err := walk(); err != nil {
+					return err
+				}
+			}
+			_, err = dec.Token() // ]
+		}
+		if err != nil {
+			return fmt.Errorf("read JSON: %w", err)
+		}
+		return nil
+	}
+	return walk()
+}
+
+// cleanString reports whether raw, a JSON value, is not a string holding
+// U+0000, a lone UTF-16 surrogate (escaped) or invalid UTF-8: encoding/json
+// would silently turn the last two into U+FFFD, and Postgres refuses the
+// first.
+func cleanString(raw []byte) bool {
+	if len(raw) < 2 || raw[0] != '"' {
+		return true
+	}
+	if !utf8.Valid(raw) {
+		return false
+	}
+	s := raw[1 : len(raw)-1]
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character
+		if i >= len(s) || s[i] != 'u' {
+			continue
+		}
+		r, ok := hex4(s[i+1:])
+		if !ok {
+			continue
+		}
+		i += 4 // the last hex digit
+		switch {
+		case r == 0:
+			return false
+		case r >= 0xDC00 && r <= 0xDFFF: // a low surrogate with no high one before it
+			return false
+		case r >= 0xD800 && r <= 0xDBFF: // a high surrogate needs a low one next
+			if i+2 >= len(s) || s[i+1] != '\\' || s[i+2] != 'u' {
+				return false
+			}
+			low, ok := hex4(s[i+3:])
+			if !ok || low < 0xDC00 || low > 0xDFFF {
+				return false
+			}
+			i += 6
+		}
+	}
+	return true
+}
+
+// hex4 reads four hex digits.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(string(b[:4]), 16, 32)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return rune(n), true
+}

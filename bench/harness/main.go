@@ -32,6 +32,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -405,6 +406,9 @@ func (h *harness) memory(ctx context.Context) (map[string]int64, error) {
 			ExpiresIn: 24 * time.Hour, Response: keystate.Response{Status: 201, ContentType: "application/json", Body: body}},
 		{Ref: keystate.Ref{Scope: memoryScope, Key: "order-000000000002"}, Version: 1, Status: keystate.InProgress, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
 			ExpiresIn: 24 * time.Hour, Owner: keystate.Owner{1}, LeaseRemaining: 30 * time.Second},
+		{Ref: keystate.Ref{Scope: memoryScope, Key: "order-000000000004"}, Version: 2, Status: keystate.Completed, Fingerprint: "v1:" + hex.EncodeToString(make([]byte, 32)),
+			ExpiresIn: 24 * time.Hour, Response: keystate.Response{Status: 201, ContentType: "application/json", Body: body,
+				Header: http.Header{"Location": {"/v1/payments/pay_" + strings.Repeat("x", 24)}}}},
 	}
 	out := map[string]int64{"body_bytes": int64(len(body))}
 	for i, u := range updates {
@@ -415,7 +419,7 @@ func (h *harness) memory(ctx context.Context) (map[string]int64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("memory usage of %s: %w", u.Key, err)
 		}
-		out[[]string{"completed_key_bytes", "in_progress_key_bytes"}[i]] = n
+		out[[]string{"completed_key_bytes", "in_progress_key_bytes", "completed_key_with_location_bytes"}[i]] = n
 	}
 	bare := c.Key(keystate.Ref{Scope: memoryScope, Key: "order-000000000003"}) // a key name of the same length
 	if err := h.rdb.Set(ctx, bare, body, 24*time.Hour).Err(); err != nil {

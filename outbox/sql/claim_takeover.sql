@@ -16,7 +16,7 @@ WITH claimed AS (
 		status = 'in_progress', version = k.version + 1, fingerprint = $3,
 		owner = $4, lease_expires_at = now() + $5::interval,
 		expires_at = now() + $6::interval, updated_at = now(),
-		response_status = NULL, response_content_type = NULL, response_body = NULL,
+		response_status = NULL, response_content_type = NULL, response_headers = NULL, response_body = NULL,
 		handler = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.handler END,
 		request = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.request END,
 		steps = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.steps END
@@ -30,7 +30,7 @@ WITH claimed AS (
 )
 SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
 	(extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint AS lease_ms,
-	0 AS response_status, '' AS response_content_type, NULL::bytea AS response_body, false AS body_omitted,
+	0 AS response_status, '' AS response_content_type, '' AS response_headers, NULL::bytea AS response_body, false AS body_omitted,
 	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
 	(CASE WHEN $7 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
 	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true),
