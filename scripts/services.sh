@@ -117,9 +117,11 @@ cluster() {
 		redis_up "$port" && continue
 		node=$dir/cluster-$port
 		mkdir -p "$node"
-		# The bus port defaults to port+10000, which must exist.
+		# The bus port defaults to port+10000, which must exist; past 65535
+		# take one above the kernel's ephemeral range (32768-60999), where no
+		# outgoing connection can hold it when the node binds.
 		bus=$((port + 10000))
-		[ "$bus" -le 65535 ] || bus=$((port - 10000))
+		[ "$bus" -le 65535 ] || bus=$((61000 + port % 4535))
 		redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$node" \
 			--pidfile "$node/redis.pid" --logfile "$node/redis.log" "${persist[@]}" \
 			--cluster-enabled yes --cluster-config-file nodes.conf --cluster-port "$bus" \
