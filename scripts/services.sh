@@ -122,10 +122,18 @@ cluster() {
 		# outgoing connection can hold it when the node binds.
 		bus=$((port + 10000))
 		[ "$bus" -le 65535 ] || bus=$((61000 + port % 4535))
-		redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$node" \
-			--pidfile "$node/redis.pid" --logfile "$node/redis.log" "${persist[@]}" \
-			--cluster-enabled yes --cluster-config-file nodes.conf --cluster-port "$bus" \
-			--cluster-node-timeout 2000 --cluster-require-full-coverage no
+		# A port can be held for a moment by another process's outgoing
+		# connection (both ports lie in the ephemeral range): try again.
+		for _ in 1 2 3; do
+			redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$node" \
+				--pidfile "$node/redis.pid" --logfile "$node/redis.log" "${persist[@]}" \
+				--cluster-enabled yes --cluster-config-file nodes.conf --cluster-port "$bus" \
+				--cluster-node-timeout 2000 --cluster-require-full-coverage no
+			for _ in $(seq 20); do redis_up "$port" && break 2; sleep 0.1; done
+			grep -q "Address already in use" "$node/redis.log" || break
+			log "port $port or $bus was busy; starting the node again"
+			sleep 0.5
+		done
 	done
 	for port in "${ports[@]}"; do wait_redis "$port"; done
 	for _ in $(seq 30); do cluster_ok "${ports[@]}" && break; sleep 0.1; done
