@@ -169,7 +169,7 @@ func DefaultShouldStore(status int) bool {
 // A handler that calls systems outside Postgres is a Func: see Register and
 // Run.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	return e.execute(ctx, scope, key, PayloadFingerprint(payload), "", func() []byte { return payload }, withTx(fn))
+	return e.execute(ctx, scope, key, fingerprint{value: PayloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
 }
 
 // withTx runs a Handler as a Func: the transaction opens first.
@@ -183,13 +183,10 @@ func withTx(fn Handler) Func {
 	}
 }
 
-func (e *Engine) execute(ctx context.Context, scope, key, fingerprint, handler string, request func() []byte, fn Func) (out Outcome, err error) {
+func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint, handler string, request func() []byte, fn Func) (out Outcome, err error) {
 	start := time.Now()
 	outcome := outcomeExecuted
-	defer func() {
-		e.metrics.requests.WithLabelValues(outcome).Inc()
-		e.metrics.duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
-	}()
+	defer func() { e.metrics.observe(outcome, start) }()
 	if err := ValidateKey(key); err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err
@@ -201,18 +198,19 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint, handler s
 	ref := keystate.Ref{Scope: scope, Key: key}
 	owner := keystate.NewOwner()
 
-	out, outcome, done, err := e.checkCache(ctx, ref, fingerprint, owner)
+	out, outcome, done, err := e.checkCache(ctx, ref, fp.value, owner)
 	if done {
+		if errors.Is(err, ErrKeyReused) && fp.legacy != nil {
+			// The key may be stored under an older fingerprint version,
+			// which Redis keeps only as a digest: ask again with it.
+			outcome = outcomeAskedAgain
+			return e.execute(ctx, scope, key, fingerprint{value: fp.legacy()}, handler, request, fn)
+		}
 		return out, err
 	}
 
 	claimedAt := time.Now()
-	claim, err := e.store.Claim(ctx, e.cfg.Pool, ref, fingerprint, owner, e.cfg.LeaseTimeout)
-	if err != nil && pgconn.SafeToRetry(err) && ctx.Err() == nil {
-		// A pooled connection that died (Postgres restarted) fails before
-		// sending anything: once more, on another connection.
-		claim, err = e.store.Claim(ctx, e.cfg.Pool, ref, fingerprint, owner, e.cfg.LeaseTimeout)
-	}
+	claim, err := e.claim(ctx, ref, fp.value, owner)
 	if err != nil {
 		e.releaseCache(ctx, ref, owner)
 		outcome = outcomeUnavailable
@@ -223,15 +221,40 @@ func (e *Engine) execute(ctx context.Context, scope, key, fingerprint, handler s
 	}
 	if !claim.Claimed {
 		e.applyCache(ctx, claim.Key) // read-repair: the cache learns what Postgres holds
-		out, outcome, err = e.answerHeld(claim.Key, fingerprint)
+		if legacy := fp.legacyFor(claim.Key.Fingerprint); legacy != "" {
+			outcome = outcomeAskedAgain
+			return e.execute(ctx, scope, key, fingerprint{value: legacy}, handler, request, fn)
+		}
+		out, outcome, err = e.answerHeld(claim.Key, fp.value)
 		return out, err
 	}
 	x := e.newExecution(claim.Key, handler, request)
 	if err := x.loadSteps(claim.Steps); err != nil {
 		e.log.Error("resume from recorded steps: calling them again", "scope", scope, "key", key, "err", err)
 	}
+	if ctx.Err() != nil {
+		// The caller left while the claim ran: give the key back now.
+		e.abandon(ctx, x, x.anyStep())
+		outcome = outcomeFailed
+		return Outcome{}, ctx.Err()
+	}
 	out, outcome, err = e.run(ctx, x, claimedAt, fn)
 	return out, err
+}
+
+// claim claims ref in Postgres. The claim is not canceled with ctx: a
+// claim canceled in flight may still commit, and its caller, not knowing,
+// would strand the key for a whole lease; execute finds ctx ended after
+// the claim and gives the key back instead. A pooled connection that died (Postgres restarted) fails
+// before sending anything, so it is tried once more on another.
+func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (outbox.ClaimResult, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTimeout)
+	defer cancel()
+	claim, err := e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
+	if err != nil && pgconn.SafeToRetry(err) && ctx.Err() == nil {
+		claim, err = e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
+	}
+	return claim, err
 }
 
 // newExecution returns the execution of the key k this engine just claimed.

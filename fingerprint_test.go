@@ -2,6 +2,7 @@ package onceonly_test
 
 import (
 	"encoding/json"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -36,21 +37,42 @@ func TestCanonicalJSON(t *testing.T) {
 
 func TestFingerprint(t *testing.T) {
 	t.Parallel()
-	a, err := onceonly.Fingerprint("POST", "/v1/payments", []byte(`{"a":1,"b":2}`))
-	require.NoError(t, err)
-	b, err := onceonly.Fingerprint("POST", "/v1/payments", []byte(`{ "b":2, "a":1 }`))
-	require.NoError(t, err)
-	require.Equal(t, a, b)
-	require.True(t, strings.HasPrefix(a, "v1:"))
-	for _, other := range [][3]string{
-		{"PUT", "/v1/payments", `{"a":1,"b":2}`},
-		{"POST", "/v1/refunds", `{"a":1,"b":2}`},
-		{"POST", "/v1/payments", `{"a":1,"b":3}`},
-	} {
-		c, err := onceonly.Fingerprint(other[0], other[1], []byte(other[2]))
+	fp := func(method, path, query, body string) string {
+		t.Helper()
+		q, err := url.ParseQuery(query)
 		require.NoError(t, err)
-		require.NotEqual(t, a, c, other)
+		f, err := onceonly.Fingerprint(method, path, q, []byte(body))
+		require.NoError(t, err)
+		return f
 	}
+	a := fp("POST", "/v1/payments", "", `{"a":1,"b":2}`)
+	require.Equal(t, a, fp("POST", "/v1/payments", "", `{ "b":2, "a":1 }`))
+	require.True(t, strings.HasPrefix(a, "v2:"))
+	require.Equal(t, fp("POST", "/x", "b=2&a=1", ``), fp("POST", "/x", "a=1&b=2", ``), "parameter order does not matter")
+	require.Equal(t, fp("POST", "/x", "a=%31", ``), fp("POST", "/x", "a=1", ``), "escapes do not matter")
+	for _, other := range [][4]string{
+		{"PUT", "/v1/payments", "", `{"a":1,"b":2}`},
+		{"POST", "/v1/refunds", "", `{"a":1,"b":2}`},
+		{"POST", "/v1/payments", "", `{"a":1,"b":3}`},
+		{"POST", "/v1/payments", "dry_run=true", `{"a":1,"b":2}`},
+		{"POST", "/v1/payments", "dry_run=", `{"a":1,"b":2}`},
+	} {
+		require.NotEqual(t, a, fp(other[0], other[1], other[2], other[3]), other)
+	}
+	require.NotEqual(t, fp("POST", "/x", "a=1&a=2", ``), fp("POST", "/x", "a=2&a=1", ``), "the values of one name keep their order")
+}
+
+// TestCanonicalJSONRefusesDuplicateNames: a member named twice, even
+// through an escape, is refused, however deep.
+func TestCanonicalJSONRefusesDuplicateNames(t *testing.T) {
+	t.Parallel()
+	for _, doc := range []string{`{"a":1,"a":2}`, `{"a":1,"\u0061":1}`, `[{"x":{"y":1,"y":1}}]`} {
+		_, err := onceonly.CanonicalJSON([]byte(doc))
+		require.ErrorIs(t, err, onceonly.ErrDuplicateName, doc)
+	}
+	got, err := onceonly.CanonicalJSON([]byte(`{"a":{"a":1},"b":{"a":1}}`))
+	require.NoError(t, err, "one name in two objects is no duplicate")
+	require.JSONEq(t, `{"a":{"a":1},"b":{"a":1}}`, string(got))
 }
 
 func TestValidateKey(t *testing.T) {

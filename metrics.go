@@ -1,6 +1,8 @@
 package onceonly
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly/internal/promutil"
@@ -18,9 +20,11 @@ const (
 	outcomeUnavailable   = "unavailable"
 	outcomeInvalid       = "invalid"
 	outcomeHandlerError  = "handler_error"
+	outcomeAskedAgain    = "" // not a label: the request is judged again, with an older fingerprint
 	redisOpCheck         = "check"
 	redisOpApply         = "apply"
 	redisOpRelease       = "release"
+	redisOpWatch         = "watch"
 )
 
 type metrics struct {
@@ -28,6 +32,7 @@ type metrics struct {
 	duration      *prometheus.HistogramVec
 	redisFallback *prometheus.CounterVec
 	resumptions   *prometheus.CounterVec
+	waits         prometheus.Counter
 }
 
 // labelOutcome is the label of the per-outcome metrics.
@@ -52,9 +57,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceonly_resumptions_total",
 			Help: "Executions a live engine took over and finished after their holder died or handed off, by outcome.",
 		}, []string{labelOutcome}),
+		waits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceonly_waits_total",
+			Help: "Requests that found their key in flight and waited for its answer (MiddlewareOptions.Wait).",
+		}),
 	}
-	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions); err != nil {
+	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.waits); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// observe counts a request that began at start and ended with outcome.
+func (m *metrics) observe(outcome string, start time.Time) {
+	if outcome == outcomeAskedAgain {
+		return // the inner call counts the request
+	}
+	m.requests.WithLabelValues(outcome).Inc()
+	m.duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
 }

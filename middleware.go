@@ -11,9 +11,12 @@ import (
 	"math"
 	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // HeaderKey is the request header carrying the idempotency key.
@@ -53,6 +56,20 @@ type MiddlewareOptions struct {
 	// ExecutionOf(ctx).Scope(), since the middlewares in front of this one
 	// do not run then. Names are unique per engine; a duplicate panics.
 	Name string
+	// Fingerprint computes what identifies a guarded request, from the
+	// request and its whole body: the same key with another fingerprint
+	// answers 422. An error answers 400; return an *HTTPError to choose its
+	// code and message. Default: RequestFingerprint (method, path, query and
+	// canonical JSON body), which also honours keys stored under its older
+	// version.
+	Fingerprint func(r *http.Request, body []byte) (string, error)
+	// Wait, when positive, makes a request whose key another request holds
+	// wait up to this long for that request's answer and get it replayed,
+	// instead of a 409 right away. It is woken through Redis when the key
+	// settles (and looks again every second, or polls Postgres when Redis
+	// is unavailable); past Wait it gets the 409 with Retry-After. Each
+	// waiting request holds one Redis connection.
+	Wait time.Duration
 	// WriteError writes the middleware's own error answers (400, 401, 409,
 	// 413, 422, 503) in the service's error format. Retry-After is already
 	// set when it is called. Default: WriteProblem.
@@ -60,6 +77,7 @@ type MiddlewareOptions struct {
 }
 
 // HTTPError is an answer the middleware gives without running the handler.
+// It is an error, so a Fingerprint hook can return one.
 type HTTPError struct {
 	// Status is the HTTP status code.
 	Status int
@@ -70,6 +88,9 @@ type HTTPError struct {
 	// Param names the offending header or field, if any.
 	Param string
 }
+
+// Error returns the message.
+func (e *HTTPError) Error() string { return e.Message }
 
 // WriteProblem writes e as RFC 9457 problem details
 // (application/problem+json) with its code as an extension member.
@@ -152,17 +173,27 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				fail(http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
 				return
 			}
-			fingerprint, err := requestFingerprint(r, body)
+			fp, err := fingerprintRequest(r, body, opts.Fingerprint)
 			if err != nil {
-				fail(http.StatusBadRequest, "invalid_json", "The request body is not valid JSON.", "")
+				herr, ok := errors.AsType[*HTTPError](err)
+				if !ok {
+					herr = &HTTPError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "The request could not be fingerprinted: " + err.Error()}
+				}
+				opts.WriteError(w, r, herr)
 				return
 			}
 			request := func() []byte { return encodeRequest(r, body) }
-			out, err := e.execute(r.Context(), scope, key[0], fingerprint, opts.Name, request, func(ctx context.Context, _ *Execution) (Result, error) {
-				inner := r.WithContext(ctx)
-				inner.Body = io.NopCloser(bytes.NewReader(body))
-				return serve(next, inner, opts.StoreHeaders), nil
-			})
+			run := func(ctx context.Context) (Outcome, error) {
+				return e.execute(ctx, scope, key[0], fp, opts.Name, request, func(ctx context.Context, _ *Execution) (Result, error) {
+					inner := r.WithContext(ctx)
+					inner.Body = io.NopCloser(bytes.NewReader(body))
+					return serve(next, inner, opts.StoreHeaders), nil
+				})
+			}
+			out, err := run(r.Context())
+			if _, inFlight := IsInFlight(err); inFlight && opts.Wait > 0 {
+				out, err = e.await(r.Context(), keystate.Ref{Scope: scope, Key: key[0]}, opts.Wait, run)
+			}
 			if err != nil {
 				writeEngineError(w, err, fail)
 				return
@@ -175,13 +206,46 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 	}
 }
 
-// requestFingerprint canonicalizes JSON bodies and hashes others as they are.
-func requestFingerprint(r *http.Request, body []byte) (string, error) {
-	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if mediaType == "application/json" || len(body) == 0 {
-		return Fingerprint(r.Method, r.URL.Path, body)
+// RequestFingerprint is the default MiddlewareOptions.Fingerprint: the
+// fingerprint (see Fingerprint) of the method, path, query and body of r; a
+// JSON body is canonicalized, another one hashed as it is. A body that is
+// not JSON or names a member twice is an *HTTPError 400 invalid_json, a
+// query that does not parse a 400 invalid_request.
+func RequestFingerprint(r *http.Request, body []byte) (string, error) {
+	fp, err := defaultFingerprint(r, body)
+	return fp.value, err
+}
+
+// fingerprintRequest fingerprints r with custom, or with the default, which
+// also knows the older version of itself.
+func fingerprintRequest(r *http.Request, body []byte, custom func(*http.Request, []byte) (string, error)) (fingerprint, error) {
+	if custom == nil {
+		return defaultFingerprint(r, body)
 	}
-	return fingerprintOf(r.Method, r.URL.Path, body), nil
+	fp, err := custom(r, body)
+	return fingerprint{value: fp}, err
+}
+
+func defaultFingerprint(r *http.Request, body []byte) (fingerprint, error) {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return fingerprint{}, &HTTPError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "The query string is malformed."}
+	}
+	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mediaType == "application/json" || len(body) == 0 {
+		canonical, err := CanonicalJSON(body)
+		if err != nil {
+			message := "The request body is not valid JSON."
+			if errors.Is(err, ErrDuplicateName) {
+				message = "The request body names an object member twice."
+			}
+			return fingerprint{}, &HTTPError{Status: http.StatusBadRequest, Code: "invalid_json", Message: message}
+		}
+		body = canonical
+	}
+	return fingerprint{
+		value:  requestFingerprint(r.Method, r.URL.Path, query, body),
+		legacy: func() string { return legacyFingerprint(r.Method, r.URL.Path, body) },
+	}, nil
 }
 
 // writeResult writes a stored or fresh result.

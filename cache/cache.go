@@ -325,3 +325,16 @@ func (c *Cache) Read(ctx context.Context, ref keystate.Ref) (entry Entry, found 
 	entry, err = Decode(raw)
 	return entry, true, err
 }
+
+// Watch subscribes to the settlement of ref: the apply script announces on
+// the key's own sharded channel when a key in progress settles or goes
+// (SPUBLISH, so a cluster keeps the message on the key's shard). The
+// subscription holds a connection of its own: close it when done.
+func (c *Cache) Watch(ctx context.Context, ref keystate.Ref) (*redis.PubSub, error) {
+	ps := c.rdb.SSubscribe(ctx, c.Key(ref))
+	if _, err := ps.Receive(ctx); err != nil {
+		_ = ps.Close()
+		return nil, fmt.Errorf("watch key: %w", err)
+	}
+	return ps, nil
+}

@@ -15,6 +15,9 @@
 --            reconciler saw), or, for '!absent', only if there is no key;
 --            versions are not compared then. A provisional claim under a
 --            live lease (a request in flight) is never overwritten this way.
+-- A key in progress that settles or goes is announced on its own sharded
+-- channel (SPUBLISH to KEYS[1], which stays on the key's shard), so
+-- requests waiting for it (MiddlewareOptions.Wait) ask again at once.
 -- Returns:
 --   1 applied (written or deleted)
 --   0 ignored: the cache holds this version or a newer one, or the
@@ -34,12 +37,16 @@ elseif state ~= nil then
   if held_version == version and flag ~= 'p' then return 0 end
 end
 
+local settles = ARGV[4] == nil or ARGV[4] == ''
 if value == '' or ttl <= 0 then
   redis.call('DEL', key)
-  return 1
-end
-if ARGV[4] ~= nil and ARGV[4] ~= '' then
+elseif settles then
+  redis.call('SET', key, value, 'PX', ttl)
+else
   value = value .. (redis_now_ms() + tonumber(ARGV[4])) .. ':' .. ARGV[5]
+  redis.call('SET', key, value, 'PX', ttl)
 end
-redis.call('SET', key, value, 'PX', ttl)
+if state == 'in_progress' and settles then
+  redis.call('SPUBLISH', key, '')
+end
 return 1

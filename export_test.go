@@ -1,0 +1,5 @@
+package onceonly
+
+// LegacyFingerprint exposes the version 1 request fingerprint to tests, which
+// store keys the way the previous version did.
+var LegacyFingerprint = legacyFingerprint
