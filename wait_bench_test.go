@@ -1,0 +1,84 @@
+package onceonly
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+)
+
+// BenchmarkWait measures what MiddlewareOptions.Wait costs, side by side:
+//
+//   - replay: a duplicate of a settled key, answered from Redis (the floor);
+//
+//   - await-settled: the same duplicate through await, which watches the
+//     key first: the subscription's own connection, SSUBSCRIBE and close;
+//
+//   - woken: a duplicate that waits while the first execution runs and is
+//     woken by its completion (per op: one first execution plus one waiter).
+//
+//     go test -run '^$' -bench Wait -benchtime 2000x .
+func BenchmarkWait(b *testing.B) {
+	ctx := testenv.Context(b)
+	rdb, prefix := testenv.Redis(b)
+	e, err := New(Config{Pool: testenv.DB(b), Redis: rdb, RedisPrefix: prefix, Logger: testenv.QuietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(e.Close)
+	ok := func(_ context.Context, tx pgx.Tx) (Result, error) {
+		_, err := tx.Exec(ctx, "SELECT 1")
+		return Result{Status: 200, Body: []byte(`{}`)}, err
+	}
+	ask := func(key string) func(ctx context.Context) (Outcome, error) {
+		return func(ctx context.Context) (Outcome, error) { return e.Do(ctx, "bench", key, nil, ok) }
+	}
+	if _, err := e.Do(ctx, "bench", "settled", nil, ok); err != nil {
+		b.Fatal(err)
+	}
+	settled := keystate.Ref{Scope: "bench", Key: "settled"}
+	b.Run("replay", func(b *testing.B) {
+		for range b.N {
+			if out, err := ask("settled")(ctx); err != nil || !out.Replayed {
+				b.Fatal(out, err)
+			}
+		}
+	})
+	b.Run("await-settled", func(b *testing.B) {
+		for range b.N {
+			if out, err := e.await(ctx, settled, time.Second, ask("settled")); err != nil || !out.Replayed {
+				b.Fatal(out, err)
+			}
+		}
+	})
+	b.Run("woken", func(b *testing.B) {
+		run := testenv.RandomSuffix(8)
+		for i := range b.N {
+			key := run + "-" + strconv.Itoa(i)
+			release, claimed := make(chan struct{}), make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				_, _ = e.Do(ctx, "bench", key, nil, func(context.Context, pgx.Tx) (Result, error) {
+					close(claimed)
+					<-release
+					return Result{Status: 200, Body: []byte(`{}`)}, nil
+				})
+			})
+			<-claimed
+			var out Outcome
+			wg.Go(func() { out, err = e.await(ctx, keystate.Ref{Scope: "bench", Key: key}, 5*time.Second, ask(key)) })
+			time.Sleep(50 * time.Microsecond) // the waiter is (most likely) watching
+			close(release)
+			wg.Wait()
+			if err != nil || !out.Replayed {
+				b.Fatal(out, err)
+			}
+		}
+	})
+}
