@@ -42,7 +42,7 @@ type setupOpts struct {
 	latency   time.Duration
 }
 
-func setup(t *testing.T, opts setupOpts) *testBundle {
+func setup(t testing.TB, opts setupOpts) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: testenv.Context(t), dbURL: testenv.DatabaseURL(t)}
 	b.pool = testenv.Pool(t, b.dbURL)
