@@ -20,6 +20,7 @@ const (
 	outcomeUnavailable   = "unavailable"
 	outcomeInvalid       = "invalid"
 	outcomeHandlerError  = "handler_error"
+	outcomePanic         = "panic"
 	outcomeAskedAgain    = "" // not a label: the request is judged again, with an older fingerprint
 	redisOpCheck         = "check"
 	redisOpApply         = "apply"

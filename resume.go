@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -100,6 +101,13 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
 		}
 		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil { // the key was handed off already (call)
+					e.metrics.resumptions.WithLabelValues(outcomePanic).Inc()
+					e.log.Error("resumed handler panicked", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler,
+						"panic", p, "stack", string(debug.Stack()))
+				}
+			}()
 			_, outcome, err := e.run(ctx, x, claimedAt, fn)
 			e.metrics.resumptions.WithLabelValues(outcome).Inc()
 			e.log.Info("execution resumed", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler, "outcome", outcome, "err", err)

@@ -150,6 +150,32 @@ func TestUnknownOutcomeIsSettledByTheEngineItself(t *testing.T) {
 	require.Equal(t, http.StatusCreated, replay.Status)
 }
 
+// TestResumedPanicDoesNotCrash: a handler that panics in a resumption (a
+// router that needs what its middlewares set, say) does not take the
+// process down: the key is handed off again, the panic logged.
+func TestResumedPanicDoesNotCrash(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: 2 * time.Second})
+	var runs atomic.Int32
+	require.NoError(t, b.engine.Register("panics", func(ctx context.Context, _ *onceonly.Execution) (onceonly.Result, error) {
+		if runs.Add(1) > 1 {
+			panic("resumed without its router")
+		}
+		if _, err := onceonly.Step(ctx, "s", func(context.Context, string) (int, error) { return 1, nil }); err != nil {
+			return onceonly.Result{}, err
+		}
+		return onceonly.Result{}, errors.New("after the step")
+	}))
+	_, err := b.engine.Run(b.ctx, "panics", "m", "k-panic", []byte(`{}`))
+	require.Error(t, err)
+	require.Equal(t, "in_progress", b.keyStatus(t, "k-panic"), "handed off for a resumption")
+	n, err := b.engine.ResumeOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.EqualValues(t, 2, runs.Load())
+	require.Equal(t, "in_progress", b.keyStatus(t, "k-panic"), "handed off again")
+}
+
 func TestResumeSkipsExecutionsWithoutSteps(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{lease: 2 * time.Second})
