@@ -40,10 +40,17 @@ import (
 // through to Redis before the commit, so replays come from Postgres until
 // the relay delivers the key's event (at once with the relay's LISTEN; on
 // its poll with DeferRelayNotify).
-func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (Outcome, error) {
+func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (out Outcome, err error) {
 	fp := PayloadFingerprint(payload)
 	start, outcome := time.Now(), outcomeExecuted
-	defer func() { e.metrics.observe(outcome, start) }()
+	ctx, span := e.startSpan(ctx, spanExecute)
+	if span.IsRecording() {
+		span.SetAttributes(attrScope.String(scope), attrInTx.Bool(true))
+	}
+	defer func() {
+		e.metrics.observe(outcome, start)
+		tracedOutcome(span, outcome, out.Replayed, err)
+	}()
 	if err := ValidateKey(key); err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err
@@ -53,12 +60,12 @@ func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload
 		return Outcome{}, err
 	}
 	ref := keystate.Ref{Scope: scope, Key: key}
-	if out, done, err := e.readCache(ctx, ref, fp); done {
+	if cached, done, err := e.readCache(ctx, ref, fp); done {
 		outcome = outcomeReplayedCache
 		if err != nil {
 			outcome = outcomeReused
 		}
-		return out, err
+		return cached, err
 	}
 	sp, err := tx.Begin(ctx) // a savepoint: unless released below, the claim and fn's writes are undone
 	if err != nil {
@@ -72,11 +79,12 @@ func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload
 		return Outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if !claim.Claimed {
-		var out Outcome
 		out, outcome, err = e.answerHeld(claim.Key, fp)
 		return out, err
 	}
-	res, err := fn(ctx, sp)
+	hctx, hspan := e.startSpan(ctx, spanHandler)
+	res, err := fn(hctx, sp)
+	endSpan(hspan, err)
 	if err != nil {
 		outcome = outcomeHandlerError
 		return Outcome{}, err

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
@@ -70,6 +72,10 @@ type Config struct {
 	// Registerer receives the engine's Prometheus metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
+	// TracerProvider receives the engine's OpenTelemetry spans (see
+	// TracerName); nil uses the global provider, which records nothing
+	// until an SDK is installed.
+	TracerProvider trace.TracerProvider
 }
 
 // Result is what a handler produced: the response that is stored and
@@ -98,6 +104,7 @@ type Engine struct {
 	cache   *cache.Cache // nil without Redis
 	log     *slog.Logger
 	metrics *metrics
+	tracer  atomic.Pointer[tracerOf] // of the provider last used
 	leases  *leaseKeeper
 
 	mu    sync.Mutex
@@ -186,7 +193,14 @@ func withTx(fn Handler) Func {
 func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint, handler string, request func() []byte, fn Func) (out Outcome, err error) {
 	start := time.Now()
 	outcome := outcomeExecuted
-	defer func() { e.metrics.observe(outcome, start) }()
+	ctx, span := e.startSpan(ctx, spanExecute)
+	if span.IsRecording() {
+		span.SetAttributes(attrScope.String(scope), attrHandler.String(handler))
+	}
+	defer func() {
+		e.metrics.observe(outcome, start)
+		tracedOutcome(span, outcome, out.Replayed, err)
+	}()
 	if err := ValidateKey(key); err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err
@@ -247,10 +261,17 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 // would strand the key for a whole lease; execute finds ctx ended after
 // the claim and gives the key back instead. A pooled connection that died (Postgres restarted) fails
 // before sending anything, so it is tried once more on another.
-func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (outbox.ClaimResult, error) {
+func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim outbox.ClaimResult, err error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTimeout)
 	defer cancel()
-	claim, err := e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
+	cctx, span := e.startSpan(cctx, spanClaim)
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attrClaimed.Bool(claim.Claimed), attrVersion.Int64(claim.Key.Version))
+		}
+		endSpan(span, err)
+	}()
+	claim, err = e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
 	if err != nil && pgconn.SafeToRetry(err) && ctx.Err() == nil {
 		claim, err = e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
 	}
@@ -272,7 +293,12 @@ func (e *Engine) checkCache(ctx context.Context, ref keystate.Ref, fingerprint s
 		return Outcome{}, "", false, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.RedisTimeout)
+	rctx, span := e.startSpan(rctx, spanCheck)
 	res, err := e.cache.Check(rctx, ref, fingerprint, owner, e.cfg.LeaseTimeout)
+	if span.IsRecording() {
+		span.SetAttributes(attrVerdict.String(res.Verdict.String()))
+	}
+	endSpan(span, err)
 	cancel()
 	if err != nil {
 		e.redisFailed(redisOpCheck, err)
@@ -321,7 +347,9 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 	defer e.leases.release(x.lease)
 	hctx = context.WithValue(hctx, executionKey{}, x)
 
-	res, handleErr := e.call(hctx, x, fn)
+	sctx, span := e.startSpan(hctx, spanHandler)
+	res, handleErr := e.call(sctx, x, fn)
+	endSpan(span, handleErr)
 	if res.Status == 0 {
 		res.Status = http.StatusOK
 	}
@@ -375,7 +403,9 @@ func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error
 
 // complete stores res and completes the key in the execution's transaction
 // (begun now if the handler never asked for it), then commits.
-func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, error) {
+func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (_ keystate.Key, err error) {
+	ctx, span := e.startSpan(ctx, spanComplete)
+	defer func() { endSpan(span, err) }()
 	tx, err := x.Tx(ctx)
 	if err != nil {
 		return keystate.Key{}, err

@@ -157,6 +157,19 @@ func Step[T any](ctx context.Context, name string, call func(ctx context.Context
 		}
 		return v, nil
 	}
+	ctx, span := x.engine.startSpan(ctx, spanStep)
+	if span.IsRecording() {
+		span.SetAttributes(attrStep.String(name))
+	}
+	v, err := step(ctx, x, name, call)
+	endSpan(span, err)
+	return v, err
+}
+
+// step records the intent of a step that has no recorded outcome, calls
+// out and records the outcome.
+func step[T any](ctx context.Context, x *Execution, name string, call func(ctx context.Context, downstreamKey string) (T, error)) (T, error) {
+	var zero T
 	if err := x.recordIntent(ctx, name); err != nil {
 		return zero, err
 	}

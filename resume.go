@@ -100,19 +100,31 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		if err := x.loadSteps(r.Steps); err != nil {
 			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
 		}
-		wg.Go(func() {
-			defer func() {
-				if p := recover(); p != nil { // the key was handed off already (call)
-					e.metrics.resumptions.WithLabelValues(outcomePanic).Inc()
-					e.log.Error("resumed handler panicked", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler,
-						"panic", p, "stack", string(debug.Stack()))
-				}
-			}()
-			_, outcome, err := e.run(ctx, x, claimedAt, fn)
-			e.metrics.resumptions.WithLabelValues(outcome).Inc()
-			e.log.Info("execution resumed", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler, "outcome", outcome, "err", err)
-		})
+		wg.Go(func() { e.resume(ctx, x, claimedAt, fn) })
 	}
 	wg.Wait()
 	return len(due), nil
+}
+
+// resume finishes x, an execution this engine took over at claimedAt. A
+// panic of the handler is logged, not raised: it would end the process,
+// and call has handed the key off already.
+func (e *Engine) resume(ctx context.Context, x *Execution, claimedAt time.Time, fn Func) {
+	ctx, span := e.startSpan(ctx, spanExecute)
+	if span.IsRecording() {
+		span.SetAttributes(attrScope.String(x.ref.Scope), attrHandler.String(x.handler), attrResumed.Bool(true))
+	}
+	outcome := outcomePanic
+	var err error
+	defer func() {
+		tracedOutcome(span, outcome, false, err)
+		e.metrics.resumptions.WithLabelValues(outcome).Inc()
+		if p := recover(); p != nil {
+			e.log.Error("resumed handler panicked", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler,
+				"panic", p, "stack", string(debug.Stack()))
+			return
+		}
+		e.log.Info("execution resumed", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler, "outcome", outcome, "err", err)
+	}()
+	_, outcome, err = e.run(ctx, x, claimedAt, fn)
 }

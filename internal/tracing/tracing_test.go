@@ -1,0 +1,105 @@
+package tracing_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/internal/tracing"
+)
+
+// collector is an OTLP/HTTP endpoint that keeps the spans it receives.
+type collector struct {
+	mu       sync.Mutex
+	spans    []string
+	services []string
+}
+
+func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	var req collectortrace.ExportTraceServiceRequest
+	if err != nil || r.URL.Path != "/v1/traces" || proto.Unmarshal(body, &req) != nil {
+		http.Error(w, "bad export", http.StatusBadRequest)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, a := range rs.GetResource().GetAttributes() {
+			if a.GetKey() == "service.name" {
+				c.services = append(c.services, a.GetValue().GetStringValue())
+			}
+		}
+		for _, ss := range rs.GetScopeSpans() {
+			for _, s := range ss.GetSpans() {
+				c.spans = append(c.spans, s.GetName())
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	_, _ = w.Write(nil)
+}
+
+// TestSetupExportsOverOTLPHTTP: with OTEL_EXPORTER_OTLP_ENDPOINT set, the
+// engine's spans (through the global provider, as in the daemons) reach an
+// OTLP/HTTP endpoint under the service name, OTEL_SERVICE_NAME winning.
+func TestSetupExportsOverOTLPHTTP(t *testing.T) {
+	col := &collector{}
+	srv := httptest.NewServer(col)
+	t.Cleanup(srv.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_SERVICE_NAME", "payments-api")
+	ctx := testenv.Context(t)
+	shutdown, err := tracing.Setup(ctx, "onceonly-api")
+	require.NoError(t, err)
+
+	e, err := onceonly.New(onceonly.Config{Pool: testenv.DB(t), Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	_, err = e.Do(ctx, "s", "k", nil, func(context.Context, pgx.Tx) (onceonly.Result, error) { return onceonly.Result{Status: 201}, nil })
+	require.NoError(t, err)
+	require.NoError(t, shutdown(ctx)) // flushes
+
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	require.Contains(t, col.spans, "onceonly.execute")
+	require.Contains(t, col.spans, "onceonly.claim")
+	require.Contains(t, col.services, "payments-api")
+}
+
+// TestSetupIsOffByDefault: without an endpoint, or with the SDK disabled,
+// nothing is installed; a protocol other than http/protobuf is an error.
+func TestSetupIsOffByDefault(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": ""},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"},
+	} {
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		before := otel.GetTracerProvider()
+		shutdown, err := tracing.Setup(t.Context(), "x")
+		require.NoError(t, err)
+		require.NoError(t, shutdown(t.Context()))
+		require.Equal(t, before, otel.GetTracerProvider(), "nothing installed for %v", env)
+		for k := range env {
+			t.Setenv(k, "")
+		}
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+	_, err := tracing.Setup(t.Context(), "x")
+	require.ErrorContains(t, err, "http/protobuf")
+}
