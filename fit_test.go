@@ -504,3 +504,44 @@ func TestCacheAnnouncesSettlement(t *testing.T) {
 		}
 	})
 }
+
+// TestCompletionUnderRepeatableReadDefault: a database whose default
+// isolation is REPEATABLE READ does not break executions: the lease
+// renewals update the key row while the handler's transaction is open, and
+// the completion, in that transaction, must see them (the engine's
+// transactions are READ COMMITTED explicitly) instead of failing with
+// 40001 and leaving a failed key.
+func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	url := testenv.DatabaseURL(t)
+	admin := testenv.Pool(t, url)
+	_, err := admin.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L', current_database(), 'repeatable read'); END $$`)
+	require.NoError(t, err)
+	pool := testenv.Pool(t, url) // new connections take the setting
+	var iso string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso))
+	require.Equal(t, "repeatable read", iso)
+
+	const lease = 600 * time.Millisecond // renewed every 200ms
+	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			out, err := e.Do(ctx, "tenant", fmt.Sprintf("rr-%d", i), []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				res, err := ledger(ctx, tx, "rr")
+				time.Sleep(lease) // renewals commit meanwhile
+				return res, err
+			})
+			if err != nil || out.Status != http.StatusCreated {
+				t.Errorf("execution %d: %v %v", i, out.Status, err)
+			}
+		})
+	}
+	wg.Wait()
+	var completed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`).Scan(&completed))
+	require.Equal(t, 4, completed)
+}
