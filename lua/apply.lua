@@ -47,6 +47,7 @@ else
   redis.call('SET', key, value, 'PX', ttl)
 end
 if state == 'in_progress' and settles then
-  redis.call('SPUBLISH', key, '')
+  -- pcall: before Redis 7 there is no SPUBLISH, and waiters poll instead.
+  redis.pcall('SPUBLISH', key, '')
 end
 return 1
