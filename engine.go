@@ -106,6 +106,7 @@ type Engine struct {
 	metrics *metrics
 	tracer  atomic.Pointer[tracerOf] // of the provider last used
 	leases  *leaseKeeper
+	owners  *ownerSource
 
 	mu    sync.Mutex
 	funcs map[string]Func // registered handlers, by name
@@ -137,6 +138,7 @@ func New(cfg Config) (*Engine, error) {
 		}),
 		log:     cfg.Logger,
 		metrics: m,
+		owners:  newOwnerSource(),
 		funcs:   map[string]Func{},
 	}
 	e.leases = &leaseKeeper{
@@ -210,7 +212,7 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 		return Outcome{}, err
 	}
 	ref := keystate.Ref{Scope: scope, Key: key}
-	owner := keystate.NewOwner()
+	owner := e.owners.next()
 
 	out, outcome, done, err := e.checkCache(ctx, ref, fp.value, owner)
 	if done {

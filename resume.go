@@ -84,7 +84,7 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 	}
 	owners := make([]keystate.Owner, resumeBatch)
 	for i := range owners {
-		owners[i] = keystate.NewOwner()
+		owners[i] = e.owners.next()
 	}
 	claimedAt := time.Now()
 	due, err := e.store.ResumeClaim(ctx, e.cfg.Pool, names, owners, e.cfg.LeaseTimeout)

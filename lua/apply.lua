@@ -26,12 +26,12 @@ local key, version, value, ttl = KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(A
 local expect = ARGV[6] or ''
 
 local held = get(key)
-local state, held_version, flag, _, tail = decode(held)
+local state, held_version, flag, _, t = decode(held)
 if expect == '!absent' then
   if redis.call('EXISTS', key) == 1 then return 0 end
 elseif expect ~= '' then
   if held == nil or string.sub(held, 1, #expect) ~= expect then return 0 end
-  if flag == 'p' and lease_until(tail) > redis_now_ms() then return 0 end
+  if flag == 'p' and lease_until(held, t) > redis_now_ms() then return 0 end
 elseif state ~= nil then
   if held_version > version then return 0 end
   if held_version == version and flag ~= 'p' then return 0 end

@@ -11,24 +11,25 @@
 --   {1, value}           completed with this fingerprint: the encoded value
 --   {2, retry_after_ms}  in progress under a live lease
 --   {3}                  the key belongs to another fingerprint
+-- TIME is read only when a lease is involved: a replay needs no clock.
 local key, fp, owner, lease_ms = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local now = redis_now_ms()
 
-local function claim(version)
+local function claim(version, now)
   redis.call('SET', key,
-    'in_progress:' .. version .. ':p' .. fp .. (now + lease_ms) .. ':' .. owner,
+    'in_progress:' .. version .. ':p' .. fp .. ((now or redis_now_ms()) + lease_ms) .. ':' .. owner,
     'PX', lease_ms)
   return {0}
 end
 
 local value = get(key)
-local state, version, flag, held_fp, tail = decode(value)
+local state, version, flag, held_fp, t = decode(value)
 if state == nil then
   return claim(0)
 end
 
 if state == 'in_progress' then
-  local remaining = lease_until(tail) - now
+  local now = redis_now_ms()
+  local remaining = lease_until(value, t) - now
   if held_fp ~= fp and flag ~= 'p' then
     return {3}
   end
@@ -37,7 +38,7 @@ if state == 'in_progress' then
     -- may hold this payload's key, so the caller retries instead of a 422.
     return {2, remaining}
   end
-  return claim(version)
+  return claim(version, now)
 end
 
 if held_fp ~= fp then

@@ -16,8 +16,10 @@
 --                        (empty content type means application/json, "-" none)
 --           failed:      empty
 --
--- decode returns state, version, flag, fp8, tail, or nil for anything that is
--- not such a value (a foreign or corrupt value counts as a miss).
+-- decode returns state, version, flag, fp8 and the index where the tail
+-- starts (the tail is not copied: for a completed key it holds the body), or
+-- nil for anything that is not such a value (a foreign or corrupt value
+-- counts as a miss).
 local function decode(v)
   if type(v) ~= 'string' then return nil end
   local a = string.find(v, ':', 1, true)
@@ -28,14 +30,23 @@ local function decode(v)
   if state ~= 'in_progress' and state ~= 'completed' and state ~= 'failed' then return nil end
   local version = tonumber(string.sub(v, a + 1, b - 1))
   if version == nil or #v < b + 9 then return nil end
-  return state, version, string.sub(v, b + 1, b + 1), string.sub(v, b + 2, b + 9), string.sub(v, b + 10)
+  return state, version, string.sub(v, b + 1, b + 1), string.sub(v, b + 2, b + 9), b + 10
 end
 
--- lease_until returns the lease deadline (Redis ms) of an in_progress tail.
-local function lease_until(tail)
-  local c = string.find(tail, ':', 1, true)
+-- lease_until returns the lease deadline (Redis ms) of an in_progress value
+-- v whose tail starts at t.
+local function lease_until(v, t)
+  local c = string.find(v, ':', t, true)
   if not c then return 0 end
-  return tonumber(string.sub(tail, 1, c - 1)) or 0
+  return tonumber(string.sub(v, t, c - 1)) or 0
+end
+
+-- lease_owner returns the owner token of an in_progress value v whose tail
+-- starts at t.
+local function lease_owner(v, t)
+  local c = string.find(v, ':', t, true)
+  if not c then return nil end
+  return string.sub(v, c + 1)
 end
 
 -- redis_now_ms is the Redis server's clock in milliseconds.

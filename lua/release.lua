@@ -7,9 +7,9 @@
 -- Returns:
 --   1 released
 --   0 nothing to release
-local state, _, flag, _, tail = decode(get(KEYS[1]))
+local value = get(KEYS[1])
+local state, _, flag, _, t = decode(value)
 if state ~= 'in_progress' or flag ~= 'p' then return 0 end
-local c = string.find(tail, ':', 1, true)
-if not c or string.sub(tail, c + 1) ~= ARGV[1] then return 0 end
+if lease_owner(value, t) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1

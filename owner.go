@@ -1,0 +1,33 @@
+package onceonly
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+
+	"github.com/onceonly/onceonly/keystate"
+)
+
+// ownerSource hands out the owner tokens of an engine's claims: a random
+// prefix drawn once per engine and a counter, so a request draws no
+// randomness (a replay needs none; a claim needs only a token no other
+// claim holds). Two engines share a prefix once in 2^64.
+type ownerSource struct {
+	prefix [8]byte
+	n      atomic.Uint64
+}
+
+func newOwnerSource() *ownerSource {
+	s := &ownerSource{}
+	seed := keystate.NewOwner()
+	copy(s.prefix[:], seed[:8])
+	s.n.Store(binary.BigEndian.Uint64(seed[8:]))
+	return s
+}
+
+// next returns a token no earlier call of this source returned.
+func (s *ownerSource) next() keystate.Owner {
+	var o keystate.Owner
+	copy(o[:8], s.prefix[:])
+	binary.BigEndian.PutUint64(o[8:], s.n.Add(1))
+	return o
+}
