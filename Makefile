@@ -23,9 +23,10 @@ build:
 	go build -o bin/ ./cmd/...
 
 # Longer fuzzing than the seed-corpus runs the tests do.
+# The api end to end, one million executions (FUZZ_EXECS), then the
+# engine's own targets; CI runs a short FuzzAPI smoke in scripts/test.sh.
 fuzz:
-	go test -run XXX -fuzz FuzzCanonicalJSON -fuzztime 60s .
-	go test -run XXX -fuzz FuzzValidateKey -fuzztime 30s .
+	scripts/fuzz.sh
 
 # Relay drain rate and commit→Redis lag beside redis-benchmark and pgbench
 # baselines, on durable servers (see docs/BENCHMARKS.md).
