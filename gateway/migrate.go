@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,9 +24,12 @@ const (
 	// versionTable is goose's version table of the gateway's migrations,
 	// inside schema (the engine's own goose_db_version is left alone).
 	versionTable = schema + ".goose_db_version"
-	// migrateLockID is the advisory lock the gateway's migrators share:
-	// crc32("onceonly/gateway"), apart from goose's default lock, which the
-	// engine's migrations take.
+	// lockTable holds goose's table lock of the gateway's migrators, inside
+	// schema, apart from the engine's goose_lock.
+	lockTable = schema + ".goose_lock"
+	// migrateLockID is the lock the gateway's migrators share (its row in
+	// lockTable, and the advisory lock that guards creating schema):
+	// crc32("onceonly/gateway").
 	migrateLockID int64 = 1900450317
 )
 
@@ -41,9 +45,11 @@ func migrationsFS() fs.FS {
 
 // Migrate brings the gateway's schema up to date: it creates schema gateway
 // and runs the embedded migrations through a goose Provider whose version
-// table is gateway.goose_db_version. A Postgres advisory lock of the
-// gateway's own serialises concurrent migrators (several gateway processes
-// starting at once); the engine's tables and version table are not touched.
+// table is gateway.goose_db_version. goose's table lock, a leased row in
+// gateway.goose_lock, serialises concurrent migrators (several gateway
+// processes starting at once); it needs no session, so it works through
+// PgBouncer in transaction mode. The engine's tables, version table and
+// lock table are not touched.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return errors.New("gateway: migrate: no Postgres pool")
@@ -65,15 +71,16 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("gateway: migrate: %w", err)
 	}
 
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrateLockID), lock.WithLockTimeout(1, 120))
+	locker, err := lock.NewPostgresTableLocker(lock.WithTableName(lockTable), lock.WithTableLockID(migrateLockID),
+		lock.WithTableLockTimeout(250*time.Millisecond, 480)) // a try every 250 ms for two minutes
 	if err != nil {
-		return fmt.Errorf("gateway: migrate: create session locker: %w", err)
+		return fmt.Errorf("gateway: migrate: create table locker: %w", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrationsFS(),
 		goose.WithTableName(versionTable),
-		goose.WithSessionLocker(locker),
+		goose.WithLocker(locker),
 		goose.WithDisableGlobalRegistry(true),
 	)
 	if err != nil {

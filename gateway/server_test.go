@@ -55,7 +55,7 @@ func TestMigrate(t *testing.T) {
 			tables = append(tables, name)
 		}
 		require.NoError(t, rows.Err())
-		require.Equal(t, []string{"charges", "goose_db_version"}, tables)
+		require.Equal(t, []string{"charges", "goose_db_version", "goose_lock"}, tables)
 	})
 
 	t.Run("on an empty database", func(t *testing.T) {

@@ -127,8 +127,10 @@ func DecodeHeader(s string) http.Header {
 type Key struct {
 	Ref
 	Status Status
-	// Version is bumped by every transition; Redis applies a state only
-	// when its version is higher than the one it holds.
+	// Version is bumped by every transition and never repeats for a key,
+	// even across its deletion (a key created again starts above the
+	// version floor); Redis applies a state only when its version is higher
+	// than the one it holds.
 	Version int64
 	// Fingerprint identifies the request that claimed the key ("v1:…").
 	Fingerprint string

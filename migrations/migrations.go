@@ -1,6 +1,10 @@
 // Package migrations holds the goose SQL migrations of onceonly, embedded in
-// the binary, and runs them through a goose Provider that takes a Postgres
-// session lock, so two migrators never race.
+// the binary, and runs them through a goose Provider that takes goose's
+// table lock (a leased row in goose_lock), so two migrators never race. A
+// table lock needs no session: it works through PgBouncer in transaction
+// mode, where a session advisory lock would stay on a pooled server
+// connection. A migrator that dies holding it blocks the next one until its
+// lease (30 s) runs out.
 //
 // The folder stays a plain goose folder: the goose CLI works on it as well.
 package migrations
@@ -11,6 +15,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -24,6 +29,13 @@ var files embed.FS
 // FS returns the embedded migration files.
 func FS() embed.FS { return files }
 
+// How a migrator waits for another one's lock: a try every
+// lockRetryInterval, lockRetries times (two minutes).
+const (
+	lockRetryInterval = 250 * time.Millisecond
+	lockRetries       = 480
+)
+
 // ErrSchemaBehind is returned by EnsureCurrent when migrations are pending.
 var ErrSchemaBehind = errors.New("database schema is behind: run `api migrate up`")
 
@@ -36,13 +48,13 @@ type Migrator struct {
 // NewMigrator returns a Migrator over the pool. Close releases its connections
 // (not the pool).
 func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
-	locker, err := lock.NewPostgresSessionLocker()
+	locker, err := lock.NewPostgresTableLocker(lock.WithTableLockTimeout(lockRetryInterval, lockRetries))
 	if err != nil {
-		return nil, fmt.Errorf("create session locker: %w", err)
+		return nil, fmt.Errorf("create table locker: %w", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, files,
-		goose.WithSessionLocker(locker),
+		goose.WithLocker(locker),
 		goose.WithDisableGlobalRegistry(true),
 	)
 	if err != nil {

@@ -11,6 +11,20 @@ import (
 	"github.com/onceonly/onceonly/keystate"
 )
 
+// TryLock takes the advisory lock key for tx, a transaction, unless another
+// session holds it, without waiting; it reports whether it did. The lock
+// ends with tx (commit, rollback or a lost connection), so it works on any
+// connection, a PgBouncer's in transaction mode included, where a session
+// lock would stay on a server connection other clients then get.
+func (s *Store) TryLock(ctx context.Context, tx pgx.Tx, key int64) (bool, error) {
+	var locked bool
+	var timeout string
+	if err := tx.QueryRow(ctx, tryLockSQL, key).Scan(&locked, &timeout); err != nil {
+		return false, fmt.Errorf("try advisory lock: %w", err)
+	}
+	return locked, nil
+}
+
 // ReapLeases marks up to limit in_progress keys whose lease expired more
 // than grace ago failed (retryable), each with an outbox event, so a key
 // whose worker died is released even if no client retries (I5). It returns
@@ -36,7 +50,16 @@ func (s *Store) CountReapable(ctx context.Context, db DB, grace time.Duration) (
 // DeleteExpired deletes up to limit keys past their expiry, through the
 // expires_at index and skipping locked rows, so each call is short and
 // holds few locks. Redis needs no event: its TTLs follow the same expiry.
+//
+// First it raises the version floor over the keys it is about to delete
+// (raise_version_floor), so a key created again starts above every version
+// it had; on a pool that raise commits before the delete runs (see the
+// statement for why). A key whose version the floor does not cover yet (it
+// expired in between) waits for the next call.
 func (s *Store) DeleteExpired(ctx context.Context, db DB, limit int) (int, error) {
+	if _, err := db.Exec(ctx, raiseVersionFloorSQL, limit); err != nil {
+		return 0, fmt.Errorf("delete expired keys: raise the version floor: %w", err)
+	}
 	tag, err := db.Exec(ctx, deleteExpiredSQL, limit)
 	if err != nil {
 		return 0, fmt.Errorf("delete expired keys: %w", err)

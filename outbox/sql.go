@@ -27,6 +27,8 @@ var (
 	countReapableSQL string
 	//go:embed sql/delete_expired.sql
 	deleteExpiredSQL string
+	//go:embed sql/raise_version_floor.sql
+	raiseVersionFloorSQL string
 	//go:embed sql/count_expired.sql
 	countExpiredSQL string
 	//go:embed sql/scan_live.sql
@@ -49,4 +51,6 @@ var (
 	resumeClaimSQL string
 	//go:embed sql/renew_leases.sql
 	renewLeasesSQL string
+	//go:embed sql/try_lock.sql
+	tryLockSQL string
 )

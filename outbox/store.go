@@ -7,6 +7,13 @@
 // commits or rolls back with whatever transaction runs it: completion runs
 // inside the caller's business transaction. The statements live whole in
 // sql/, one file each.
+//
+// The statements work in every pgx query mode: the default (named prepared
+// statements) and exec and simple_protocol, the modes PgBouncer in
+// transaction mode allows (default_query_exec_mode=exec in the URL). Their
+// arguments are values all three encode without a described type: an owner
+// goes as its uuid text, JSON as a string (a []byte would go as bytea), and
+// nothing relies on the session between statements.
 package outbox
 
 import (
@@ -137,7 +144,7 @@ const maxClaimRounds = 16
 // retries.
 func (s *Store) Claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
 	_, inTx := db.(pgx.Tx)
-	args := []any{ref.Scope, ref.Key, fingerprint, [16]byte(owner), lease, s.cfg.CompletedTTL, !s.cfg.DeferNotify, !inTx}
+	args := []any{ref.Scope, ref.Key, fingerprint, owner.String(), lease, s.cfg.CompletedTTL, !s.cfg.DeferNotify, !inTx}
 	var notified bool
 	var durability string
 	var steps []byte
@@ -205,7 +212,7 @@ func (s *Store) finish(ctx context.Context, db DB, ref keystate.Ref, owner keyst
 	respStatus *int, contentType, header *string, body []byte, ttl time.Duration,
 ) (keystate.Key, error) {
 	var notified bool
-	k, err := scanKey(db.QueryRow(ctx, finishSQL, ref.Scope, ref.Key, [16]byte(owner), status,
+	k, err := scanKey(db.QueryRow(ctx, finishSQL, ref.Scope, ref.Key, owner.String(), status,
 		respStatus, contentType, body, ttl, !s.cfg.DeferNotify, header), &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keystate.Key{}, ErrLeaseLost
@@ -219,7 +226,7 @@ func (s *Store) finish(ctx context.Context, db DB, ref keystate.Ref, owner keyst
 // Heartbeat extends owner's lease to lease from now. A heartbeat is not a
 // transition: it bumps no version and writes no event.
 func (s *Store) Heartbeat(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, lease time.Duration) error {
-	tag, err := db.Exec(ctx, heartbeatSQL, ref.Scope, ref.Key, [16]byte(owner), lease)
+	tag, err := db.Exec(ctx, heartbeatSQL, ref.Scope, ref.Key, owner.String(), lease)
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
@@ -239,7 +246,7 @@ func (s *Store) RecordStep(ctx context.Context, db DB, ref keystate.Ref, owner k
 	handler string, request []byte, async bool,
 ) error {
 	var durability string
-	err := db.QueryRow(ctx, recordStepSQL, ref.Scope, ref.Key, [16]byte(owner), step, record, handler, request, async).Scan(&durability)
+	err := db.QueryRow(ctx, recordStepSQL, ref.Scope, ref.Key, owner.String(), step, string(record), handler, request, async).Scan(&durability)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
@@ -255,7 +262,7 @@ func (s *Store) RecordStep(ctx context.Context, db DB, ref keystate.Ref, owner k
 // longer holds ref.
 func (s *Store) HandOff(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
 	var notified bool
-	k, err := scanKey(db.QueryRow(ctx, handOffSQL, ref.Scope, ref.Key, [16]byte(owner), !s.cfg.DeferNotify), &notified)
+	k, err := scanKey(db.QueryRow(ctx, handOffSQL, ref.Scope, ref.Key, owner.String(), !s.cfg.DeferNotify), &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keystate.Key{}, ErrLeaseLost
 	}
@@ -278,9 +285,9 @@ type Resumable struct {
 // handlers that started a step and whose lease ran out, each under one of
 // owners with a new lease.
 func (s *Store) ResumeClaim(ctx context.Context, db DB, handlers []string, owners []keystate.Owner, lease time.Duration) ([]Resumable, error) {
-	ids := make([][16]byte, len(owners))
+	ids := make([]string, len(owners))
 	for i, o := range owners {
-		ids[i] = o
+		ids[i] = o.String()
 	}
 	rows, err := db.Query(ctx, resumeClaimSQL, lease, !s.cfg.DeferNotify, handlers, len(owners), ids)
 	if err != nil {
@@ -313,9 +320,9 @@ type Lease struct {
 // taken over or reaped.
 func (s *Store) RenewLeases(ctx context.Context, db DB, leases []Lease, lease time.Duration) (map[keystate.Owner]bool, error) {
 	n := len(leases)
-	scopes, keys, owners := make([]string, n), make([]string, n), make([][16]byte, n)
+	scopes, keys, owners := make([]string, n), make([]string, n), make([]string, n)
 	for i, l := range leases {
-		scopes[i], keys[i], owners[i] = l.Ref.Scope, l.Ref.Key, l.Owner
+		scopes[i], keys[i], owners[i] = l.Ref.Scope, l.Ref.Key, l.Owner.String()
 	}
 	rows, err := db.Query(ctx, renewLeasesSQL, scopes, keys, owners, lease)
 	if err != nil {

@@ -2,11 +2,13 @@
 // truth and the Redis cache, reaps the leases of dead workers and deletes
 // expired keys.
 //
-// A pass runs under a Postgres advisory lock, so one runs at a time across
-// all instances. It streams both sides in pages: a keyset scan of
-// idempotency_keys with a pipelined read of each page's Redis headers, then a
-// SCAN of the Redis keyspace (every master of a cluster) with one Postgres
-// lookup per page. Memory does not grow with the number of keys.
+// A pass runs under a Postgres advisory lock held by a transaction open for
+// the pass, so one runs at a time across all instances, also through
+// PgBouncer in transaction mode. It streams both sides in pages: a keyset
+// scan of idempotency_keys with a pipelined read of each page's Redis
+// headers, then a SCAN of the Redis keyspace (every master of a cluster)
+// with one Postgres lookup per page. Memory does not grow with the number of
+// keys.
 //
 // Repairs are compare-and-set writes of the key's current Postgres row: a
 // repair applies only if the Redis value is still the one the pass saw, so a
@@ -158,13 +160,16 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (Report, error) {
 	defer cancel()
 	rep := Report{DryRun: dryRun}
 
-	conn, err := r.cfg.Pool.Acquire(ctx)
+	// The pass lock belongs to a transaction kept open for the pass and
+	// rolled back after it (a lost connection ends it too), so it holds on
+	// any connection, a PgBouncer's in transaction mode included.
+	lockTx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return rep, r.failed(fmt.Errorf("reconcile: acquire connection: %w", err))
+		return rep, r.failed(fmt.Errorf("reconcile: take pass lock: %w", err))
 	}
-	defer conn.Release()
-	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(lockKey)).Scan(&locked); err != nil {
+	defer func() { _ = lockTx.Rollback(context.WithoutCancel(ctx)) }()
+	locked, err := r.store.TryLock(ctx, lockTx, lockKey)
+	if err != nil {
 		return rep, r.failed(fmt.Errorf("reconcile: take pass lock: %w", err))
 	}
 	if !locked {
@@ -173,10 +178,6 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (Report, error) {
 		r.log.Info("reconcile pass skipped: another instance is running one")
 		return rep, nil
 	}
-	defer func() {
-		// A lost connection releases the lock with the session.
-		_, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(lockKey))
-	}()
 
 	err = r.pass(ctx, &rep)
 	rep.DurationMs = time.Since(began).Milliseconds()

@@ -1,6 +1,9 @@
 -- claim_insert: claims a key that has no row. The key becomes in_progress
--- under the caller's owner and lease, at version 1, with its outbox event.
--- No row comes back when the key already has a row: read it (claim_peek).
+-- under the caller's owner and lease, with its outbox event, at the version
+-- floor + 1 (1 on a database that never deleted a key): above any version
+-- the key reached before retention deleted it (raise_version_floor), so its
+-- versions never repeat. No row comes back when the key already has a row:
+-- read it (claim_peek).
 --
 -- $1 scope   $2 key   $3 fingerprint   $4 owner (uuid)   $5 lease (interval)
 -- $6 how long the row lives (interval)
@@ -9,7 +12,8 @@
 WITH claimed AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
-	VALUES ($1, $2, 'in_progress', 1, $3, $4, now() + $5::interval, now() + $6::interval)
+	VALUES ($1, $2, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
+		$3, $4, now() + $5::interval, now() + $6::interval)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (

@@ -1,0 +1,177 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+// withQueryMode returns dbURL with pgx's default_query_exec_mode set.
+func withQueryMode(t *testing.T, dbURL, mode string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("default_query_exec_mode", mode)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestEveryStatementInEveryQueryMode runs every store statement through
+// pgx's query modes: its default (named prepared statements) and exec and
+// simple_protocol, the two modes PgBouncer in transaction mode allows,
+// straight to Postgres and through a real PgBouncer. The owner goes out as
+// a uuid and JSON as text in all of them; a [16]byte or a []byte for jsonb
+// has no encoding in the last two.
+func TestEveryStatementInEveryQueryMode(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, mode string
+		bouncer    bool
+	}{
+		{name: "direct/cache_statement", mode: "cache_statement"},
+		{name: "direct/exec", mode: "exec"},
+		{name: "direct/simple_protocol", mode: "simple_protocol"},
+		{name: "pgbouncer/exec", mode: "exec", bouncer: true},
+		{name: "pgbouncer/simple_protocol", mode: "simple_protocol", bouncer: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dbURL := testenv.DatabaseURL(t)
+			if tc.bouncer {
+				dbURL = testenv.PgBouncerURL(t, dbURL, tc.mode)
+			} else {
+				dbURL = withQueryMode(t, dbURL, tc.mode)
+			}
+			exerciseStore(t, testenv.Context(t), testenv.Pool(t, dbURL))
+		})
+	}
+}
+
+// exerciseStore runs every Store method once on pool and checks what each
+// returns.
+func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
+	t.Helper()
+	store := outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute})
+	ownerC := keystate.NewOwner()
+	a, b, c := keystate.Ref{Scope: "s", Key: "a"}, keystate.Ref{Scope: "s", Key: "b"}, keystate.Ref{Scope: "s", Key: "c"}
+
+	require.NoError(t, store.Notify(ctx, pool))
+
+	// claim_insert, then claim_peek of a held key.
+	res, err := store.Claim(ctx, pool, a, "v1:fp", ownerA, time.Minute)
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	require.Equal(t, ownerA, res.Key.Owner)
+	require.InDelta(t, float64(time.Minute), float64(res.Key.LeaseRemaining), float64(time.Second))
+	res, err = store.Claim(ctx, pool, a, "v1:fp", ownerB, time.Minute)
+	require.NoError(t, err)
+	require.False(t, res.Claimed)
+	require.Equal(t, ownerA, res.Key.Owner, "the holder is read back")
+
+	// heartbeat, record_step, renew_leases, hand_off, resume_claim.
+	require.NoError(t, store.Heartbeat(ctx, pool, a, ownerA, 2*time.Minute))
+	require.ErrorIs(t, store.Heartbeat(ctx, pool, a, ownerB, time.Minute), outbox.ErrLeaseLost)
+	require.NoError(t, store.RecordStep(ctx, pool, a, ownerA, "charge", []byte(`{}`), "h", []byte("request\x00body"), false))
+	require.NoError(t, store.RecordStep(ctx, pool, a, ownerA, "charge", []byte(`{"outcome":{"id":"ch_1"}}`), "h", nil, true))
+	held, err := store.RenewLeases(ctx, pool, []outbox.Lease{{Ref: a, Owner: ownerA}, {Ref: a, Owner: ownerB}}, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, map[keystate.Owner]bool{ownerA: true}, held)
+	k, err := store.HandOff(ctx, pool, a, ownerA)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), k.Version)
+	resumed, err := store.ResumeClaim(ctx, pool, []string{"h"}, []keystate.Owner{ownerC}, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, resumed, 1)
+	require.Equal(t, ownerC, resumed[0].Key.Owner)
+	require.Equal(t, "h", resumed[0].Handler)
+	require.Equal(t, []byte("request\x00body"), resumed[0].Request)
+	require.JSONEq(t, `{"charge":{"outcome":{"id":"ch_1"}}}`, string(resumed[0].Steps))
+
+	// finish (completed), get_key.
+	resp := keystate.Response{Status: 201, ContentType: "application/json",
+		Header: http.Header{"Location": {"/v1/x"}}, Body: []byte(`{"ok":true}`)}
+	k, err = store.Complete(ctx, pool, a, ownerC, resp)
+	require.NoError(t, err)
+	require.Equal(t, keystate.Completed, k.Status)
+	require.Equal(t, int64(4), k.Version)
+	got, found, err := store.Get(ctx, pool, a)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, resp, got.Response)
+	require.True(t, got.Owner.IsZero())
+
+	// finish (failed), claim_takeover.
+	_, err = store.Claim(ctx, pool, b, "v1:fp", ownerA, time.Minute)
+	require.NoError(t, err)
+	_, err = store.Fail(ctx, pool, b, ownerA)
+	require.NoError(t, err)
+	res, err = store.Claim(ctx, pool, b, "v1:fp", ownerB, time.Minute)
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	require.Equal(t, ownerB, res.Key.Owner)
+
+	// count_reapable, reap_leases.
+	_, err = store.Claim(ctx, pool, c, "v1:fp", ownerA, time.Millisecond)
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	n, err := store.CountReapable(ctx, pool, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = store.ReapLeases(ctx, pool, 0, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	// purge, count_expired, delete_expired, scan_live, live_keys.
+	_, _, err = store.Purge(ctx, pool, b, false)
+	require.ErrorIs(t, err, outbox.ErrKeyInProgress)
+	_, purged, err := store.Purge(ctx, pool, b, true)
+	require.NoError(t, err)
+	require.True(t, purged)
+	n, err = store.CountExpired(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = store.DeleteExpired(ctx, pool, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	page, err := store.ScanLive(ctx, pool, keystate.Ref{}, 10)
+	require.NoError(t, err)
+	require.Len(t, page, 2)
+	require.Equal(t, a, page[0].Ref)
+	require.Equal(t, c, page[1].Ref)
+	live, err := store.Live(ctx, pool, []keystate.Ref{a, b, c})
+	require.NoError(t, err)
+	require.Equal(t, map[keystate.Ref]bool{a: true, c: true}, live)
+
+	// take_events, current_keys, requeue_events, count_events.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		events, err := store.TakeEvents(ctx, tx, 1000)
+		require.NoError(t, err)
+		require.Len(t, events, 10)
+		current, err := store.CurrentKeys(ctx, tx, []keystate.Ref{a, b, c}, 4)
+		require.NoError(t, err)
+		require.Len(t, current, 2)
+		require.True(t, current[a].BodyOmitted, "a body over the limit is left out")
+		require.Equal(t, keystate.Failed, current[c].Status)
+		parked, err := store.Requeue(ctx, tx, []outbox.FailedEvent{{Event: events[0], Err: errors.New("refused")}}, 1)
+		require.NoError(t, err)
+		require.Equal(t, 1, parked)
+		return nil
+	})
+	require.NoError(t, err)
+	pending, parked, err := store.CountEvents(ctx, pool)
+	require.NoError(t, err)
+	require.Zero(t, pending)
+	require.EqualValues(t, 1, parked)
+}
