@@ -13,6 +13,7 @@ const (
 	stageListen   = "listen"
 	stageEvent    = "event"
 	stageCount    = "count"
+	stageReplicas = "replicas"
 )
 
 type metrics struct {
@@ -47,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "onceonly_relay_errors_total",
-			Help: "Relay failures by stage: postgres, redis, listen, event (one event could not be applied), count.",
+			Help: "Relay failures by stage: postgres, redis, listen, event (one event could not be applied), count, replicas (a batch waited for Redis replicas in vain).",
 		}, []string{"stage"}),
 		pendingEvents: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "onceonly_relay_pending_events",
@@ -58,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Parked outbox events, as last counted.",
 		}),
 	}
-	for _, stage := range []string{stagePostgres, stageRedis, stageListen, stageEvent, stageCount} {
+	for _, stage := range []string{stagePostgres, stageRedis, stageListen, stageEvent, stageCount, stageReplicas} {
 		m.errors.WithLabelValues(stage)
 	}
 	err := promutil.Register(reg, m.published, m.parked, m.batchSize, m.lag, m.errors, m.pendingEvents, m.parkedEvents)

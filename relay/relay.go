@@ -1,8 +1,9 @@
 // Package relay carries outbox events from Postgres to the Redis cache.
 //
 // Every transition of an idempotency key writes an outbox row and a NOTIFY in
-// the transaction that makes it. The relay wakes on the notification (or on
-// its poll timer, so a lost notification strands nothing), takes a batch of
+// the transaction that makes it. The relay wakes on the notification (when
+// it has a session to LISTEN on, Config.Listen) or on its poll timer (so a
+// lost notification strands nothing), takes a batch of
 // events with FOR UPDATE SKIP LOCKED, reads the keys' current rows, applies
 // them to Redis in one pipeline of versioned apply calls, and only then
 // commits the deletion of the events (I9). A crash anywhere before the
@@ -47,6 +48,12 @@ type Config struct {
 	// PollInterval is how often the relay looks for events without being
 	// notified (RELAY_POLL_INTERVAL).
 	PollInterval time.Duration
+	// Listen, when set, is a session-capable connection (straight to
+	// Postgres, or through a session pool: DATABASE_SESSION_URL) on which
+	// the relay LISTENs, to deliver as soon as events are written. Without
+	// it the relay only polls: Pool may go through PgBouncer in transaction
+	// mode, where a LISTEN hears nothing.
+	Listen *pgx.ConnConfig
 	// MaxAttempts is how many times an event that cannot be applied is
 	// tried before it is parked.
 	MaxAttempts int
@@ -57,6 +64,18 @@ type Config struct {
 	// ends still gets this long to finish; otherwise it is rolled back and
 	// its events stay in the outbox.
 	BatchTimeout time.Duration
+	// WaitReplicas, when positive, is how many Redis replicas must hold a
+	// batch's writes before its events are deleted (RELAY_REDIS_WAIT_REPLICAS;
+	// the relay command sets 1 under Sentinel): a replica Sentinel promotes
+	// then holds every event the relay deleted. A batch that reaches fewer
+	// within WaitTimeout keeps its events and is tried again, so while fewer
+	// replicas are up the outbox grows (the api serves on, from Postgres
+	// and the engine's write-through). It needs one Redis primary, not a
+	// cluster.
+	WaitReplicas int
+	// WaitTimeout bounds that wait (DefaultWaitTimeout; keep it below
+	// BatchTimeout).
+	WaitTimeout time.Duration
 	// Logger receives the relay's logs (slog.Default when nil).
 	Logger *slog.Logger
 	// Registerer receives the relay's metrics; nil keeps them private.
@@ -70,6 +89,8 @@ type Relay struct {
 	log     *slog.Logger
 	metrics *metrics
 	wake    chan struct{}
+	// replicas, when set, holds every batch until Redis replicas have it.
+	replicas *replicaWait
 	// afterPush, when set (tests), runs after Redis acknowledged a batch
 	// and before its deletion commits; an error aborts the batch as a crash
 	// at that point would.
@@ -88,7 +109,12 @@ func New(cfg Config) (*Relay, error) {
 	defaults.Positive(&cfg.MaxAttempts, DefaultMaxAttempts)
 	defaults.Positive(&cfg.MaxCachedBody, cache.DefaultMaxBody)
 	defaults.Positive(&cfg.BatchTimeout, DefaultBatchTimeout)
+	defaults.Positive(&cfg.WaitTimeout, DefaultWaitTimeout)
 	defaults.Logger(&cfg.Logger)
+	replicas, err := newReplicaWait(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
@@ -99,6 +125,8 @@ func New(cfg Config) (*Relay, error) {
 		log:     cfg.Logger,
 		metrics: m,
 		wake:    make(chan struct{}, 1),
+
+		replicas: replicas,
 	}, nil
 }
 
@@ -109,7 +137,12 @@ func New(cfg Config) (*Relay, error) {
 func (r *Relay) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	defer func() { <-done; <-done }()
-	go func() { defer func() { done <- struct{}{} }(); r.listen(ctx) }()
+	go func() {
+		defer func() { done <- struct{}{} }()
+		if r.cfg.Listen != nil {
+			r.listen(ctx)
+		}
+	}()
 	go func() { defer func() { done <- struct{}{} }(); r.countEvents(ctx) }()
 
 	poll := time.NewTicker(r.cfg.PollInterval)
@@ -117,6 +150,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	retry := backoff.Backoff{Min: 50 * time.Millisecond, Max: 5 * time.Second}
 	for {
 		if _, err := r.drain(ctx); err != nil && ctx.Err() == nil {
+			if errors.Is(err, ErrReplicasBehind) {
+				retry.Reset() // the batch has waited already: try again soon
+			}
 			d := retry.Next()
 			r.log.Warn("relay batch failed, retrying", "err", err, "retry_in", d.String())
 			if backoff.Sleep(ctx, d) != nil {
@@ -198,6 +234,11 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 		results, err := r.cfg.Cache.ApplyBatch(bctx, updates)
 		if err != nil {
 			return stageErr(stageRedis, err)
+		}
+		if r.replicas != nil {
+			if err := r.replicas.wait(bctx); err != nil {
+				return stageErr(stageReplicas, err)
+			}
 		}
 		ackedAt = time.Now()
 		if r.afterPush != nil {
@@ -350,7 +391,7 @@ func (r *Relay) listen(ctx context.Context) {
 }
 
 func (r *Relay) listenOnce(ctx context.Context, connected func()) error {
-	conn, err := pgx.ConnectConfig(ctx, r.cfg.Pool.Config().ConnConfig.Copy())
+	conn, err := pgx.ConnectConfig(ctx, r.cfg.Listen.Copy())
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

@@ -38,6 +38,9 @@ func setupWith(t testing.TB, rdb redis.UniversalClient, prefix string) *bundle {
 func (b *bundle) relay(t testing.TB, cfg Config) *Relay {
 	t.Helper()
 	cfg.Pool, cfg.Cache = b.Pool, b.Cache
+	if cfg.Listen == nil {
+		cfg.Listen = b.Pool.Config().ConnConfig // a direct connection: LISTEN works
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.QuietLogger()
 	}

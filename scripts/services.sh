@@ -4,6 +4,8 @@
 #   scripts/services.sh install            install missing Debian packages
 #   scripts/services.sh start DIR PG_PORT REDIS_PORT [test]
 #   scripts/services.sh cluster DIR FIRST_PORT [test]
+#   scripts/services.sh pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]
+#   scripts/services.sh sentinel DIR FIRST_PORT [test]
 #   scripts/services.sh stop DIR
 #
 # Data lives under DIR (git-ignored .data/ by default) and is reused by the
@@ -11,6 +13,14 @@
 # "test", durability is traded for speed (fsync off, no Redis persistence).
 # "cluster" starts a three-master Redis Cluster on FIRST_PORT..FIRST_PORT+2
 # (REDIS_CLUSTER_URL=redis://127.0.0.1:FIRST_PORT?addr=...).
+# "pgbouncer" starts PgBouncer (Debian package, installed when missing) in
+# transaction pooling mode on BOUNCER_PORT in front of the Postgres on
+# PG_HOST:PG_PORT (127.0.0.1 by default), every database passed through as
+# user postgres without a password.
+# "sentinel" starts a Redis primary on FIRST_PORT, its replica on FIRST_PORT+1
+# and three Sentinels on FIRST_PORT+2..FIRST_PORT+4 watching them as master
+# "onceonly" (REDIS_SENTINEL_URL=redis://127.0.0.1:FIRST_PORT+2?master_name=
+# onceonly&addr=127.0.0.1:FIRST_PORT+3&addr=127.0.0.1:FIRST_PORT+4).
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -151,10 +161,132 @@ cluster() {
 	log "redis cluster on 127.0.0.1:${ports[0]}-${ports[2]}"
 }
 
+# pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]: PgBouncer in transaction
+# mode, as an operator runs it in front of Postgres; its files live in
+# DIR/pgbouncer.
+pgbouncer() {
+	local dir=$1 pg_port=$2 port=$3 pg_host=${4:-127.0.0.1}
+	if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+		if [ "$(id -u)" != 0 ]; then
+			log "missing pgbouncer: install it (apt-get install pgbouncer) or run as root"
+			exit 1
+		fi
+		log "installing pgbouncer"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+		# The package may start a system PgBouncer on 6432; the project runs its own.
+		if command -v service >/dev/null; then service pgbouncer stop >/dev/null 2>&1 || true; fi
+	fi
+	local bin
+	bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+	mkdir -p "$dir/pgbouncer"
+	dir=$(cd "$dir" && pwd)/pgbouncer
+	if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; then
+		return
+	fi
+	if [ "$(id -u)" = 0 ]; then
+		# PgBouncer refuses to run as root: it runs as "postgres", which must
+		# reach its folder.
+		chown postgres "$dir"
+		local p=$dir
+		while [ "$p" != / ]; do chmod o+x "$p" 2>/dev/null || true; p=$(dirname "$p"); done
+	fi
+	echo '"postgres" ""' >"$dir/userlist.txt"
+	cat >"$dir/pgbouncer.ini" <<-INI
+		[databases]
+		* = host=$pg_host port=$pg_port user=postgres
+		[pgbouncer]
+		listen_addr = 127.0.0.1
+		listen_port = $port
+		unix_socket_dir =
+		auth_type = trust
+		auth_file = $dir/userlist.txt
+		pool_mode = transaction
+		max_client_conn = 900
+		default_pool_size = 40
+		ignore_startup_parameters = extra_float_digits
+		pidfile = $dir/pgbouncer.pid
+		logfile = $dir/pgbouncer.log
+	INI
+	as_pg "$bin" -d "$dir/pgbouncer.ini"
+	local _
+	for _ in $(seq 50); do
+		(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { log "pgbouncer (transaction mode) on 127.0.0.1:$port"; return; }
+		sleep 0.1
+	done
+	log "pgbouncer did not start on port $port: see $dir/pgbouncer.log"
+	exit 1
+}
+
+# sentinel_ok SENTINEL_PORT...: the master the Sentinels name has a replica
+# in sync, and every Sentinel knows the other Sentinels and the replica.
+sentinel_ok() {
+	local master port
+	master=$(redis-cli -p "$1" sentinel get-master-addr-by-name onceonly 2>/dev/null | tail -n 1)
+	[ -n "$master" ] || return 1
+	redis-cli -p "$master" info replication 2>/dev/null | grep -q '^slave0:.*state=online' || return 1
+	for port in "$@"; do
+		[ "$(redis-cli -p "$port" sentinel sentinels onceonly 2>/dev/null | grep -c '^name$')" = $(($# - 1)) ] || return 1
+		[ "$(redis-cli -p "$port" sentinel replicas onceonly 2>/dev/null | grep -c '^name$')" = 1 ] || return 1
+	done
+}
+
+# sentinel DIR FIRST_PORT [test]: see the top. Each Sentinel gets a fresh
+# configuration on every start (a Sentinel rewrites its own); the servers
+# keep their roles across restarts (the replica is started as one).
+sentinel() {
+	local dir=$1 first=$2 mode=${3:-}
+	install
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	local primary=$first replica=$((first + 1)) port node
+	local sentinels=($((first + 2)) $((first + 3)) $((first + 4)))
+	local persist=(--save "" --appendonly no)
+	[ "$mode" = test ] || persist=(--save 60 1 --appendonly no)
+	for port in "$primary" "$replica"; do
+		redis_up "$port" && continue
+		node=$dir/sentinel-$port
+		mkdir -p "$node"
+		local role=()
+		[ "$port" = "$replica" ] && role=(--replicaof 127.0.0.1 "$primary")
+		redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --dir "$node" \
+			--pidfile "$node/redis.pid" --logfile "$node/redis.log" "${persist[@]}" \
+			--repl-diskless-sync-delay 0 "${role[@]}"
+	done
+	for port in "$primary" "$replica"; do wait_redis "$port"; done
+	# The Debian package redis-sentinel is redis-server under another name.
+	local bin=(redis-server) flag=(--sentinel)
+	command -v redis-sentinel >/dev/null && { bin=(redis-sentinel); flag=(); }
+	for port in "${sentinels[@]}"; do
+		redis_up "$port" && continue
+		node=$dir/sentinel-$port
+		mkdir -p "$node"
+		cat >"$node/sentinel.conf" <<-CONF
+			port $port
+			bind 127.0.0.1
+			daemonize yes
+			dir $node
+			pidfile $node/sentinel.pid
+			logfile $node/sentinel.log
+			sentinel monitor onceonly 127.0.0.1 $primary 2
+			sentinel down-after-milliseconds onceonly 5000
+			sentinel failover-timeout onceonly 30000
+		CONF
+		"${bin[@]}" "$node/sentinel.conf" "${flag[@]}"
+	done
+	for port in "${sentinels[@]}"; do wait_redis "$port"; done
+	for _ in $(seq 300); do sentinel_ok "${sentinels[@]}" && break; sleep 0.1; done
+	sentinel_ok "${sentinels[@]}" || { log "the Sentinel group on ports $first-$((first + 4)) did not become ready"; exit 1; }
+	log "redis sentinel: primary 127.0.0.1:$primary, replica :$replica, sentinels :${sentinels[0]}-${sentinels[2]} (master onceonly)"
+}
+
 stop() {
 	local dir=$1 bin pid
 	bin=$(pg_bin)
-	for pid in "$dir"/cluster-*/redis.pid; do
+	if [ -f "$dir/pgbouncer/pgbouncer.pid" ]; then
+		kill "$(cat "$dir/pgbouncer/pgbouncer.pid")" 2>/dev/null || true
+	fi
+	for pid in "$dir"/cluster-*/redis.pid "$dir"/sentinel-*/*.pid; do
 		[ -f "$pid" ] || continue
 		kill "$(cat "$pid")" 2>/dev/null || true
 		rm -f "$pid"
@@ -174,6 +306,8 @@ case "$cmd" in
 install) install ;;
 start) start "$@" ;;
 cluster) cluster "$@" ;;
+pgbouncer) pgbouncer "$@" ;;
+sentinel) sentinel "$@" ;;
 stop) stop "$@" ;;
-*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | stop DIR" >&2; exit 2 ;;
+*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | stop DIR" >&2; exit 2 ;;
 esac

@@ -6,7 +6,12 @@
 # .data/test on ports 55432 and 56379 (TEST_PG_PORT, TEST_REDIS_PORT), and
 # stops them afterwards. Unless TEST_REDIS_CLUSTER_URL is set, it does the
 # same for a three-master Redis Cluster on ports 56380-56382
-# (TEST_REDIS_CLUSTER_PORT). Extra arguments go to `go test`.
+# (TEST_REDIS_CLUSTER_PORT). Unless TEST_REDIS_SENTINEL_URL is set, it starts
+# a Redis primary, its replica and three Sentinels on ports 56390-56394
+# (TEST_REDIS_SENTINEL_PORT). Unless TEST_PGBOUNCER_URL is set, it starts
+# PgBouncer (installed when missing) in transaction mode on port 56432
+# (TEST_PGBOUNCER_PORT) in front of the test Postgres. Extra arguments go to
+# `go test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +29,21 @@ if [ -z "${TEST_REDIS_CLUSTER_URL:-}" ]; then
 	scripts/services.sh cluster .data/test "$p" test
 	started=1
 	export TEST_REDIS_CLUSTER_URL="redis://127.0.0.1:$p?addr=127.0.0.1:$((p + 1))&addr=127.0.0.1:$((p + 2))"
+fi
+if [ -z "${TEST_REDIS_SENTINEL_URL:-}" ]; then
+	p=${TEST_REDIS_SENTINEL_PORT:-56390}
+	scripts/services.sh sentinel .data/test "$p" test
+	started=1
+	export TEST_REDIS_SENTINEL_URL="redis://127.0.0.1:$((p + 2))?master_name=onceonly&addr=127.0.0.1:$((p + 3))&addr=127.0.0.1:$((p + 4))"
+fi
+if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
+	# PgBouncer in transaction mode in front of that Postgres: the commands'
+	# tests run through it too (DESIGN §4, Real deployments).
+	p=${TEST_PGBOUNCER_PORT:-56432}
+	pg_addr=$(sed -E 's#^[a-z]+://([^@/]*@)?([^/?]*).*#\2#' <<<"$TEST_DATABASE_URL")
+	scripts/services.sh pgbouncer .data/test "${pg_addr##*:}" "$p" "${pg_addr%:*}"
+	started=1
+	export TEST_PGBOUNCER_URL="postgres://postgres@127.0.0.1:$p/postgres?sslmode=disable"
 fi
 cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
 trap cleanup EXIT
@@ -46,4 +66,6 @@ go test -race -count=1 -timeout 15m "$@" ./...
 if [ $# -eq 0 ]; then
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
 	BENCH_EVENTS=2000 BENCH_RATE=200 BENCH_SECONDS=1 go test -run '^$' -bench . -benchtime 1x ./relay
+	# Fuzz smoke: the api end to end for a few seconds (make fuzz: a million).
+	go test -run '^$' -fuzz '^FuzzAPI$' -fuzztime 10s ./payments
 fi

@@ -37,7 +37,7 @@ type settings struct {
 
 func define(s *config.Set) *settings {
 	return &settings{
-		Common:      daemon.DefineCommon(s, ":8082", "Redis URL, redis:// or rediss:// (this or REDIS_CLUSTER_URL is required)"),
+		Common:      daemon.DefineCommon(s, ":8082", "Redis URL, redis:// or rediss:// (this, REDIS_CLUSTER_URL or REDIS_SENTINEL_URL is required)"),
 		schedule:    s.String("schedule", "RECONCILE_SCHEDULE", reconcile.DefaultSchedule, "when passes run: a cron spec (5 fields) or @every <duration>"),
 		reapGrace:   s.Duration("reap-grace", "REAP_GRACE", reconcile.DefaultReapGrace, "grace after a lease expires before the key is marked failed"),
 		failedTTL:   s.Duration("failed-ttl", "FAILED_TTL", onceonly.DefaultFailedTTL, "how long a reaped (failed) key is kept"),

@@ -22,7 +22,7 @@ func TestBadConfiguration(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
 	testenv.RequireRejections(t, run, []testenv.Rejection{
 		{Env: testenv.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
-		{Env: testenv.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{Env: testenv.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required"},
 		{Env: testenv.EnvWith(base, "RECONCILE_SCHEDULE", "every minute"), Want: `RECONCILE_SCHEDULE="every minute"`},
 		{Env: testenv.EnvWith(base, "RECONCILE_SCHEDULE", "@every soon"), Want: `RECONCILE_SCHEDULE="@every soon"`},
 		{Env: testenv.EnvWith(base, "REAP_GRACE", "1 second"), Want: `REAP_GRACE="1 second": not a duration`},

@@ -2,6 +2,12 @@
 //
 //	relay            run until SIGTERM, serving /healthz, /readyz, /metrics
 //	relay --once     drain what is pending, print {"published":N,"duration_ms":N}, exit
+//
+// DATABASE_URL may point at PgBouncer in transaction mode (with
+// default_query_exec_mode=exec); the relay then polls every
+// RELAY_POLL_INTERVAL. With DATABASE_SESSION_URL (a direct connection or a
+// session pool) it also LISTENs there and delivers as soon as events are
+// written.
 package main
 
 import (
@@ -11,6 +17,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
@@ -27,15 +35,21 @@ type settings struct {
 	batch, maxAttempts *int
 	pollInterval       *time.Duration
 	once               *bool
+	sessionURL         *string
+	waitReplicas       *int
+	waitTimeout        *time.Duration
 }
 
 func define(s *config.Set) *settings {
 	return &settings{
-		Common:       daemon.DefineCommon(s, ":8081", "Redis URL, redis:// or rediss:// (this or REDIS_CLUSTER_URL is required)"),
+		Common:       daemon.DefineCommon(s, ":8081", "Redis URL, redis:// or rediss:// (this, REDIS_CLUSTER_URL or REDIS_SENTINEL_URL is required)"),
 		batch:        s.Int("batch", "RELAY_BATCH", relay.DefaultBatchSize, "most events per batch"),
 		maxAttempts:  s.Int("max-attempts", "RELAY_MAX_ATTEMPTS", relay.DefaultMaxAttempts, "attempts before an event that cannot be applied is parked"),
 		pollInterval: s.Duration("poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, "how often to look for events without a notification"),
 		once:         s.FlagSet().Bool("once", false, "drain what is pending, print a JSON summary on stdout and exit"),
+		sessionURL:   s.String("database-session-url", "DATABASE_SESSION_URL", "", "a Postgres URL with sessions (direct, or a session pool) to LISTEN on for new events; unset, the relay only polls (DATABASE_URL may be PgBouncer in transaction mode, where LISTEN hears nothing)"),
+		waitReplicas: s.Count("redis-wait-replicas", "RELAY_REDIS_WAIT_REPLICAS", 0, "Redis replicas that must hold a batch before its events are deleted (WAIT), so a failover loses none; fewer up: the events wait (unset: 1 with REDIS_SENTINEL_URL, else 0)"),
+		waitTimeout:  s.Duration("redis-wait-timeout", "RELAY_REDIS_WAIT_TIMEOUT", relay.DefaultWaitTimeout, "how long a batch waits for those replicas before it is tried again"),
 	}
 }
 
@@ -51,20 +65,34 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "relay:", err)
 		return 2
 	}
+	if !set.IsSet("redis-wait-replicas") && setup.Sentinel {
+		*s.waitReplicas = 1
+	}
+	if *s.waitReplicas > 0 && setup.Redis.IsClusterMode {
+		fmt.Fprintln(stderr, "relay: bad configuration: RELAY_REDIS_WAIT_REPLICAS needs REDIS_URL or REDIS_SENTINEL_URL, not a cluster")
+		return 2
+	}
 	if *s.pollInterval <= 0 {
 		fmt.Fprintln(stderr, "relay: bad configuration: RELAY_POLL_INTERVAL must be positive")
 		return 2
 	}
+	var listen *pgx.ConnConfig
+	if *s.sessionURL != "" {
+		if listen, err = pgx.ParseConfig(*s.sessionURL); err != nil {
+			fmt.Fprintln(stderr, "relay: bad configuration: DATABASE_SESSION_URL:", err)
+			return 2
+		}
+	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
-	if err := start(ctx, s, setup, stdout); err != nil {
+	if err := start(ctx, s, setup, listen, stdout); err != nil {
 		fmt.Fprintln(stderr, "relay:", err)
 		return 1
 	}
 	return 0
 }
 
-func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Writer) error {
+func start(ctx context.Context, s *settings, setup daemon.Setup, listen *pgx.ConnConfig, stdout io.Writer) error {
 	log := setup.Log
 	w, err := daemon.OpenWorker(ctx, setup, *s.RedisPrefix)
 	if err != nil {
@@ -73,7 +101,8 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 	defer w.Close()
 	r, err := relay.New(relay.Config{
 		Pool: w.Pool, Cache: w.Cache,
-		BatchSize: *s.batch, PollInterval: *s.pollInterval, MaxAttempts: *s.maxAttempts,
+		BatchSize: *s.batch, PollInterval: *s.pollInterval, MaxAttempts: *s.maxAttempts, Listen: listen,
+		WaitReplicas: *s.waitReplicas, WaitTimeout: *s.waitTimeout,
 		Logger: log, Registerer: w.Registry,
 	})
 	if err != nil {
@@ -94,6 +123,7 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 		return nil
 	}
 
-	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "poll_interval", s.pollInterval.String())
+	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "poll_interval", s.pollInterval.String(),
+		"redis_wait_replicas", *s.waitReplicas, "listen", listen != nil)
 	return w.Run(ctx, *s.HTTPAddr, r.Run)
 }

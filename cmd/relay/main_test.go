@@ -26,8 +26,12 @@ func TestBadConfiguration(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
 	testenv.RequireRejections(t, run, []testenv.Rejection{
 		{Env: testenv.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
-		{Env: testenv.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL) is required"},
+		{Env: testenv.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required"},
 		{Env: testenv.EnvWith(base, "REDIS_URL", "http://x"), Want: "REDIS_URL"},
+		{Env: testenv.EnvWith(base, "REDIS_SENTINEL_URL", "redis://127.0.0.1:1?master_name=m"), Want: "not several"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "REDIS_SENTINEL_URL": "redis://127.0.0.1:1"}, Want: "REDIS_SENTINEL_URL: master_name is required"},
+		{Env: testenv.EnvWith(base, "RELAY_REDIS_WAIT_REPLICAS", "-1"), Want: `RELAY_REDIS_WAIT_REPLICAS="-1": must be a non-negative integer`},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "REDIS_CLUSTER_URL": "redis://127.0.0.1:1", "RELAY_REDIS_WAIT_REPLICAS": "1"}, Want: "RELAY_REDIS_WAIT_REPLICAS needs REDIS_URL or REDIS_SENTINEL_URL"},
 		{Env: testenv.EnvWith(base, "RELAY_BATCH", "0"), Want: `RELAY_BATCH="0": must be a positive integer`},
 		{Env: testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "soon"), Want: `RELAY_POLL_INTERVAL="soon": not a duration`},
 		{Env: testenv.EnvWith(base, "RELAY_POLL_INTERVAL", "0s"), Want: "RELAY_POLL_INTERVAL must be positive"},

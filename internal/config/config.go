@@ -82,6 +82,29 @@ func (s *Set) Int(name, env string, def int, text string) *int {
 	return &v.n
 }
 
+// Count defines a non-negative integer setting (0 allowed).
+func (s *Set) Count(name, env string, def int, text string) *int {
+	v := &intValue{n: def, zero: true}
+	if raw, ok := s.env(name, env); ok {
+		if err := v.Set(raw); err != nil {
+			s.errs = append(s.errs, fmt.Errorf("%s=%q: %w", env, raw, err))
+		}
+	}
+	s.fs.Var(v, name, usage(env, text))
+	return &v.n
+}
+
+// IsSet reports whether the setting name was given, as a flag or through
+// its environment variable (call it after Parse).
+func (s *Set) IsSet(name string) bool {
+	set := false
+	s.fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	if env, ok := s.envs[name]; ok && !set {
+		_, set = os.LookupEnv(env)
+	}
+	return set
+}
+
 // Bool defines a boolean setting; the environment variable takes true,
 // false, 1 or 0.
 func (s *Set) Bool(name, env string, def bool, text string) *bool {
@@ -145,13 +168,19 @@ func (v *durationValue) Set(s string) error {
 	return nil
 }
 
-type intValue struct{ n int }
+type intValue struct {
+	n    int
+	zero bool // 0 is allowed
+}
 
 func (v *intValue) String() string { return strconv.Itoa(v.n) }
 
 func (v *intValue) Set(s string) error {
 	n, err := strconv.Atoi(s)
-	if err != nil || n <= 0 {
+	if v.zero && (err != nil || n < 0) {
+		return errors.New("must be a non-negative integer")
+	}
+	if !v.zero && (err != nil || n <= 0) {
 		return errors.New("must be a positive integer")
 	}
 	v.n = n

@@ -109,10 +109,37 @@ func RedisOptions(url, clusterURL string) (*redis.UniversalOptions, error) {
 		o = &redis.UniversalOptions{Addrs: []string{c.Addr}, Username: c.Username, Password: c.Password,
 			DB: c.DB, TLSConfig: c.TLSConfig, PoolSize: c.PoolSize}
 	default:
-		return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL) is required")
+		return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required")
 	}
+	failFast(o)
+	return o, nil
+}
+
+// failFast bounds every call and dial of a client made from o (see
+// RedisOptions).
+func failFast(o *redis.UniversalOptions) {
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, time.Second, time.Second
 	o.DialerRetries, o.DialerRetryTimeout = 1, 10*time.Millisecond
+}
+
+// RedisSentinelOptions validates a REDIS_SENTINEL_URL (go-redis failover
+// form: redis://[user:pass@]sentinel:port?master_name=NAME&addr=sentinel2:port…,
+// where user:pass are the Sentinels' credentials and password= the
+// master's) and returns universal client options for a failover client:
+// every connection asks the Sentinels for the current master, so the
+// command follows a failover. Calls fail fast as in RedisOptions.
+func RedisSentinelOptions(url string) (*redis.UniversalOptions, error) {
+	c, err := redis.ParseFailoverURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("bad configuration: REDIS_SENTINEL_URL: %w", err)
+	}
+	if c.MasterName == "" {
+		return nil, errors.New("bad configuration: REDIS_SENTINEL_URL: master_name is required (redis://sentinel:26379?master_name=NAME&addr=…)")
+	}
+	o := &redis.UniversalOptions{Addrs: c.SentinelAddrs, MasterName: c.MasterName,
+		SentinelUsername: c.SentinelUsername, SentinelPassword: c.SentinelPassword,
+		Username: c.Username, Password: c.Password, DB: c.DB, TLSConfig: c.TLSConfig, PoolSize: c.PoolSize}
+	failFast(o)
 	return o, nil
 }
 
@@ -193,20 +220,21 @@ func init() { //nolint:gochecknoinits // must run before any daemon opens a clie
 
 // Common is the configuration every daemon shares.
 type Common struct {
-	DatabaseURL, RedisURL, RedisClusterURL, RedisPrefix, HTTPAddr, LogLevel, LogFormat *string
+	DatabaseURL, RedisURL, RedisClusterURL, RedisSentinelURL, RedisPrefix, HTTPAddr, LogLevel, LogFormat *string
 }
 
 // DefineCommon defines the shared settings on s; httpAddr is the daemon's
 // default listen address.
 func DefineCommon(s *config.Set, httpAddr, redisURLText string) *Common {
 	return &Common{
-		DatabaseURL:     s.String("database-url", "DATABASE_URL", "", "Postgres URL (required)"),
-		RedisURL:        s.String("redis-url", "REDIS_URL", "", redisURLText),
-		RedisClusterURL: s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster seed nodes, go-redis form: redis://[user:pass@]h1:6379?addr=h2:6379&addr=h3:6379"),
-		RedisPrefix:     s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
-		HTTPAddr:        s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics (and of the API, for the api)"),
-		LogLevel:        s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
-		LogFormat:       s.String("log-format", "LOG_FORMAT", "json", "json or text"),
+		DatabaseURL:      s.String("database-url", "DATABASE_URL", "", "Postgres URL (required)"),
+		RedisURL:         s.String("redis-url", "REDIS_URL", "", redisURLText),
+		RedisClusterURL:  s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster seed nodes, go-redis form: redis://[user:pass@]h1:6379?addr=h2:6379&addr=h3:6379"),
+		RedisSentinelURL: s.String("redis-sentinel-url", "REDIS_SENTINEL_URL", "", "Redis behind Sentinel, go-redis failover form: redis://[user:pass@]s1:26379?master_name=NAME&addr=s2:26379&addr=s3:26379 (user:pass for the Sentinels, password= for the master); instead of REDIS_URL"),
+		RedisPrefix:      s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
+		HTTPAddr:         s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics (and of the API, for the api)"),
+		LogLevel:         s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
+		LogFormat:        s.String("log-format", "LOG_FORMAT", "json", "json or text"),
 	}
 }
 
@@ -214,8 +242,11 @@ func DefineCommon(s *config.Set, httpAddr, redisURLText string) *Common {
 type Setup struct {
 	Log      *slog.Logger
 	Postgres *pgxpool.Config
-	// Redis is nil when neither REDIS_URL nor REDIS_CLUSTER_URL is set.
+	// Redis is nil when none of REDIS_URL, REDIS_CLUSTER_URL and
+	// REDIS_SENTINEL_URL is set.
 	Redis *redis.UniversalOptions
+	// Sentinel is true when Redis is reached through Sentinel.
+	Sentinel bool
 }
 
 // Validate checks the shared settings without connecting anywhere; logs go
@@ -232,7 +263,15 @@ func (c *Common) Validate(stderr io.Writer, set *config.Set, redisRequired bool)
 	if s.Postgres, err = ParsePostgres(*c.DatabaseURL); err != nil {
 		return Setup{}, err
 	}
-	if redisRequired || *c.RedisURL != "" || *c.RedisClusterURL != "" {
+	switch {
+	case *c.RedisSentinelURL != "" && (*c.RedisURL != "" || *c.RedisClusterURL != ""):
+		return Setup{}, errors.New("bad configuration: set one of REDIS_URL, REDIS_CLUSTER_URL and REDIS_SENTINEL_URL, not several")
+	case *c.RedisSentinelURL != "":
+		if s.Redis, err = RedisSentinelOptions(*c.RedisSentinelURL); err != nil {
+			return Setup{}, err
+		}
+		s.Sentinel = true
+	case redisRequired || *c.RedisURL != "" || *c.RedisClusterURL != "":
 		if s.Redis, err = RedisOptions(*c.RedisURL, *c.RedisClusterURL); err != nil {
 			return Setup{}, err
 		}
@@ -288,7 +327,8 @@ func RedisCheck(rdb redis.UniversalClient) Check {
 
 // NewRedis is the one place a command makes its Redis client: a cluster
 // client for REDIS_CLUSTER_URL, a single-server one for REDIS_URL (see
-// RedisOptions), nil when opts is nil (no Redis configured).
+// RedisOptions), a failover client for REDIS_SENTINEL_URL (see
+// RedisSentinelOptions), nil when opts is nil (no Redis configured).
 func NewRedis(opts *redis.UniversalOptions) redis.UniversalClient {
 	if opts == nil {
 		return nil
@@ -311,7 +351,7 @@ type Worker struct {
 func OpenWorker(ctx context.Context, setup Setup, prefix string) (*Worker, error) {
 	rdb := NewRedis(setup.Redis)
 	if rdb == nil {
-		return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL) is required")
+		return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required")
 	}
 	pool, err := OpenPostgres(ctx, setup.Postgres)
 	if err != nil {

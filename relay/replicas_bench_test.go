@@ -1,0 +1,167 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+// BenchmarkDrainReplicated measures what the replica guard costs the drain
+// (Config.WaitReplicas, on by default under Sentinel): a backlog of
+// BENCH_EVENTS (default 200k) events drained by one relay through a
+// Sentinel failover client (TEST_REDIS_SENTINEL_URL, else a group of its
+// own: a primary and one replica on this machine), at batch 500 (the
+// default) and 50. Every round drains two backlogs back to back, one
+// without the guard and one with a WAIT for the replica after every batch,
+// in alternating order, so both see the same machine; it reports both
+// rates and their ratio.
+func BenchmarkDrainReplicated(b *testing.B) {
+	events := benchEnvInt(b, "BENCH_EVENTS", 200_000)
+	url := testenv.SentinelURL(b)
+	for _, batch := range []int{DefaultBatchSize, 50} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			var took [2]time.Duration // by WaitReplicas
+			for i := range b.N {
+				for j := range 2 {
+					wait := (i + j) % 2
+					b.StopTimer()
+					rdb := testenv.SentinelClient(b, url)
+					bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+					seedBacklog(b, bd, events)
+					r := bd.relay(b, Config{BatchSize: batch, WaitReplicas: wait})
+					b.StartTimer()
+					began := time.Now()
+					n, err := r.Drain(bd.Ctx)
+					took[wait] += time.Since(began)
+					if err != nil || n != events {
+						b.Fatalf("wait=%d: drained %d of %d: %v", wait, n, events, err)
+					}
+					b.StopTimer()
+					dropKeys(b, bd) // the next round starts on a small dataset
+				}
+			}
+			b.ReportMetric(float64(events*b.N)/took[0].Seconds(), "events/s_nowait")
+			b.ReportMetric(float64(events*b.N)/took[1].Seconds(), "events/s_wait")
+			b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "wait/nowait")
+		})
+	}
+}
+
+// dropKeys deletes the keys under bd's prefix.
+func dropKeys(b *testing.B, bd *bundle) {
+	b.Helper()
+	rdb := bd.Cache.Client()
+	iter := rdb.Scan(bd.Ctx, 0, bd.Cache.Prefix()+"*", 5000).Iterator()
+	var batch []string
+	for iter.Next(bd.Ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 5000 {
+			rdb.Unlink(bd.Ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		rdb.Unlink(bd.Ctx, batch...)
+	}
+	if err := iter.Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkLagReplicated is BenchmarkLag through a Sentinel failover
+// client, without and with the replica guard, alternating as
+// BenchmarkDrainReplicated does: BENCH_RATE (default 1000) transitions a
+// second for BENCH_SECONDS (default 10), each committed with its NOTIFY
+// while a relay runs; it reports the commit→Redis lag, which with the guard
+// runs to the replica's acknowledgement.
+func BenchmarkLagReplicated(b *testing.B) {
+	rate := benchEnvInt(b, "BENCH_RATE", 1000)
+	seconds := benchEnvInt(b, "BENCH_SECONDS", 10)
+	url := testenv.SentinelURL(b)
+	var lags [2][]time.Duration // by WaitReplicas
+	for i := range b.N {
+		for j := range 2 {
+			wait := (i + j) % 2
+			rdb := testenv.SentinelClient(b, url)
+			bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+			lags[wait] = append(lags[wait], measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), rate, seconds)...)
+		}
+	}
+	for wait, name := range []string{"nowait", "wait"} {
+		slices.Sort(lags[wait])
+		b.ReportMetric(float64(percentile(lags[wait], 0.50).Microseconds())/1000, "p50_ms_"+name)
+		b.ReportMetric(float64(percentile(lags[wait], 0.99).Microseconds())/1000, "p99_ms_"+name)
+		b.ReportMetric(float64(lags[wait][len(lags[wait])-1].Microseconds())/1000, "max_ms_"+name)
+	}
+}
+
+// measureLag claims rate keys a second for seconds from 8 writers while r
+// runs and returns every event's commit→Redis lag.
+func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) []time.Duration {
+	b.Helper()
+	var mu sync.Mutex
+	var lags []time.Duration
+	r.delivered = func(events []outbox.Event, _ []outbox.FailedEvent, ackedAt time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range events {
+			lags = append(lags, ackedAt.Sub(e.CreatedAt))
+		}
+	}
+	ctx, cancel := context.WithCancel(bd.Ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	time.Sleep(200 * time.Millisecond) // LISTEN is up
+
+	const writers = 8
+	total := rate * seconds
+	interval := time.Second / time.Duration(rate)
+	began := time.Now()
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := w; i < total; i += writers {
+				time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
+				ref := keystate.Ref{Scope: "bench", Key: "lag-" + strconv.Itoa(i)}
+				if _, err := bd.Store.Claim(bd.Ctx, bd.Pool, ref, "v1:fp", owner, time.Minute); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	testenv.Eventually(b, 10*time.Second, "every event delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(lags) >= total
+	})
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return lags
+}
+
+// BenchmarkReplicaWait measures the guard's own cost, paid once per batch:
+// a PUBLISH and a WAIT for one replica on the primary of a Sentinel group
+// (TEST_REDIS_SENTINEL_URL, else a group of its own).
+func BenchmarkReplicaWait(b *testing.B) {
+	rdb := testenv.SentinelClient(b, testenv.SentinelURL(b))
+	w := &replicaWait{rdb: rdb, replicas: 1, timeout: time.Second, channel: "bench:relay:replicated"}
+	ctx := testenv.Context(b)
+	for b.Loop() {
+		if err := w.wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
