@@ -38,8 +38,8 @@ import (
 // key is released by Postgres rolling back its transaction when the
 // connection ends, not by the reaper. The engine cannot write the result
 // through to Redis before the commit, so replays come from Postgres until
-// the relay delivers the key's event (at once with the relay's LISTEN; on
-// its poll with DeferRelayNotify).
+// the relay delivers the key's event: on its poll, or at the commit with
+// Config.NotifyInTransaction and a listening relay.
 func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (out Outcome, err error) {
 	fp := PayloadFingerprint(payload)
 	start, outcome := time.Now(), outcomeExecuted

@@ -62,13 +62,17 @@ type Config struct {
 	// ResumeInterval is how often Resume looks for executions to finish
 	// (default 5s; keep it at most the reconciler's interval).
 	ResumeInterval time.Duration
-	// DeferRelayNotify takes the relay's NOTIFY out of the engine's
-	// transactions (see outbox.Config.DeferNotify): commits stop queueing
-	// on the database-wide NOTIFY lock. The engine then notifies after a
-	// commit only when its write-through to Redis failed; events already in
-	// Redis reach the relay on its poll (RELAY_POLL_INTERVAL), which only
-	// cleans them up.
-	DeferRelayNotify bool
+	// NotifyInTransaction sends the relays' NOTIFY inside the engine's
+	// transactions, so a listening relay hears of every transition at its
+	// commit. By default the engine's transactions send none — a NOTIFY
+	// takes a database-wide lock at commit, which serialises commits — and
+	// the engine wakes the relays after a commit only when its
+	// write-through to Redis failed (one NOTIFY for all the failures of a
+	// moment); events already in Redis reach the relay on its poll
+	// (RELAY_POLL_INTERVAL), which only deletes them. Events of DoTx, whose
+	// commit the engine does not see, also wait for that poll unless this
+	// is set.
+	NotifyInTransaction bool
 	// Registerer receives the engine's Prometheus metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
@@ -107,6 +111,7 @@ type Engine struct {
 	tracer  atomic.Pointer[tracerOf] // of the provider last used
 	leases  *leaseKeeper
 	owners  *ownerSource
+	wake    *relayWaker
 
 	mu    sync.Mutex
 	funcs map[string]Func // registered handlers, by name
@@ -134,7 +139,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg,
 		store: outbox.New(outbox.Config{
-			CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL, DeferNotify: cfg.DeferRelayNotify,
+			CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL, DeferNotify: !cfg.NotifyInTransaction,
 		}),
 		log:     cfg.Logger,
 		metrics: m,
@@ -145,6 +150,7 @@ func New(cfg Config) (*Engine, error) {
 		store: e.store, config: cfg.Pool.Config().ConnConfig.Copy(), lease: cfg.LeaseTimeout,
 		log: e.log.Warn, leases: map[keystate.Owner]*lease{},
 	}
+	e.wake = newRelayWaker(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
 	if cfg.Redis != nil {
 		e.cache = cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody})
 	}
@@ -157,6 +163,7 @@ func New(cfg Config) (*Engine, error) {
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
 	e.leases.close(context.Background())
+	e.wake.close()
 }
 
 // DefaultShouldStore stores every status below 500 except 408, 409, 425 and
@@ -475,17 +482,14 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	e.writeThrough(ctx, k)
 }
 
-// writeThrough copies a transition this engine committed into Redis. With
-// DeferRelayNotify, a copy that did not land wakes the relay instead.
+// writeThrough copies a transition this engine committed into Redis. A
+// copy that did not land wakes the relays instead, unless the transaction
+// notified them already (NotifyInTransaction).
 func (e *Engine) writeThrough(ctx context.Context, k keystate.Key) {
-	if e.applyCache(ctx, k) || !e.cfg.DeferRelayNotify {
+	if e.applyCache(ctx, k) || e.cfg.NotifyInTransaction {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := e.store.Notify(ctx, e.cfg.Pool); err != nil {
-		e.log.Warn("notify relays", "err", err)
-	}
+	e.wake.kick()
 }
 
 // applyCache writes a Postgres state through to Redis, best effort: the

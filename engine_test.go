@@ -494,19 +494,17 @@ func (b *testBundle) listen(t *testing.T) func(wait time.Duration) bool {
 	}
 }
 
-// TestDeferredRelayNotify: with DeferRelayNotify the engine's transactions
-// send no NOTIFY while the write-through lands, and wake the relay after
-// the commit when it does not.
+// TestDeferredRelayNotify: by default the engine's transactions send no
+// NOTIFY while the write-through lands, and wake the relay after the commit
+// when it does not; with NotifyInTransaction they notify at commit.
 func TestDeferredRelayNotify(t *testing.T) {
 	t.Parallel()
 	srv := testenv.NewRedisServer(t)
 	b := setup(t, setupOpts{rdb: testenv.RedisClient(t, srv.URL())})
-	e, err := onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, DeferRelayNotify: true})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
+	e := b.engine
 	notified := b.listen(t)
 
-	_, err = e.Do(b.ctx, "m", "quiet", []byte("p"), payment(201, `{}`))
+	_, err := e.Do(b.ctx, "m", "quiet", []byte("p"), payment(201, `{}`))
 	require.NoError(t, err)
 	require.False(t, notified(300*time.Millisecond), "written through: no NOTIFY")
 	var events int
@@ -518,8 +516,11 @@ func TestDeferredRelayNotify(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, notified(2*time.Second), "the write-through failed: the relay is woken")
 
-	// The default engine notifies inside its transactions.
-	_, err = b.engine.Do(b.ctx, "m", "default", []byte("p"), payment(201, `{}`))
+	// Asked to, the engine notifies inside its transactions.
+	inTx, err := onceonly.New(onceonly.Config{Pool: b.pool, NotifyInTransaction: true})
+	require.NoError(t, err)
+	t.Cleanup(inTx.Close)
+	_, err = inTx.Do(b.ctx, "m", "in-tx", []byte("p"), payment(201, `{}`))
 	require.NoError(t, err)
 	require.True(t, notified(2*time.Second))
 }

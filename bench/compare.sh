@@ -4,7 +4,8 @@
 # variants, on durable local servers under .data/bench:
 #   (a) bare handler, one Redis GET        (b) bare handler, one INSERT
 #   (c) Redis-only idempotency (Lua lock)  (d) Postgres-only idempotency
-#   (e) onceonly, as configured by default and with DEFER_NOTIFY=true
+#   (e) onceonly, as configured by default (NOTIFY deferred) and with
+#       DEFER_NOTIFY=false (NOTIFY in every transaction)
 # A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
 # duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
 # memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
@@ -39,7 +40,7 @@ echo "== machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(p
 echo "== Redis MEMORY USAGE (harness memory)"
 bin/harness memory
 
-bin/relay -http-addr 127.0.0.1:29011 2>/dev/null &
+DATABASE_SESSION_URL="$DATABASE_URL" bin/relay -http-addr 127.0.0.1:29011 2>/dev/null &
 relay_pid=$!
 bin/harness serve -base 29001 &
 harness_pid=$!
@@ -74,13 +75,13 @@ measure "(a) bare handler, one Redis GET" 29001 replay.lua 0
 measure "(c) Redis-only idempotency" 29003 replay.lua 0
 measure "(d) Postgres-only idempotency" 29004 replay.lua 0
 measure "(e) onceonly" 29005 replay.lua 0
-measure "(e) onceonly, DEFER_NOTIFY" 29006 replay.lua 0
+measure "(e) onceonly, NOTIFY in tx" 29006 replay.lua 0
 echo "== first executions (a new key every request)"
 measure "(b) bare handler, one INSERT" 29002 first.lua
 measure "(c) Redis-only idempotency" 29003 first.lua
 measure "(d) Postgres-only idempotency" 29004 first.lua
 measure "(e) onceonly" 29005 first.lua
-measure "(e) onceonly, DEFER_NOTIFY" 29006 first.lua
+measure "(e) onceonly, NOTIFY in tx" 29006 first.lua
 
 echo "== duplicate effects: 300 requests x 4 copies (2 at once, 2 later), FLUSHALL halfway"
 bin/harness dupes -n 300

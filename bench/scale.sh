@@ -73,7 +73,7 @@ for target in single cluster; do
 		for p in "$cluster_port" $((cluster_port + 1)) $((cluster_port + 2)); do redis-cli -p "$p" FLUSHALL >/dev/null; done
 	fi
 	bin/api migrate up >/dev/null
-	HTTP_ADDR=127.0.0.1:29029 bin/relay 2>/dev/null &
+	HTTP_ADDR=127.0.0.1:29029 DATABASE_SESSION_URL="$DATABASE_URL" bin/relay 2>/dev/null &
 	pids+=($!)
 	for i in 1 2; do
 		GOMAXPROCS=${BENCH_API_PROCS:-$(nproc)} HTTP_ADDR=127.0.0.1:$((29020 + i)) LOG_LEVEL=error bin/api 2>/dev/null &

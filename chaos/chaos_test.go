@@ -263,8 +263,8 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		newProc(t, "api1", bins+"/api", testenv.FreeAddr(t), apiEnv...),
 		newProc(t, "api2", bins+"/api", testenv.FreeAddr(t), apiEnv...),
 	}
-	relays := []*proc{
-		newProc(t, "relay1", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms")...),
+	relays := []*proc{ // one listens, one polls (as behind PgBouncer without DATABASE_SESSION_URL)
+		newProc(t, "relay1", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms", "DATABASE_SESSION_URL="+pg.URL())...),
 		newProc(t, "relay2", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms")...),
 	}
 	reconciler := newProc(t, "reconciler", bins+"/reconciler", testenv.FreeAddr(t),

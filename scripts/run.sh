@@ -63,7 +63,7 @@ for _ in $(seq 1 50); do
 	sleep 0.2
 done
 start api env HTTP_ADDR="${HTTP_ADDR:-:8080}" GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:${gateway_addr##*:}}" bin/api
-[ -x bin/relay ] && start relay env HTTP_ADDR="${RELAY_HTTP_ADDR:-:8081}" bin/relay
+[ -x bin/relay ] && start relay env HTTP_ADDR="${RELAY_HTTP_ADDR:-:8081}" DATABASE_SESSION_URL="${DATABASE_SESSION_URL:-$DATABASE_URL}" bin/relay
 [ -x bin/reconciler ] && start reconciler env HTTP_ADDR="${RECONCILER_HTTP_ADDR:-:8082}" bin/reconciler
 echo "onceonly: api on ${HTTP_ADDR:-:8080} (Ctrl-C stops everything)" >&2
 wait -n || true

@@ -49,7 +49,7 @@ func TestHarnessSmoke(t *testing.T) {
 	const n = 40
 	result, err := h.dupes(ctx, n)
 	require.NoError(t, err)
-	for _, name := range []string{"d_postgres_only", "e_onceonly", "e_onceonly_defer_notify"} {
+	for _, name := range []string{"d_postgres_only", "e_onceonly", "e_onceonly_notify_in_tx"} {
 		require.Equal(t, n, result[name].KeysCharged, name)
 		require.Zero(t, result[name].KeysChargedTwice, name)
 	}

@@ -6,8 +6,8 @@
 //	base+2  (c) Redis-only idempotency: a check-and-lock Lua script, the
 //	            response kept in Redis, no Postgres record of the key
 //	base+3  (d) Postgres-only idempotency: onceonly with no Redis
-//	base+4  (e) onceonly
-//	base+5  (e) onceonly with DeferRelayNotify (DEFER_NOTIFY=true)
+//	base+4  (e) onceonly, as configured by default (NOTIFY deferred)
+//	base+5  (e) onceonly with NotifyInTransaction (DEFER_NOTIFY=false)
 //	base+9  net/http/pprof
 //
 //	harness serve   [-base 29001]   serve until SIGTERM
@@ -106,7 +106,7 @@ type harness struct {
 	rdb       *redis.Client
 	pgOnly    *onceonly.Engine
 	full      *onceonly.Engine
-	deferred  *onceonly.Engine
+	inTx      *onceonly.Engine
 	lockCheck *redis.Script
 }
 
@@ -140,11 +140,11 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	deferred, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, DeferRelayNotify: true})
+	inTx, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, NotifyInTransaction: true})
 	if err != nil {
 		return nil, err
 	}
-	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, deferred: deferred, lockCheck: redis.NewScript(lockCheckLua)}, nil
+	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, lockCheck: redis.NewScript(lockCheckLua)}, nil
 }
 
 // handlers returns the variants in port order.
@@ -160,7 +160,7 @@ func (h *harness) handlers() []http.Handler {
 		h.redisOnly(http.HandlerFunc(h.charge)),
 		mw(h.pgOnly, "pgonly"),
 		mw(h.full, "full"),
-		mw(h.deferred, "deferred"),
+		mw(h.inTx, "notify-in-tx"),
 	}
 }
 
@@ -334,7 +334,7 @@ type dupeResult struct {
 func (h *harness) dupes(ctx context.Context, n int) (map[string]dupeResult, error) {
 	variants := map[string]http.Handler{}
 	hs := h.handlers()
-	variants["c_redis_only"], variants["d_postgres_only"], variants["e_onceonly"], variants["e_onceonly_defer_notify"] = hs[2], hs[3], hs[4], hs[5]
+	variants["c_redis_only"], variants["d_postgres_only"], variants["e_onceonly"], variants["e_onceonly_notify_in_tx"] = hs[2], hs[3], hs[4], hs[5]
 	run := fmt.Sprintf("dup-%d", time.Now().UnixNano())
 	result := map[string]dupeResult{}
 	for name, handler := range variants {

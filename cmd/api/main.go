@@ -48,9 +48,9 @@ type settings struct {
 
 func define(s *config.Set) *settings {
 	return &settings{
-		Common:           daemon.DefineCommon(s, ":8080", "Redis URL, redis:// or rediss://; unset with no cluster URL: Postgres only"),
+		Common:           daemon.DefineCommon(s, ":8080", "Redis URL, redis:// or rediss://; unset with no cluster or Sentinel URL: Postgres only"),
 		apiKeys:          s.String("api-keys", "API_KEYS", "", "API keys as key=merchant,... (unset: "+demoAPIKeys+", with a warning)"),
-		deferNotify:      s.Bool("defer-notify", "DEFER_NOTIFY", false, "keep the relay's NOTIFY out of the transactions (faster commits; the relay polls for events already written through to Redis)"),
+		deferNotify:      s.Bool("defer-notify", "DEFER_NOTIFY", true, "keep the relay's NOTIFY out of the transactions (faster commits; the api notifies after a commit only when its write-through to Redis failed, and the relay polls for the rest); false notifies in every transaction"),
 		leaseTimeout:     s.Duration("lease-timeout", "LEASE_TIMEOUT", onceonly.DefaultLeaseTimeout, "how long a claim holds a key without a heartbeat"),
 		completedTTL:     s.Duration("completed-ttl", "COMPLETED_TTL", onceonly.DefaultCompletedTTL, "how long completed keys are kept"),
 		failedTTL:        s.Duration("failed-ttl", "FAILED_TTL", onceonly.DefaultFailedTTL, "how long failed keys are kept"),
@@ -272,9 +272,9 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	engine, err := onceonly.New(onceonly.Config{
 		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix,
 		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
-		ResumeInterval:   *s.resumeInterval,
-		DeferRelayNotify: *s.deferNotify,
-		Logger:           log, Registerer: reg,
+		ResumeInterval:      *s.resumeInterval,
+		NotifyInTransaction: !*s.deferNotify,
+		Logger:              log, Registerer: reg,
 	})
 	if err != nil {
 		return err
