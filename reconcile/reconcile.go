@@ -154,11 +154,14 @@ func New(cfg Config) (*Reconciler, error) {
 // live key with Redis, then look for Redis keys with no live row. With
 // dryRun it counts everything and changes nothing. When another instance is
 // running a pass, it returns at once with Report.Skipped set.
-func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (Report, error) {
+func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (_ Report, err error) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PassTimeout)
 	defer cancel()
 	rep := Report{DryRun: dryRun}
+	ctx, span := tracer.Start(ctx, "onceonly.reconcile.pass")
+	defer span.End()
+	defer func() { tracePass(span, &rep, err) }()
 
 	// The pass lock belongs to a transaction kept open for the pass and
 	// rolled back after it (a lost connection ends it too), so it holds on

@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/backoff"
@@ -219,24 +221,30 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 		events  []outbox.Event
 		failed  []outbox.FailedEvent
 		ackedAt time.Time
+		span    = noSpan
 	)
+	defer func() { endBatchSpan(span, res) }()
+	began := time.Now()
 	err := pgx.BeginFunc(bctx, r.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
 		events, err = r.store.TakeEvents(bctx, tx, r.cfg.BatchSize)
 		if err != nil || len(events) == 0 {
 			return stageErr(stagePostgres, err)
 		}
+		// A batch is traced once it holds events: an empty poll is no span.
+		var sctx context.Context
+		sctx, span = tracer.Start(bctx, "onceonly.relay.batch", trace.WithTimestamp(began))
 		res.taken = len(events)
-		refs, updates, err := r.updates(bctx, tx, events)
+		refs, updates, err := r.updates(sctx, tx, events)
 		if err != nil {
 			return stageErr(stagePostgres, err)
 		}
-		results, err := r.cfg.Cache.ApplyBatch(bctx, updates)
+		results, err := r.cfg.Cache.ApplyBatch(sctx, updates)
 		if err != nil {
 			return stageErr(stageRedis, err)
 		}
 		if r.replicas != nil {
-			if err := r.replicas.wait(bctx); err != nil {
+			if err := r.replicas.wait(sctx); err != nil {
 				return stageErr(stageReplicas, err)
 			}
 		}
@@ -247,7 +255,7 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 			}
 		}
 		failed = r.failedEvents(events, refs, results)
-		res.parked, err = r.store.Requeue(bctx, tx, failed, r.cfg.MaxAttempts)
+		res.parked, err = r.store.Requeue(sctx, tx, failed, r.cfg.MaxAttempts)
 		res.failed = len(failed)
 		res.published = res.taken - res.failed
 		return stageErr(stagePostgres, err)
@@ -256,6 +264,8 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 		if se, ok := errors.AsType[*stageError](err); ok {
 			r.metrics.errors.WithLabelValues(se.stage).Inc()
 		}
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
 		return batchResult{}, fmt.Errorf("deliver batch: %w", err)
 	}
 	r.observe(res, events, failed, ackedAt)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/gateway"
@@ -118,6 +119,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
+	stopTracing, err := daemon.StartTracing(ctx, "onceonly-api")
+	if err != nil {
+		fmt.Fprintln(stderr, "api:", err)
+		return 2
+	}
+	defer stopTracing()
 	if sub == subKeys {
 		if err := keysCommand(ctx, setup.Postgres, setup.Redis, *s.RedisPrefix, subCmd, *force, keyArgs[0], keyArgs[1], stdout); err != nil {
 			fmt.Fprintln(stderr, "api keys:", err)
@@ -298,7 +305,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	}))
 	srv := &http.Server{
 		Addr:              *s.HTTPAddr,
-		Handler:           mux,
+		Handler:           daemon.TraceHTTP(mux, "api"),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -317,7 +324,8 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 // openGateway returns the client of the payment gateway at GATEWAY_URL, or
 // of one served in this process when it is unset.
 func openGateway(ctx context.Context, s *settings, pool *pgxpool.Pool, log *slog.Logger) (*gateway.Client, func(), error) {
-	httpClient := &http.Client{Timeout: *s.gatewayTimeout}
+	// The gateway joins the payment's trace (traceparent on every call).
+	httpClient := &http.Client{Timeout: *s.gatewayTimeout, Transport: otelhttp.NewTransport(http.DefaultTransport)}
 	if *s.gatewayURL != "" {
 		return &gateway.Client{BaseURL: strings.TrimRight(*s.gatewayURL, "/"), HTTP: httpClient}, func() {}, nil
 	}

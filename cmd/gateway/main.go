@@ -70,6 +70,12 @@ func run(args []string, _, stderr io.Writer) int {
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
+	stopTracing, err := daemon.StartTracing(ctx, "onceonly-gateway")
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway:", err)
+		return 2
+	}
+	defer stopTracing()
 	if err := serve(ctx, *s.httpAddr, su); err != nil {
 		fmt.Fprintln(stderr, "gateway:", oneLine(err))
 		return 1
@@ -158,7 +164,7 @@ func serve(ctx context.Context, addr string, su setup) error {
 	mux.Handle("/v1/", api)
 	daemon.OpsHandler(mux, reg, map[string]daemon.Check{"postgres": pool.Ping}, nil)
 	srv := &http.Server{
-		Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
+		Addr: addr, Handler: daemon.TraceHTTP(mux, "gateway"), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
 		// Calls end with ctx (SIGTERM): a hanging call is cut and a tok_slow
 		// call gives its key up, so the shutdown is quick.
 		BaseContext: func(net.Listener) context.Context { return ctx },

@@ -65,6 +65,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
+	stopTracing, err := daemon.StartTracing(ctx, "onceonly-reconciler")
+	if err != nil {
+		fmt.Fprintln(stderr, "reconciler:", err)
+		return 2
+	}
+	defer stopTracing()
 	if err := start(ctx, s, setup, stdout); err != nil {
 		fmt.Fprintln(stderr, "reconciler:", err)
 		return 1

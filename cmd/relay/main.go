@@ -85,6 +85,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
+	stopTracing, err := daemon.StartTracing(ctx, "onceonly-relay")
+	if err != nil {
+		fmt.Fprintln(stderr, "relay:", err)
+		return 2
+	}
+	defer stopTracing()
 	if err := start(ctx, s, setup, listen, stdout); err != nil {
 		fmt.Fprintln(stderr, "relay:", err)
 		return 1

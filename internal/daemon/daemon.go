@@ -24,9 +24,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/logging"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/config"
+	"github.com/onceonly/onceonly/internal/tracing"
 	"github.com/onceonly/onceonly/migrations"
 )
 
@@ -378,4 +380,34 @@ func (w *Worker) Run(ctx context.Context, addr string, work func(context.Context
 	OpsHandler(mux, w.Registry, map[string]Check{"postgres": w.Pool.Ping, "redis": RedisCheck(w.Redis)}, nil)
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return RunWithOps(ctx, srv, w.log, work)
+}
+
+// StartTracing installs OpenTelemetry tracing for service from the OTEL_*
+// variables (package tracing: off unless an OTLP endpoint is set). The
+// returned stop flushes the spans still buffered, within five seconds.
+func StartTracing(ctx context.Context, service string) (stop func(), err error) {
+	shutdown, err := tracing.Setup(ctx, service)
+	if err != nil {
+		return func() {}, err
+	}
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = shutdown(sctx)
+	}, nil
+}
+
+// TraceHTTP wraps a daemon's handler in a server span per request, joining
+// the caller's trace (W3C traceparent); without tracing it costs a no-op
+// span.
+func TraceHTTP(h http.Handler, operation string) http.Handler {
+	return otelhttp.NewHandler(h, operation, otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+		switch {
+		case r.Pattern == "": // not routed yet: the method alone, never the raw path
+			return r.Method
+		case strings.Contains(r.Pattern, " "): // "POST /v1/payments"
+			return r.Pattern
+		}
+		return r.Method + " " + r.Pattern
+	}))
 }

@@ -2,63 +2,23 @@ package tracing_test
 
 import (
 	"context"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
-	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/internal/tracing"
 )
 
-// collector is an OTLP/HTTP endpoint that keeps the spans it receives.
-type collector struct {
-	mu       sync.Mutex
-	spans    []string
-	services []string
-}
-
-func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	var req collectortrace.ExportTraceServiceRequest
-	if err != nil || r.URL.Path != "/v1/traces" || proto.Unmarshal(body, &req) != nil {
-		http.Error(w, "bad export", http.StatusBadRequest)
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, rs := range req.GetResourceSpans() {
-		for _, a := range rs.GetResource().GetAttributes() {
-			if a.GetKey() == "service.name" {
-				c.services = append(c.services, a.GetValue().GetStringValue())
-			}
-		}
-		for _, ss := range rs.GetScopeSpans() {
-			for _, s := range ss.GetSpans() {
-				c.spans = append(c.spans, s.GetName())
-			}
-		}
-	}
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	_, _ = w.Write(nil)
-}
-
 // TestSetupExportsOverOTLPHTTP: with OTEL_EXPORTER_OTLP_ENDPOINT set, the
 // engine's spans (through the global provider, as in the daemons) reach an
 // OTLP/HTTP endpoint under the service name, OTEL_SERVICE_NAME winning.
 func TestSetupExportsOverOTLPHTTP(t *testing.T) {
-	col := &collector{}
-	srv := httptest.NewServer(col)
-	t.Cleanup(srv.Close)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	col := testenv.NewOTLPCollector(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
 	t.Setenv("OTEL_SERVICE_NAME", "payments-api")
 	ctx := testenv.Context(t)
 	shutdown, err := tracing.Setup(ctx, "onceonly-api")
@@ -71,11 +31,8 @@ func TestSetupExportsOverOTLPHTTP(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, shutdown(ctx)) // flushes
 
-	col.mu.Lock()
-	defer col.mu.Unlock()
-	require.Contains(t, col.spans, "onceonly.execute")
-	require.Contains(t, col.spans, "onceonly.claim")
-	require.Contains(t, col.services, "payments-api")
+	require.NotEmpty(t, col.Find("payments-api", "onceonly.execute"))
+	require.NotEmpty(t, col.Find("payments-api", "onceonly.claim"))
 }
 
 // TestSetupIsOffByDefault: without an endpoint, or with the SDK disabled,
