@@ -7,12 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // FingerprintVersion prefixes every request fingerprint, so the scheme can
@@ -150,103 +150,288 @@ func CanonicalJSON(doc []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(doc)) == 0 {
 		return nil, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	var buf bytes.Buffer
-	if err := writeCanonical(dec, &buf); err != nil {
+	c := canonicalizer{in: doc, out: make([]byte, 0, len(doc))}
+	c.skipSpace()
+	if err := c.value(0); err != nil {
 		return nil, err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	c.skipSpace()
+	if c.pos != len(c.in) {
 		return nil, errors.New("canonical json: trailing data after the document")
 	}
-	return buf.Bytes(), nil
+	return c.out, nil
 }
 
-// member is an object member in canonical form.
+// maxDepth bounds the nesting of arrays and objects, as encoding/json does.
+const maxDepth = 10000
+
+// canonicalizer reads a JSON document once and writes its canonical form:
+// a string needing no escape is copied as it is and member names are
+// compared as they are read, so a typical request body costs a few
+// allocations.
+type canonicalizer struct {
+	in  []byte
+	pos int
+	out []byte
+}
+
+// member is an object member written to out[start:end], named name
+// (unescaped).
 type member struct {
-	name  string
-	value []byte
+	name       []byte
+	start, end int
 }
 
-// writeCanonical reads one value from dec and writes its canonical form.
-func writeCanonical(dec *json.Decoder, buf *bytes.Buffer) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return fmt.Errorf("canonical json: %w", err)
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		if t == '[' {
-			return writeArray(dec, buf)
+func (c *canonicalizer) errorf(format string, args ...any) error {
+	return fmt.Errorf("canonical json: offset %d: "+format, append([]any{c.pos}, args...)...)
+}
+
+func (c *canonicalizer) skipSpace() {
+	for c.pos < len(c.in) {
+		switch c.in[c.pos] {
+		case ' ', '\t', '\n', '\r':
+			c.pos++
+		default:
+			return
 		}
-		return writeObject(dec, buf)
-	case string:
-		writeString(buf, t)
-	case json.Number:
-		return writeNumber(buf, t)
-	case bool:
-		buf.WriteString(strconv.FormatBool(t))
-	case nil:
-		buf.WriteString("null")
+	}
+}
+
+// value reads one value and writes its canonical form.
+func (c *canonicalizer) value(depth int) error {
+	if c.pos >= len(c.in) {
+		return c.errorf("unexpected end of input")
+	}
+	switch b := c.in[c.pos]; {
+	case b == '{':
+		return c.object(depth + 1)
+	case b == '[':
+		return c.array(depth + 1)
+	case b == '"':
+		_, err := c.str()
+		return err
+	case b == 't':
+		return c.literal("true")
+	case b == 'f':
+		return c.literal("false")
+	case b == 'n':
+		return c.literal("null")
+	case b == '-' || (b >= '0' && b <= '9'):
+		return c.number()
 	default:
-		return fmt.Errorf("canonical json: unexpected %T", t)
+		return c.errorf("invalid character %q", b)
 	}
+}
+
+func (c *canonicalizer) literal(word string) error {
+	if !bytes.HasPrefix(c.in[c.pos:], []byte(word)) {
+		return c.errorf("invalid literal")
+	}
+	c.pos += len(word)
+	c.out = append(c.out, word...)
 	return nil
 }
 
-// writeArray writes the rest of an array whose '[' was read.
-func writeArray(dec *json.Decoder, buf *bytes.Buffer) error {
-	buf.WriteByte('[')
-	for i := 0; dec.More(); i++ {
-		if i > 0 {
-			buf.WriteByte(',')
-		}
-		if err := writeCanonical(dec, buf); err != nil {
+// array reads an array at '['.
+func (c *canonicalizer) array(depth int) error {
+	if depth > maxDepth {
+		return c.errorf("nested too deeply")
+	}
+	c.pos++
+	c.out = append(c.out, '[')
+	c.skipSpace()
+	if c.pos < len(c.in) && c.in[c.pos] == ']' {
+		c.pos++
+		c.out = append(c.out, ']')
+		return nil
+	}
+	for {
+		c.skipSpace()
+		if err := c.value(depth); err != nil {
 			return err
 		}
+		c.skipSpace()
+		if c.pos >= len(c.in) {
+			return c.errorf("unexpected end of input in an array")
+		}
+		switch c.in[c.pos] {
+		case ',':
+			c.pos++
+			c.out = append(c.out, ',')
+		case ']':
+			c.pos++
+			c.out = append(c.out, ']')
+			return nil
+		default:
+			return c.errorf("invalid character %q in an array", c.in[c.pos])
+		}
 	}
-	if _, err := dec.Token(); err != nil { // ']'
-		return fmt.Errorf("canonical json: %w", err)
-	}
-	buf.WriteByte(']')
-	return nil
 }
 
-// writeObject writes the rest of an object whose '{' was read, its members
-// sorted by name.
-func writeObject(dec *json.Decoder, buf *bytes.Buffer) error {
-	var members []member
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
+// object reads an object at '{' and writes its members sorted by name.
+func (c *canonicalizer) object(depth int) error {
+	if depth > maxDepth {
+		return c.errorf("nested too deeply")
+	}
+	c.pos++
+	open := len(c.out)
+	c.out = append(c.out, '{')
+	c.skipSpace()
+	if c.pos < len(c.in) && c.in[c.pos] == '}' {
+		c.pos++
+		c.out = append(c.out, '}')
+		return nil
+	}
+	var buf [8]member
+	members := buf[:0]
+	for {
+		c.skipSpace()
+		if c.pos >= len(c.in) || c.in[c.pos] != '"' {
+			return c.errorf("expected a member name")
+		}
+		start := len(c.out)
+		name, err := c.str()
 		if err != nil {
-			return fmt.Errorf("canonical json: %w", err)
-		}
-		name, _ := tok.(string) // the decoder only yields strings here
-		if seen[name] {
-			return fmt.Errorf("%w: %q", ErrDuplicateName, name)
-		}
-		seen[name] = true
-		var value bytes.Buffer
-		if err := writeCanonical(dec, &value); err != nil {
 			return err
 		}
-		members = append(members, member{name, value.Bytes()})
-	}
-	if _, err := dec.Token(); err != nil { // '}'
-		return fmt.Errorf("canonical json: %w", err)
-	}
-	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.name, b.name) })
-	buf.WriteByte('{')
-	for i, m := range members {
-		if i > 0 {
-			buf.WriteByte(',')
+		c.skipSpace()
+		if c.pos >= len(c.in) || c.in[c.pos] != ':' {
+			return c.errorf("expected ':' after a member name")
 		}
-		writeString(buf, m.name)
-		buf.WriteByte(':')
-		buf.Write(m.value)
+		c.pos++
+		c.out = append(c.out, ':')
+		c.skipSpace()
+		if err := c.value(depth); err != nil {
+			return err
+		}
+		members = append(members, member{name: name, start: start, end: len(c.out)})
+		c.skipSpace()
+		if c.pos >= len(c.in) {
+			return c.errorf("unexpected end of input in an object")
+		}
+		if c.in[c.pos] == '}' {
+			c.pos++
+			break
+		}
+		if c.in[c.pos] != ',' {
+			return c.errorf("invalid character %q in an object", c.in[c.pos])
+		}
+		c.pos++
+		c.out = append(c.out, ',')
 	}
-	buf.WriteByte('}')
+	byName := func(a, b member) int { return bytes.Compare(a.name, b.name) }
+	if !slices.IsSortedFunc(members, byName) {
+		written := slices.Clone(c.out[open+1:])
+		slices.SortFunc(members, byName)
+		c.out = c.out[:open+1]
+		for i, m := range members {
+			if i > 0 {
+				c.out = append(c.out, ',')
+			}
+			c.out = append(c.out, written[m.start-open-1:m.end-open-1]...)
+		}
+	}
+	for i := 1; i < len(members); i++ {
+		if bytes.Equal(members[i-1].name, members[i].name) {
+			return fmt.Errorf("%w: %q", ErrDuplicateName, members[i].name)
+		}
+	}
+	c.out = append(c.out, '}')
+	return nil
+}
+
+// str reads a string at '"', writes its canonical form and returns its
+// unescaped bytes. A string with no escape, no control character, valid
+// UTF-8 and no U+2028 or U+2029 is its own canonical form.
+func (c *canonicalizer) str() ([]byte, error) {
+	start := c.pos
+	for i := start + 1; i < len(c.in); {
+		b := c.in[i]
+		switch {
+		case b == '"':
+			c.pos = i + 1
+			c.out = append(c.out, c.in[start:c.pos]...)
+			return c.in[start+1 : i], nil
+		case b == '\\' || b < 0x20:
+			return c.escapedStr(start)
+		case b < utf8.RuneSelf:
+			i++
+		default:
+			r, size := utf8.DecodeRune(c.in[i:])
+			if (r == utf8.RuneError && size == 1) || r == '\u2028' || r == '\u2029' {
+				return c.escapedStr(start)
+			}
+			i += size
+		}
+	}
+	return nil, c.errorf("unterminated string")
+}
+
+// escapedStr reads a string at start that needs decoding: encoding/json
+// unescapes it (invalid UTF-8 becomes U+FFFD) and writeString escapes it
+// minimally.
+func (c *canonicalizer) escapedStr(start int) ([]byte, error) {
+	end := start + 1
+	for end < len(c.in) && c.in[end] != '"' {
+		if c.in[end] == '\\' {
+			end++
+		}
+		end++
+	}
+	if end >= len(c.in) {
+		return nil, c.errorf("unterminated string")
+	}
+	var s string
+	if err := json.Unmarshal(c.in[start:end+1], &s); err != nil {
+		return nil, c.errorf("invalid string: %w", err)
+	}
+	c.pos = end + 1
+	var buf bytes.Buffer
+	writeString(&buf, s)
+	c.out = append(c.out, buf.Bytes()...)
+	return []byte(s), nil
+}
+
+// number reads a number and writes it in its shortest form (writeNumber).
+func (c *canonicalizer) number() error {
+	start, i := c.pos, c.pos
+	digits := func() int {
+		n := 0
+		for i < len(c.in) && c.in[i] >= '0' && c.in[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if c.in[i] == '-' {
+		i++
+	}
+	if i < len(c.in) && c.in[i] == '0' {
+		i++
+	} else if digits() == 0 {
+		return c.errorf("invalid number")
+	}
+	if i < len(c.in) && c.in[i] == '.' {
+		i++
+		if digits() == 0 {
+			return c.errorf("invalid number")
+		}
+	}
+	if i < len(c.in) && (c.in[i] == 'e' || c.in[i] == 'E') {
+		i++
+		if i < len(c.in) && (c.in[i] == '+' || c.in[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return c.errorf("invalid number")
+		}
+	}
+	c.pos = i
+	var buf bytes.Buffer
+	if err := writeNumber(&buf, json.Number(c.in[start:i])); err != nil {
+		return err
+	}
+	c.out = append(c.out, buf.Bytes()...)
 	return nil
 }
 

@@ -2,7 +2,9 @@ package onceonly_test
 
 import (
 	"encoding/json"
+	"errors"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -103,22 +105,35 @@ func FuzzValidateKey(f *testing.F) {
 	})
 }
 
-// FuzzCanonicalJSON: canonicalization is idempotent, yields valid JSON equal
-// in meaning to the input, and never panics.
+// FuzzCanonicalJSON: canonicalization accepts exactly the valid JSON
+// encoding/json accepts (but duplicate names and numbers out of range), is
+// idempotent, yields JSON equal in meaning to the input, and never panics.
 func FuzzCanonicalJSON(f *testing.F) {
-	for _, seed := range []string{`{"b":1,"a":[1,2,{"c":null}]}`, `1.5e3`, `"\u00e9"`, `[]`, `{`, `{"a":1}{}`, ` `} {
+	for _, seed := range []string{`{"b":1,"a":[1,2,{"c":null}]}`, `1.5e3`, `"\u00e9"`, `[]`, `{`, `{"a":1}{}`, ` `,
+		`{"a":1,"a":2}`, `{"\u0061":1,"a":2}`, `"\u2028"`, `"\ud800"`, `-0`, `1E+2`, "\"\xff\"", `{"z":{"b":1,"a":2},"y":[]}`} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		canon, err := onceonly.CanonicalJSON(doc)
 		if err != nil {
+			// Refused: not JSON, a duplicate name, or a number out of range.
+			if json.Valid(doc) && !errors.Is(err, onceonly.ErrDuplicateName) && !strings.Contains(err.Error(), "out of range") {
+				t.Fatalf("valid JSON %q refused: %v", doc, err)
+			}
 			return
 		}
 		if len(canon) == 0 {
 			return
 		}
+		if !json.Valid(doc) {
+			t.Fatalf("invalid JSON %q accepted as %q", doc, canon)
+		}
 		if !json.Valid(canon) {
 			t.Fatalf("canonical form of %q is not JSON: %q", doc, canon)
+		}
+		var before, after any
+		if json.Unmarshal(doc, &before) == nil && json.Unmarshal(canon, &after) == nil && !reflect.DeepEqual(before, after) {
+			t.Fatalf("canonical form of %q means %v, not %v", doc, after, before)
 		}
 		again, err := onceonly.CanonicalJSON(canon)
 		if err != nil || string(again) != string(canon) {

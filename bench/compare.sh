@@ -28,7 +28,7 @@ cleanup() {
 	scripts/services.sh stop .data/bench
 }
 trap cleanup EXIT
-mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/relay ./bench/harness
+mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/relay ./bench/harness ./bench/openloop
 
 PGOPTIONS=-cclient_min_messages=warning psql -h 127.0.0.1 -p "$pg_port" -U postgres -qc "DROP DATABASE IF EXISTS bench_compare" -c "CREATE DATABASE bench_compare"
 export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/bench_compare?sslmode=disable"
@@ -82,6 +82,19 @@ measure "(c) Redis-only idempotency" 29003 first.lua
 measure "(d) Postgres-only idempotency" 29004 first.lua
 measure "(e) onceonly" 29005 first.lua
 measure "(e) onceonly, NOTIFY in tx" 29006 first.lua
+
+# Latency under a constant rate (open loop: measured from when each request
+# was due, so queueing shows; wrk's closed loop above hides it).
+# BENCH_REPLAY_RATE (5000) and BENCH_FIRST_RATE (500) requests per second.
+replay_rate=${BENCH_REPLAY_RATE:-5000}
+first_rate=${BENCH_FIRST_RATE:-500}
+openloop() { bin/openloop -name "$1" -url "http://127.0.0.1:$2/v1/payments" -rate "$3" -key "$4" -run "$5" -duration "${secs}s"; }
+echo "== latency at $replay_rate replays/s, open loop"
+openloop "(a) bare handler, one Redis GET" 29001 "$replay_rate" fixed bench-replay
+openloop "(e) onceonly" 29005 "$replay_rate" fixed bench-replay
+echo "== latency at $first_rate first executions/s, open loop"
+openloop "(b) bare handler, one INSERT" 29002 "$first_rate" unique "open-b-$RANDOM"
+openloop "(e) onceonly" 29005 "$first_rate" unique "open-e-$RANDOM"
 
 echo "== duplicate effects: 300 requests x 4 copies (2 at once, 2 later), FLUSHALL halfway"
 bin/harness dupes -n 300
