@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -42,20 +41,10 @@ import (
 // Config.NotifyInTransaction and a listening relay.
 func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (out Outcome, err error) {
 	fp := PayloadFingerprint(payload)
-	start, outcome := time.Now(), outcomeExecuted
-	ctx, span := e.startSpan(ctx, spanExecute)
-	if span.IsRecording() {
-		span.SetAttributes(attrScope.String(scope), attrInTx.Bool(true))
-	}
-	defer func() {
-		e.metrics.observe(outcome, start)
-		tracedOutcome(span, outcome, out.Replayed, err)
-	}()
-	if err := ValidateKey(key); err != nil {
-		outcome = outcomeInvalid
-		return Outcome{}, err
-	}
-	if err := validateScope(scope); err != nil {
+	ctx, call, err := e.enter(ctx, scope, key, "", true)
+	outcome := outcomeExecuted
+	defer func() { e.leave(call, outcome, out.Replayed, err) }()
+	if err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err
 	}

@@ -200,21 +200,10 @@ func withTx(fn Handler) Func {
 }
 
 func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint, handler string, request func() []byte, fn Func) (out Outcome, err error) {
-	start := time.Now()
+	ctx, call, err := e.enter(ctx, scope, key, handler, false)
 	outcome := outcomeExecuted
-	ctx, span := e.startSpan(ctx, spanExecute)
-	if span.IsRecording() {
-		span.SetAttributes(attrScope.String(scope), attrHandler.String(handler))
-	}
-	defer func() {
-		e.metrics.observe(outcome, start)
-		tracedOutcome(span, outcome, out.Replayed, err)
-	}()
-	if err := ValidateKey(key); err != nil {
-		outcome = outcomeInvalid
-		return Outcome{}, err
-	}
-	if err := validateScope(scope); err != nil {
+	defer func() { e.leave(call, outcome, out.Replayed, err) }()
+	if err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err
 	}

@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -92,4 +93,31 @@ func tracedOutcome(span trace.Span, outcome string, replayed bool, err error) {
 		}
 	}
 	endSpan(span, err)
+}
+
+// entryCall is one call of an entry point (execute, DoTx): when it began and
+// its span.
+type entryCall struct {
+	start time.Time
+	span  trace.Span
+}
+
+// enter opens a call of an entry point: its span (onceonly.execute) and its
+// clock; the error says the key or the scope is not valid.
+func (e *Engine) enter(ctx context.Context, scope, key, handler string, inTx bool) (context.Context, entryCall, error) {
+	c := entryCall{start: time.Now()}
+	ctx, c.span = e.startSpan(ctx, spanExecute)
+	if c.span.IsRecording() {
+		c.span.SetAttributes(attrScope.String(scope), attrHandler.String(handler), attrInTx.Bool(inTx))
+	}
+	if err := ValidateKey(key); err != nil {
+		return ctx, c, err
+	}
+	return ctx, c, validateScope(scope)
+}
+
+// leave ends a call: its outcome counted and recorded on its span.
+func (e *Engine) leave(c entryCall, outcome string, replayed bool, err error) {
+	e.metrics.observe(outcome, c.start)
+	tracedOutcome(c.span, outcome, replayed, err)
 }
