@@ -166,7 +166,8 @@ cluster() {
 # DIR/pgbouncer.
 pgbouncer() {
 	local dir=$1 pg_port=$2 port=$3 pg_host=${4:-127.0.0.1}
-	if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+	# type -P: the binary on PATH, not this script's function of that name.
+	if ! type -P pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
 		if [ "$(id -u)" != 0 ]; then
 			log "missing pgbouncer: install it (apt-get install pgbouncer) or run as root"
 			exit 1
@@ -178,7 +179,7 @@ pgbouncer() {
 		if command -v service >/dev/null; then service pgbouncer stop >/dev/null 2>&1 || true; fi
 	fi
 	local bin
-	bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+	bin=$(type -P pgbouncer || echo /usr/sbin/pgbouncer)
 	mkdir -p "$dir/pgbouncer"
 	dir=$(cd "$dir" && pwd)/pgbouncer
 	if [ -f "$dir/pgbouncer.pid" ] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; then
