@@ -16,24 +16,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 started=
+# Set before any service starts, so one that fails to start does not leave
+# the others running.
+cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
+trap cleanup EXIT
 if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
 	pg_port=${TEST_PG_PORT:-55432}
 	redis_port=${TEST_REDIS_PORT:-56379}
-	scripts/services.sh start .data/test "$pg_port" "$redis_port" test
 	started=1
+	scripts/services.sh start .data/test "$pg_port" "$redis_port" test
 	export TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres?sslmode=disable"
 	export TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0"
 fi
 if [ -z "${TEST_REDIS_CLUSTER_URL:-}" ]; then
 	p=${TEST_REDIS_CLUSTER_PORT:-56380}
-	scripts/services.sh cluster .data/test "$p" test
 	started=1
+	scripts/services.sh cluster .data/test "$p" test
 	export TEST_REDIS_CLUSTER_URL="redis://127.0.0.1:$p?addr=127.0.0.1:$((p + 1))&addr=127.0.0.1:$((p + 2))"
 fi
 if [ -z "${TEST_REDIS_SENTINEL_URL:-}" ]; then
 	p=${TEST_REDIS_SENTINEL_PORT:-56390}
-	scripts/services.sh sentinel .data/test "$p" test
 	started=1
+	scripts/services.sh sentinel .data/test "$p" test
 	export TEST_REDIS_SENTINEL_URL="redis://127.0.0.1:$((p + 2))?master_name=onceonly&addr=127.0.0.1:$((p + 3))&addr=127.0.0.1:$((p + 4))"
 fi
 if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
@@ -41,12 +45,10 @@ if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
 	# tests run through it too (DESIGN §4, Real deployments).
 	p=${TEST_PGBOUNCER_PORT:-56432}
 	pg_addr=$(sed -E 's#^[a-z]+://([^@/]*@)?([^/?]*).*#\2#' <<<"$TEST_DATABASE_URL")
-	scripts/services.sh pgbouncer .data/test "${pg_addr##*:}" "$p" "${pg_addr%:*}"
 	started=1
+	scripts/services.sh pgbouncer .data/test "${pg_addr##*:}" "$p" "${pg_addr%:*}"
 	export TEST_PGBOUNCER_URL="postgres://postgres@127.0.0.1:$p/postgres?sslmode=disable"
 fi
-cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
-trap cleanup EXIT
 
 go vet ./...
 # golangci-lint (.golangci.yaml) at a pinned version, installed into
