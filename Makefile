@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench-relay bench-reconcile bench-compare bench-scale docs tour chaos
+.PHONY: test run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -27,6 +27,11 @@ build:
 # engine's own targets; CI runs a short FuzzAPI smoke in scripts/test.sh.
 fuzz:
 	scripts/fuzz.sh
+
+# Every figure of docs/BENCHMARKS.md that one machine can make: the
+# side-by-side comparison (with its ratios and open-loop latencies), the
+# relay and the reconciler. CI runs a one-second smoke of bench-compare.
+bench: bench-compare bench-relay bench-reconcile
 
 # Relay drain rate and commit→Redis lag beside redis-benchmark and pgbench
 # baselines, on durable servers (see docs/BENCHMARKS.md).

@@ -47,7 +47,9 @@ harness_pid=$!
 for _ in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:29001/ && break; sleep 0.1; done
 
 # measure NAME PORT SCRIPT [RUN]: one wrk run; prints req/s, p50, p99. RUN
-# names the replayed key (0) or makes the new keys unique (default).
+# names the replayed key (0) or makes the new keys unique (default). The
+# rate is kept in rate[PORT-SCRIPT] for the ratios at the end.
+declare -A rate
 measure() {
 	local out prof=
 	if [ -n "${BENCH_PROFILE:-}" ] && [ "$2" -ge 29005 ]; then
@@ -56,6 +58,7 @@ measure() {
 		prof=$!
 	fi
 	out=$(BENCH_RUN=${4:-$RANDOM$RANDOM} wrk -t2 -c"$conns" -d"${secs}s" --latency -s "bench/wrk/$3" "http://127.0.0.1:$2/v1/payments")
+	rate[$2-$3]=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
 	printf '%-34s %10s req/s   p50 %-9s p99 %-9s non-2xx %s\n' "$1" \
 		"$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
 		"$(echo "$out" | awk '$1 == "50%" {print $2}')" \
@@ -98,3 +101,12 @@ openloop "(e) onceonly" 29005 "$first_rate" unique "open-e-$RANDOM"
 
 echo "== duplicate effects: 300 requests x 4 copies (2 at once, 2 later), FLUSHALL halfway"
 bin/harness dupes -n 300
+
+# ratio A B: rate A over rate B, two decimals.
+ratio() { awk -v a="${rate[$1]:-0}" -v b="${rate[$2]:-0}" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }'; }
+echo "== ratios (targets of issue 16: replays >= 0.9x, first executions >= 0.35x)"
+echo "replays, onceonly / bare Redis GET:                     $(ratio 29005-replay.lua 29001-replay.lua)"
+echo "replays, Redis-only pattern / bare Redis GET:           $(ratio 29003-replay.lua 29001-replay.lua)"
+echo "first executions, onceonly / bare INSERT:               $(ratio 29005-first.lua 29002-first.lua)"
+echo "first executions, onceonly NOTIFY in tx / bare INSERT:  $(ratio 29006-first.lua 29002-first.lua)"
+echo "first executions, Redis-only pattern / bare INSERT:     $(ratio 29003-first.lua 29002-first.lua)"

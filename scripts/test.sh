@@ -68,6 +68,9 @@ go test -race -count=1 -timeout 15m "$@" ./...
 if [ $# -eq 0 ]; then
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
 	BENCH_EVENTS=2000 BENCH_RATE=200 BENCH_SECONDS=1 go test -run '^$' -bench . -benchtime 1x ./relay
+	# The side-by-side benchmark, one second per variant: ratios printed, no
+	# threshold (make bench-compare for figures).
+	BENCH_SECONDS=1 BENCH_REPLAY_RATE=1000 BENCH_FIRST_RATE=100 bench/compare.sh
 	# Fuzz smoke: the api end to end for a few seconds (make fuzz: a million).
 	go test -run '^$' -fuzz '^FuzzAPI$' -fuzztime 10s ./payments
 fi
