@@ -209,11 +209,17 @@ pgbouncer() {
 		pidfile = $dir/pgbouncer.pid
 		logfile = $dir/pgbouncer.log
 	INI
-	as_pg "$bin" -d "$dir/pgbouncer.ini"
-	local _
-	for _ in $(seq 50); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { log "pgbouncer (transaction mode) on 127.0.0.1:$port"; return; }
-		sleep 0.1
+	local _ attempt
+	for attempt in 1 2 3 4 5; do
+		as_pg "$bin" -d "$dir/pgbouncer.ini"
+		for _ in $(seq 50); do
+			(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { log "pgbouncer (transaction mode) on 127.0.0.1:$port"; return; }
+			sleep 0.1
+		done
+		# A port in the ephemeral range may be held for a moment by an
+		# outgoing connection: try again.
+		log "pgbouncer did not start on port $port (attempt $attempt): $(tail -1 "$dir/pgbouncer.log" 2>/dev/null)"
+		sleep 1
 	done
 	log "pgbouncer did not start on port $port: see $dir/pgbouncer.log"
 	exit 1

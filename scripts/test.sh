@@ -7,9 +7,10 @@
 # stops them afterwards. Unless TEST_REDIS_CLUSTER_URL is set, it does the
 # same for a three-master Redis Cluster on ports 56380-56382
 # (TEST_REDIS_CLUSTER_PORT). Unless TEST_REDIS_SENTINEL_URL is set, it starts
-# a Redis primary, its replica and three Sentinels on ports 56390-56394
-# (TEST_REDIS_SENTINEL_PORT). Unless TEST_PGBOUNCER_URL is set, it starts
-# PgBouncer (installed when missing) in transaction mode on port 56432
+# a Redis primary, its replica and three Sentinels on ports 61390-61394
+# (TEST_REDIS_SENTINEL_PORT; above the kernel's ephemeral range, where no
+# outgoing connection can hold them). Unless TEST_PGBOUNCER_URL is set, it starts
+# PgBouncer (installed when missing) in transaction mode on port 61432
 # (TEST_PGBOUNCER_PORT) in front of the test Postgres. Extra arguments go to
 # `go test`.
 set -euo pipefail
@@ -35,7 +36,7 @@ if [ -z "${TEST_REDIS_CLUSTER_URL:-}" ]; then
 	export TEST_REDIS_CLUSTER_URL="redis://127.0.0.1:$p?addr=127.0.0.1:$((p + 1))&addr=127.0.0.1:$((p + 2))"
 fi
 if [ -z "${TEST_REDIS_SENTINEL_URL:-}" ]; then
-	p=${TEST_REDIS_SENTINEL_PORT:-56390}
+	p=${TEST_REDIS_SENTINEL_PORT:-61390}
 	started=1
 	scripts/services.sh sentinel .data/test "$p" test
 	export TEST_REDIS_SENTINEL_URL="redis://127.0.0.1:$((p + 2))?master_name=onceonly&addr=127.0.0.1:$((p + 3))&addr=127.0.0.1:$((p + 4))"
@@ -43,7 +44,7 @@ fi
 if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
 	# PgBouncer in transaction mode in front of that Postgres: the commands'
 	# tests run through it too (DESIGN §4, Real deployments).
-	p=${TEST_PGBOUNCER_PORT:-56432}
+	p=${TEST_PGBOUNCER_PORT:-61432}
 	pg_addr=$(sed -E 's#^[a-z]+://([^@/]*@)?([^/?]*).*#\2#' <<<"$TEST_DATABASE_URL")
 	started=1
 	scripts/services.sh pgbouncer .data/test "${pg_addr##*:}" "$p" "${pg_addr%:*}"
