@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -257,8 +256,8 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 // claim claims ref in Postgres. The claim is not canceled with ctx: a
 // claim canceled in flight may still commit, and its caller, not knowing,
 // would strand the key for a whole lease; execute finds ctx ended after
-// the claim and gives the key back instead. A pooled connection that died (Postgres restarted) fails
-// before sending anything, so it is tried once more on another.
+// the claim and gives the key back instead. A claim that met a dead pooled
+// connection (Postgres restarted) is tried once more (onLiveConnection).
 func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim outbox.ClaimResult, err error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTimeout)
 	defer cancel()
@@ -269,11 +268,9 @@ func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner k
 		}
 		endSpan(span, err)
 	}()
-	claim, err = e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
-	if err != nil && pgconn.SafeToRetry(err) && ctx.Err() == nil {
-		claim, err = e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
-	}
-	return claim, err
+	return onLiveConnection(ctx, e, func() (outbox.ClaimResult, error) {
+		return e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
+	})
 }
 
 // newExecution returns the execution of the key k this engine just claimed.
@@ -457,11 +454,12 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	defer cancel()
 	var k keystate.Key
 	var err error
-	if handOff {
-		k, err = e.store.HandOff(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
-	} else {
-		k, err = e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
-	}
+	k, err = onLiveConnection(ctx, e, func() (keystate.Key, error) {
+		if handOff {
+			return e.store.HandOff(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
+		}
+		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
+	})
 	if err != nil {
 		if !errors.Is(err, outbox.ErrLeaseLost) {
 			e.log.Error("release key; it stays claimed until its lease ends", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)

@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceonly/onceonly/keystate"
 )
@@ -103,11 +102,9 @@ func (x *Execution) Tx(ctx context.Context) (pgx.Tx, error) {
 	if !x.lease.valid() {
 		return nil, ErrLeaseLost
 	}
-	tx, err := x.engine.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil && pgconn.SafeToRetry(err) && ctx.Err() == nil {
-		// A pooled connection that died before anything was sent: once more.
-		tx, err = x.engine.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	}
+	tx, err := onLiveConnection(ctx, x.engine, func() (pgx.Tx, error) {
+		return x.engine.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: begin: %w", ErrUnavailable, err)
 	}
@@ -213,7 +210,9 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 		if !x.stored {
 			request = x.request()
 		}
-		err := x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, []byte(`{}`), x.handler, request, false)
+		_, err := onLiveConnection(ctx, x.engine, func() (struct{}, error) {
+			return struct{}{}, x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, []byte(`{}`), x.handler, request, false)
+		})
 		if err != nil {
 			return x.engine.recordError(err)
 		}
@@ -235,7 +234,9 @@ func (x *Execution) recordOutcome(ctx context.Context, name string, outcome json
 	if err != nil {
 		return fmt.Errorf("step %s: encode its record: %w", name, err)
 	}
-	err = x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, record, x.handler, nil, true)
+	_, err = onLiveConnection(ctx, x.engine, func() (struct{}, error) {
+		return struct{}{}, x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, record, x.handler, nil, true)
+	})
 	if err != nil {
 		if err = x.engine.recordError(err); errors.Is(err, ErrLeaseLost) {
 			return err

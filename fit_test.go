@@ -24,6 +24,7 @@ import (
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/migrations"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -544,4 +545,57 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 	var completed int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`).Scan(&completed))
 	require.Equal(t, 4, completed)
+}
+
+// TestPostgresRestartCostsNoRequest: after Postgres restarts, every pooled
+// connection is dead, and the engine finds out only when it uses one. The
+// first requests after the restart still succeed — a claim, a step's
+// record, a plain execution — instead of answering 503 once per dead
+// connection.
+func TestPostgresRestartCostsNoRequest(t *testing.T) {
+	t.Parallel()
+	srv := testenv.NewPostgresServer(t)
+	pool := testenv.Pool(t, srv.URL())
+	m, err := migrations.NewMigrator(pool)
+	require.NoError(t, err)
+	ctx := testenv.Context(t)
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	require.NoError(t, e.Register("step", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+		if _, err := onceonly.Step(ctx, "s", func(context.Context, string) (int, error) { return 1, nil }); err != nil {
+			return onceonly.Result{}, err
+		}
+		tx, err := onceonly.Tx(ctx)
+		if err != nil {
+			return onceonly.Result{}, err
+		}
+		return ledger(ctx, tx, x.Key())
+	}))
+	warm := func() { // every connection of the pool opened and idle
+		conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+		for i := range conns {
+			conns[i], err = pool.Acquire(ctx)
+			require.NoError(t, err)
+		}
+		for _, c := range conns {
+			c.Release()
+		}
+	}
+	for round := range 3 {
+		warm()
+		srv.Restart()
+		for i := range 4 {
+			key := fmt.Sprintf("restart-%d-%d", round, i)
+			_, err := e.Run(ctx, "step", "tenant", key, []byte("p"))
+			require.NoError(t, err, "%s: the first requests after a restart", key)
+			_, err = e.Do(ctx, "tenant", key+"-do", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				return ledger(ctx, tx, key)
+			})
+			require.NoError(t, err, "%s-do", key)
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // Register names fn so this engine can resume its executions: one whose
@@ -87,7 +88,9 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		owners[i] = e.owners.next()
 	}
 	claimedAt := time.Now()
-	due, err := e.store.ResumeClaim(ctx, e.cfg.Pool, names, owners, e.cfg.LeaseTimeout)
+	due, err := onLiveConnection(ctx, e, func() ([]outbox.Resumable, error) {
+		return e.store.ResumeClaim(ctx, e.cfg.Pool, names, owners, e.cfg.LeaseTimeout)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("resume: %w", err)
 	}

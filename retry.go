@@ -1,0 +1,41 @@
+package onceonly
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// deadConnection reports whether err says a statement never ran because its
+// pooled connection was dead: nothing was sent (pgconn.SafeToRetry), or the
+// server's first answer was that it had ended the connection — a restart or
+// a failover (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03
+// cannot_connect_now) — which it sends before, never after, a result.
+func deadConnection(err error) bool {
+	if pgconn.SafeToRetry(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Severity != "FATAL" {
+		return false
+	}
+	switch pgErr.Code {
+	case "57P01", "57P02", "57P03":
+		return true
+	}
+	return false
+}
+
+// onLiveConnection runs op, and once more when it failed on a dead pooled
+// connection. The pool's other idle connections died the same way (a
+// restart ends them all), so they are closed first: the second try dials,
+// instead of meeting the next dead one. A restart thus costs no request.
+func onLiveConnection[T any](ctx context.Context, e *Engine, op func() (T, error)) (T, error) {
+	v, err := op()
+	if err == nil || ctx.Err() != nil || !deadConnection(err) {
+		return v, err
+	}
+	e.cfg.Pool.Reset()
+	return op()
+}
