@@ -554,14 +554,8 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 // connection.
 func TestPostgresRestartCostsNoRequest(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewPostgresServer(t)
-	pool := testenv.Pool(t, srv.URL())
-	m, err := migrations.NewMigrator(pool)
-	require.NoError(t, err)
+	srv, pool := privatePostgres(t)
 	ctx := testenv.Context(t)
-	_, err = m.Up(ctx)
-	require.NoError(t, err)
-	require.NoError(t, m.Close())
 	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
@@ -598,4 +592,18 @@ func TestPostgresRestartCostsNoRequest(t *testing.T) {
 			require.NoError(t, err, "%s-do", key)
 		}
 	}
+}
+
+// privatePostgres starts a Postgres of the test's own (to stop or restart)
+// and returns it with a pool on its migrated database.
+func privatePostgres(t *testing.T) (*testenv.PostgresServer, *pgxpool.Pool) {
+	t.Helper()
+	srv := testenv.NewPostgresServer(t)
+	pool := testenv.Pool(t, srv.URL())
+	m, err := migrations.NewMigrator(pool)
+	require.NoError(t, err)
+	_, err = m.Up(testenv.Context(t))
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	return srv, pool
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/migrations"
 )
 
 // remote is the external system of these tests: it applies each
@@ -267,13 +266,7 @@ func TestLeaseSurvivesAStarvedPool(t *testing.T) {
 // step or commit.
 func TestHolderWithoutPostgresStopsBeforeItsLeaseEnds(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewPostgresServer(t)
-	pool := testenv.Pool(t, srv.URL())
-	m, err := migrations.NewMigrator(pool)
-	require.NoError(t, err)
-	_, err = m.Up(testenv.Context(t))
-	require.NoError(t, err)
-	require.NoError(t, m.Close())
+	srv, pool := privatePostgres(t)
 	const lease = 600 * time.Millisecond
 	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease})
 	require.NoError(t, err)
