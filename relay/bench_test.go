@@ -14,8 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // The relay benchmarks run on the servers of TEST_DATABASE_URL,
@@ -120,66 +118,14 @@ func drainAll(ctx context.Context, rs []*Relay) (int, error) {
 func BenchmarkLag(b *testing.B) {
 	rate := benchEnvInt(b, "BENCH_RATE", 1000)
 	seconds := benchEnvInt(b, "BENCH_SECONDS", 10)
-	const writers = 8
 	for range b.N {
 		bd := setup(b)
-		r := bd.relay(b, Config{})
-		var mu sync.Mutex
-		var lags []time.Duration
-		r.delivered = func(events []outbox.Event, failed []outbox.FailedEvent, ackedAt time.Time) {
-			mu.Lock()
-			defer mu.Unlock()
-			for _, e := range events {
-				lags = append(lags, ackedAt.Sub(e.CreatedAt))
-			}
-		}
-		ctx, cancel := context.WithCancel(bd.Ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(ctx) }()
-		time.Sleep(200 * time.Millisecond) // LISTEN is up
-
-		total := rate * seconds
-		interval := time.Second / time.Duration(rate)
-		began := time.Now()
-		var wg sync.WaitGroup
-		for w := range writers {
-			wg.Go(func() {
-				for i := w; i < total; i += writers {
-					time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
-					_, err := bd.Store.Claim(bd.Ctx, bd.Pool, keystate.Ref{Scope: "bench", Key: "lag-" + strconv.Itoa(i)}, "v1:fp", owner, time.Minute)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		achieved := float64(total) / time.Since(began).Seconds()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			mu.Lock()
-			n := len(lags)
-			mu.Unlock()
-			if n >= total || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
-		mu.Lock()
+		lags, achieved := measureLag(b, bd, bd.relay(b, Config{}), rate, seconds)
 		slices.Sort(lags)
-		if len(lags) != total {
-			b.Fatalf("delivered %d of %d events", len(lags), total)
-		}
 		b.ReportMetric(achieved, "events/s")
 		b.ReportMetric(float64(percentile(lags, 0.50).Microseconds())/1000, "p50_ms")
 		b.ReportMetric(float64(percentile(lags, 0.99).Microseconds())/1000, "p99_ms")
 		b.ReportMetric(float64(lags[len(lags)-1].Microseconds())/1000, "max_ms")
-		mu.Unlock()
 	}
 }
 

@@ -91,7 +91,8 @@ func BenchmarkLagReplicated(b *testing.B) {
 			wait := (i + j) % 2
 			rdb := testenv.SentinelClient(b, url)
 			bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
-			lags[wait] = append(lags[wait], measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), rate, seconds)...)
+			measured, _ := measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), rate, seconds)
+			lags[wait] = append(lags[wait], measured...)
 		}
 	}
 	for wait, name := range []string{"nowait", "wait"} {
@@ -103,11 +104,11 @@ func BenchmarkLagReplicated(b *testing.B) {
 }
 
 // measureLag claims rate keys a second for seconds from 8 writers while r
-// runs and returns every event's commit→Redis lag.
-func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) []time.Duration {
+// runs and returns every event's commit→Redis lag, and the rate the writers
+// achieved.
+func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) (lags []time.Duration, achieved float64) {
 	b.Helper()
 	var mu sync.Mutex
-	var lags []time.Duration
 	r.delivered = func(events []outbox.Event, _ []outbox.FailedEvent, ackedAt time.Time) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -138,6 +139,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) []time.Du
 		})
 	}
 	wg.Wait()
+	achieved = float64(total) / time.Since(began).Seconds()
 	testenv.Eventually(b, 10*time.Second, "every event delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -149,7 +151,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) []time.Du
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return lags
+	return lags, achieved
 }
 
 // BenchmarkReplicaWait measures the guard's own cost, paid once per batch:
