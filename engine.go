@@ -396,26 +396,20 @@ func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error
 	return fn(ctx, x)
 }
 
-// complete stores res and completes the key in the execution's transaction
-// (begun now if the handler never asked for it), then commits.
-func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (_ keystate.Key, err error) {
+// complete stores res and completes the key in the execution's
+// transaction, and commits: the completion and the COMMIT go in one round
+// trip (commitWith).
+func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored keystate.Key, err error) {
 	ctx, span := e.startSpan(ctx, spanComplete)
 	defer func() { endSpan(span, err) }()
-	tx, err := x.Tx(ctx)
-	if err != nil {
-		return keystate.Key{}, err
-	}
-	stored, err := e.store.Complete(ctx, tx, x.ref, x.fence.Owner, res)
-	if err != nil {
-		x.rollback(ctx)
-		return keystate.Key{}, err
-	}
+	tx := x.transaction()
 	if !x.lease.valid() {
 		x.rollback(ctx)
 		return keystate.Key{}, ErrLeaseLost
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return keystate.Key{}, fmt.Errorf("commit: %w", err)
+	err = tx.commitWith(ctx, func(b *pgx.Batch) { e.store.QueueComplete(b, x.ref, x.fence.Owner, res, &stored) })
+	if err != nil {
+		return keystate.Key{}, fmt.Errorf("complete and commit: %w", err)
 	}
 	return stored, nil
 }

@@ -41,7 +41,7 @@ type Execution struct {
 	request func() []byte
 
 	mu       sync.Mutex
-	tx       pgx.Tx
+	tx       *execTx                    // set by the first Tx
 	stored   bool                       // the request is stored with the key
 	outcomes map[string]json.RawMessage // recorded step outcomes
 	started  map[string]bool            // steps whose intent is recorded
@@ -92,7 +92,8 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 	return x.Tx(ctx)
 }
 
-// Tx returns the execution's transaction, beginning it on first use.
+// Tx returns the execution's transaction. Its BEGIN goes to Postgres with
+// its first statement, and its COMMIT with the key's completion.
 func (x *Execution) Tx(ctx context.Context) (pgx.Tx, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -102,14 +103,19 @@ func (x *Execution) Tx(ctx context.Context) (pgx.Tx, error) {
 	if !x.lease.valid() {
 		return nil, ErrLeaseLost
 	}
-	tx, err := onLiveConnection(ctx, x.engine, func() (pgx.Tx, error) {
-		return x.engine.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: begin: %w", ErrUnavailable, err)
+	x.tx = &execTx{engine: x.engine}
+	return x.tx, nil
+}
+
+// transaction returns the execution's transaction, made if the handler
+// never asked for it.
+func (x *Execution) transaction() *execTx {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.tx == nil {
+		x.tx = &execTx{engine: x.engine}
 	}
-	x.tx = tx
-	return tx, nil
+	return x.tx
 }
 
 // DownstreamKey returns the idempotency key a step sends to the system it

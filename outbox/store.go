@@ -194,34 +194,62 @@ func (s *Store) Get(ctx context.Context, db DB, ref keystate.Ref) (keystate.Key,
 // transaction: it commits with the business writes or not at all. It
 // returns ErrLeaseLost when owner no longer holds the key.
 func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner keystate.Owner, resp keystate.Response) (keystate.Key, error) {
+	var notified bool
+	k, err := scanKey(tx.QueryRow(ctx, finishSQL, s.completeArgs(ref, owner, resp, false)...), &notified)
+	return k, finishError(keystate.Completed, err)
+}
+
+// QueueComplete queues on b the completion Complete runs, for a batch that
+// sends the transaction's COMMIT behind it in the same round trip: when
+// owner no longer holds the key, the statement fails with ErrLeaseLost
+// (rather than returning no row), so Postgres skips that COMMIT. The
+// completed key is stored in dst as b's results are read.
+func (s *Store) QueueComplete(b *pgx.Batch, ref keystate.Ref, owner keystate.Owner, resp keystate.Response, dst *keystate.Key) {
+	b.Queue(finishSQL, s.completeArgs(ref, owner, resp, true)...).QueryRow(func(row pgx.Row) error {
+		var notified bool
+		k, err := scanKey(row, &notified)
+		if err != nil {
+			return finishError(keystate.Completed, err)
+		}
+		*dst = k
+		return nil
+	})
+}
+
+// completeArgs are the arguments of finish.sql for a completion.
+func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keystate.Response, failWhenLost bool) []any {
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	header := keystate.EncodeHeader(resp.Header)
-	return s.finish(ctx, tx, ref, owner, keystate.Completed, &resp.Status, &resp.ContentType, &header, body, s.cfg.CompletedTTL)
+	return []any{ref.Scope, ref.Key, owner.String(), keystate.Completed, resp.Status, resp.ContentType, body,
+		s.cfg.CompletedTTL, !s.cfg.DeferNotify, keystate.EncodeHeader(resp.Header), failWhenLost}
 }
 
 // Fail marks the key failed (retryable: the next request claims it again).
 // It returns ErrLeaseLost when owner no longer holds the key.
 func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
-	return s.finish(ctx, db, ref, owner, keystate.Failed, nil, nil, nil, nil, s.cfg.FailedTTL)
+	var notified bool
+	k, err := scanKey(db.QueryRow(ctx, finishSQL, ref.Scope, ref.Key, owner.String(), keystate.Failed,
+		nil, nil, nil, s.cfg.FailedTTL, !s.cfg.DeferNotify, nil, false), &notified)
+	return k, finishError(keystate.Failed, err)
 }
 
-func (s *Store) finish(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, status keystate.Status,
-	respStatus *int, contentType, header *string, body []byte, ttl time.Duration,
-) (keystate.Key, error) {
-	var notified bool
-	k, err := scanKey(db.QueryRow(ctx, finishSQL, ref.Scope, ref.Key, owner.String(), status,
-		respStatus, contentType, body, ttl, !s.cfg.DeferNotify, header), &notified)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return keystate.Key{}, ErrLeaseLost
+// finishError maps the error of finish.sql: no row, or its failure when the
+// owner lost the key (SQLSTATE OO001, onceonly_lease_lost), is ErrLeaseLost.
+func finishError(status keystate.Status, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == leaseLostCode:
+		return ErrLeaseLost
 	}
-	if err != nil {
-		return keystate.Key{}, fmt.Errorf("mark key %s: %w", status, err)
-	}
-	return k, nil
+	return fmt.Errorf("mark key %s: %w", status, err)
 }
+
+// leaseLostCode is the SQLSTATE of onceonly_lease_lost (migration 00006).
+const leaseLostCode = "OO001"
 
 // Heartbeat extends owner's lease to lease from now. A heartbeat is not a
 // transition: it bumps no version and writes no event.

@@ -57,15 +57,15 @@ func TestMigrateAndSchemaCheck(t *testing.T) {
 
 	code, stdout, stderr = runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, "applied 5 migration(s); schema at version 5")
+	require.Contains(t, stdout, "applied 6 migration(s); schema at version 6")
 
 	code, stdout, _ = runAPI(t, env, "migrate", "status")
 	require.Equal(t, 0, code)
-	require.Equal(t, 5, strings.Count(stdout, "applied"))
+	require.Equal(t, 6, strings.Count(stdout, "applied"))
 
 	code, stdout, _ = runAPI(t, env, "migrate", "down")
 	require.Equal(t, 0, code)
-	require.Contains(t, stdout, "00005_version_floor.sql")
+	require.Contains(t, stdout, "00006_lease_lost.sql")
 	code, stdout, _ = runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code)
 	require.Contains(t, stdout, "applied 1 migration(s)")

@@ -1,0 +1,342 @@
+package onceonly
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrCommitByHandler is returned by Commit on the execution's transaction:
+// the engine commits it, together with the key's completion, once the
+// handler has returned its Result.
+var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution's transaction; return the Result instead")
+
+// execTx is the transaction of an execution: a pgx.Tx that sends its BEGIN
+// with the handler's first statement (pgx's Batch.BeginTx), and its COMMIT
+// with the key's completion (commitWith), so a handler that writes one row
+// costs the round trip of that write and one more, not three. A handler
+// that writes nothing sends neither. Begin (savepoints), CopyFrom, Prepare
+// and LargeObjects as the first call send the BEGIN alone. The isolation is
+// READ COMMITTED whatever the database's default: the completion must see
+// the lease renewals committed since the claim.
+type execTx struct {
+	engine *Engine
+
+	mu     sync.Mutex
+	conn   *pgxpool.Conn // held from the first statement to the end
+	tx     pgx.Tx        // pgx's transaction on conn, once begun
+	closed bool          // committed, rolled back or given up
+}
+
+// acquire returns the transaction's connection, taking one from the pool
+// on first use.
+func (t *execTx) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	if t.conn == nil {
+		conn, err := t.engine.cfg.Pool.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("%w: acquire a connection: %w", ErrUnavailable, err)
+		}
+		t.conn = conn
+	}
+	return t.conn, nil
+}
+
+// sendFirst sends the BEGIN and then b's statements in one round trip, and
+// returns the results of b's statements. A pooled connection found dead
+// (Postgres restarted) is replaced and everything sent once more: none of
+// it ran.
+func (t *execTx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	withBegin := &pgx.Batch{}
+	withBegin.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	withBegin.QueuedQueries = append(withBegin.QueuedQueries, b.QueuedQueries...)
+	for attempt := 0; ; attempt++ {
+		conn, err := t.acquire(ctx)
+		if err != nil {
+			t.closed = true
+			return pgx.FailedBatchResults(b, err)
+		}
+		br := conn.SendBatch(ctx, withBegin)
+		if _, err = br.Exec(); err == nil {
+			t.tx = br.Tx()
+			return br
+		}
+		_ = br.Close()
+		t.release()
+		if attempt > 0 || ctx.Err() != nil || !deadConnection(err) {
+			t.closed = true
+			return pgx.FailedBatchResults(b, fmt.Errorf("%w: begin: %w", ErrUnavailable, err))
+		}
+		t.engine.cfg.Pool.Reset()
+	}
+}
+
+// begin sends the BEGIN alone, for the methods that cannot carry it.
+func (t *execTx) begin(ctx context.Context) (pgx.Tx, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return nil, pgx.ErrTxClosed
+	case t.tx != nil:
+		return t.tx, nil
+	}
+	tx, err := onLiveConnection(ctx, t.engine, func() (pgx.Tx, error) {
+		conn, err := t.acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			t.release()
+		}
+		return tx, err
+	})
+	if err != nil {
+		t.closed = true
+		return nil, fmt.Errorf("%w: begin: %w", ErrUnavailable, err)
+	}
+	t.tx = tx
+	return tx, nil
+}
+
+// release returns the connection to the pool (which closes it if a
+// transaction is still open on it).
+func (t *execTx) release() {
+	if t.conn != nil {
+		t.conn.Release()
+		t.conn = nil
+	}
+}
+
+// Exec runs sql in the transaction.
+func (t *execTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	case t.tx != nil:
+		return t.tx.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := t.sendFirst(ctx, b)
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query runs sql in the transaction.
+func (t *execTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return nil, pgx.ErrTxClosed
+	case t.tx != nil:
+		return t.tx.Query(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	br := t.sendFirst(ctx, b)
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, results: br}, nil
+}
+
+// QueryRow runs sql in the transaction; the row is read by its Scan.
+func (t *execTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := t.Query(ctx, sql, args...)
+	return firstRow{rows: rows, err: err}
+}
+
+// SendBatch sends b in the transaction.
+func (t *execTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	case t.tx != nil:
+		return t.tx.SendBatch(ctx, b)
+	}
+	return t.sendFirst(ctx, b)
+}
+
+// Begin starts a pseudo nested transaction (a savepoint).
+func (t *execTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := t.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.Begin(ctx)
+}
+
+// CopyFrom copies rows into tableName in the transaction.
+func (t *execTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	tx, err := t.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+}
+
+// Prepare prepares a statement on the transaction's connection.
+func (t *execTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	tx, err := t.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return tx.Prepare(ctx, name, sql)
+}
+
+// LargeObjects returns the large objects of the transaction. pgx's
+// interface gives it no context and no error: when the transaction cannot
+// begin within five seconds, the LargeObjects returned cannot be used.
+func (t *execTx) LargeObjects() pgx.LargeObjects {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tx, err := t.begin(ctx)
+	if err != nil {
+		t.engine.log.Error("begin the execution's transaction for LargeObjects", "err", err)
+		return pgx.LargeObjects{}
+	}
+	return tx.LargeObjects()
+}
+
+// Conn returns the transaction's connection (nil before its first
+// statement).
+func (t *execTx) Conn() *pgx.Conn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.conn == nil {
+		return nil
+	}
+	return t.conn.Conn()
+}
+
+// Commit refuses: the engine commits with the key's completion.
+func (t *execTx) Commit(context.Context) error { return ErrCommitByHandler }
+
+// Rollback rolls the transaction back and returns its connection.
+func (t *execTx) Rollback(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	t.closed = true
+	defer t.release()
+	if t.tx == nil {
+		return nil
+	}
+	if err := t.tx.Rollback(ctx); err != nil {
+		return fmt.Errorf("rollback: %w", err)
+	}
+	return nil
+}
+
+// commitWith sends the statements queue puts on a batch (the key's
+// completion) and the COMMIT in one round trip, and returns the
+// connection. Those statements must fail, not return nothing, when the
+// execution lost its key: Postgres skips a COMMIT that follows a failed
+// statement. Without a BEGIN sent, they run on their own, on a live
+// connection.
+func (t *execTx) commitWith(ctx context.Context, queue func(*pgx.Batch)) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	t.closed = true
+	if t.tx == nil {
+		_, err := onLiveConnection(ctx, t.engine, func() (struct{}, error) {
+			b := &pgx.Batch{}
+			queue(b)
+			return struct{}{}, t.engine.cfg.Pool.SendBatch(ctx, b).Close()
+		})
+		return err
+	}
+	defer t.release()
+	b := &pgx.Batch{}
+	queue(b)
+	b.Queue("commit")
+	// Sent on the connection, past pgx's transaction object, which would
+	// refuse a batch holding its COMMIT; that object is not used again.
+	err := t.conn.SendBatch(ctx, b).Close()
+	if err != nil && t.conn.Conn().PgConn().TxStatus() != 'I' {
+		_ = t.tx.Rollback(context.WithoutCancel(ctx))
+	}
+	return err
+}
+
+// batchRows are the rows of a statement sent in a batch: closing them
+// reads the rest of the batch.
+type batchRows struct {
+	pgx.Rows
+	results pgx.BatchResults
+	done    bool
+	err     error
+}
+
+// Next advances to the next row; after the last it closes the batch.
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+// Close closes the rows and the batch.
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if !r.done {
+		r.done = true
+		r.err = r.results.Close()
+	}
+}
+
+// Err returns the rows' error, or else the batch's.
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// firstRow is the row of QueryRow: the first of rows.
+type firstRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+// Scan reads the first row into dest; pgx.ErrNoRows when there is none.
+func (r firstRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
