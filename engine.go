@@ -72,6 +72,22 @@ type Config struct {
 	// commit the engine does not see, also wait for that poll unless this
 	// is set.
 	NotifyInTransaction bool
+	// SingleCommit runs the executions of unnamed handlers (Do, and the
+	// middleware without a Name) in one transaction: the key's row is
+	// written once, with the result, by the commit that holds the
+	// handler's writes, instead of after a claim committed on its own. A
+	// duplicate in flight is turned away by the key's transaction-scoped
+	// advisory lock (I4). Postgres ends the transaction when it lasts
+	// longer than LeaseTimeout (statement_timeout,
+	// idle_in_transaction_session_timeout, TCP keepalives), so a stuck or
+	// dead holder blocks the key no longer than that (I5); a handler that
+	// fails records the key failed after its rollback (I3). For short
+	// handlers that write only to Postgres: the handler holds a pooled
+	// connection and an open transaction for its whole run, and gets no
+	// heartbeat. A key that has a row already (a failed key retried, a
+	// takeover) goes the two-phase way. Fence().Version is 0 in such an
+	// execution. Off by default.
+	SingleCommit bool
 	// Registerer receives the engine's Prometheus metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
@@ -220,6 +236,13 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 		return out, err
 	}
 
+	if e.cfg.SingleCommit && handler == "" {
+		var handled bool
+		if out, outcome, handled, err = e.single(ctx, ref, fp.value, owner, request, fn); handled {
+			return out, err
+		}
+	}
+
 	claimedAt := time.Now()
 	claim, err := e.claim(ctx, ref, fp.value, owner)
 	if err != nil {
@@ -338,7 +361,11 @@ func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string
 func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn Func) (Outcome, string, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	x.lease = e.leases.hold(ctx, x.ref, x.fence.Owner, claimedAt, cancel)
+	if x.single {
+		x.lease = e.leases.fixed(x.ref, x.fence.Owner, claimedAt, cancel)
+	} else {
+		x.lease = e.leases.hold(ctx, x.ref, x.fence.Owner, claimedAt, cancel)
+	}
 	defer e.leases.release(x.lease)
 	hctx = context.WithValue(hctx, executionKey{}, x)
 
@@ -407,7 +434,13 @@ func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored
 		x.rollback(ctx)
 		return keystate.Key{}, ErrLeaseLost
 	}
-	err = tx.commitWith(ctx, func(b *pgx.Batch) { e.store.QueueComplete(b, x.ref, x.fence.Owner, res, &stored) })
+	err = tx.commitWith(ctx, func(b *pgx.Batch) {
+		if x.single {
+			e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, &stored)
+		} else {
+			e.store.QueueComplete(b, x.ref, x.fence.Owner, res, &stored)
+		}
+	})
 	if err != nil {
 		return keystate.Key{}, fmt.Errorf("complete and commit: %w", err)
 	}
@@ -449,6 +482,13 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	var k keystate.Key
 	var err error
 	k, err = onLiveConnection(ctx, e, func() (keystate.Key, error) {
+		if x.single {
+			k, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
+			if err == nil && !written {
+				return k, outbox.ErrLeaseLost // the key has a row of another execution
+			}
+			return k, err
+		}
 		if handOff {
 			return e.store.HandOff(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
 		}

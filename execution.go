@@ -39,6 +39,10 @@ type Execution struct {
 	lease   *lease
 	handler string
 	request func() []byte
+	// single marks a single-commit execution (Config.SingleCommit), which
+	// writes the key's row, with fingerprint, only as it ends.
+	single      bool
+	fingerprint string
 
 	mu       sync.Mutex
 	tx       *execTx                    // set by the first Tx

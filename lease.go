@@ -53,8 +53,7 @@ func (k *leaseKeeper) margin() time.Duration { return k.lease / 6 }
 // sent: Postgres's lease runs from later) and starts renewing it. cancel
 // stops the execution when the lease is lost.
 func (k *leaseKeeper) hold(ctx context.Context, ref keystate.Ref, owner keystate.Owner, claimedAt time.Time, cancel context.CancelCauseFunc) *lease {
-	l := &lease{ref: ref, owner: owner, cancel: cancel, validUntil: claimedAt.Add(k.lease - k.margin())}
-	l.timer = time.AfterFunc(time.Until(l.validUntil), func() { l.expire(ErrLeaseLost) })
+	l := k.fixed(ref, owner, claimedAt, cancel)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.leases[owner] = l
@@ -64,6 +63,16 @@ func (k *leaseKeeper) hold(ctx context.Context, ref keystate.Ref, owner keystate
 		// The renewals outlive the request that started them.
 		go k.run(context.WithoutCancel(ctx), k.stop, k.done)
 	}
+	return l
+}
+
+// fixed returns a lease that is never renewed: it ends LeaseTimeout, less
+// the margin, after start, and cancels its execution then. A single-commit
+// execution holds one (its transaction must end within the lease, which
+// Postgres enforces as well); hold renews the others.
+func (k *leaseKeeper) fixed(ref keystate.Ref, owner keystate.Owner, start time.Time, cancel context.CancelCauseFunc) *lease {
+	l := &lease{ref: ref, owner: owner, cancel: cancel, validUntil: start.Add(k.lease - k.margin())}
+	l.timer = time.AfterFunc(time.Until(l.validUntil), func() { l.expire(ErrLeaseLost) })
 	return l
 }
 

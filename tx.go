@@ -52,15 +52,15 @@ func (t *execTx) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 // (Postgres restarted) is replaced and everything sent once more: none of
 // it ran.
 func (t *execTx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	withBegin := &pgx.Batch{}
-	withBegin.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	withBegin.QueuedQueries = append(withBegin.QueuedQueries, b.QueuedQueries...)
 	for attempt := 0; ; attempt++ {
 		conn, err := t.acquire(ctx)
 		if err != nil {
 			t.closed = true
 			return pgx.FailedBatchResults(b, err)
 		}
+		withBegin := &pgx.Batch{}
+		withBegin.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		withBegin.QueuedQueries = append(withBegin.QueuedQueries, b.QueuedQueries...)
 		br := conn.SendBatch(ctx, withBegin)
 		if _, err = br.Exec(); err == nil {
 			t.tx = br.Tx()
@@ -74,6 +74,19 @@ func (t *execTx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		}
 		t.engine.cfg.Pool.Reset()
 	}
+}
+
+// beginWith sends the BEGIN and the statements queue puts on a batch in
+// one round trip, and reads their results.
+func (t *execTx) beginWith(ctx context.Context, queue func(*pgx.Batch)) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.tx != nil {
+		return errors.New("onceonly: the execution's transaction has begun already")
+	}
+	b := &pgx.Batch{}
+	queue(b)
+	return t.sendFirst(ctx, b).Close()
 }
 
 // begin sends the BEGIN alone, for the methods that cannot carry it.

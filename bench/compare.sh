@@ -6,10 +6,11 @@
 #   (c) Redis-only idempotency (Lua lock)  (d) Postgres-only idempotency
 #   (e) onceonly, as configured by default (NOTIFY deferred) and with
 #       DEFER_NOTIFY=false (NOTIFY in every transaction)
+#   (f) onceonly with SingleCommit (the key written once, one commit)
 # A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
 # duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
 # memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
-# variants listen on 29001-29006 (below the ephemeral range). BENCH_PROFILE=DIR
+# variants listen on 29001-29007 (below the ephemeral range). BENCH_PROFILE=DIR
 # saves CPU profiles of the onceonly runs there (go tool pprof -top FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +86,7 @@ measure "(c) Redis-only idempotency" 29003 first.lua
 measure "(d) Postgres-only idempotency" 29004 first.lua
 measure "(e) onceonly" 29005 first.lua
 measure "(e) onceonly, NOTIFY in tx" 29006 first.lua
+measure "(f) onceonly, SingleCommit" 29007 first.lua
 
 # Latency under a constant rate (open loop: measured from when each request
 # was due, so queueing shows; wrk's closed loop above hides it).
@@ -98,6 +100,7 @@ openloop "(e) onceonly" 29005 "$replay_rate" fixed bench-replay
 echo "== latency at $first_rate first executions/s, open loop"
 openloop "(b) bare handler, one INSERT" 29002 "$first_rate" unique "open-b-$RANDOM"
 openloop "(e) onceonly" 29005 "$first_rate" unique "open-e-$RANDOM"
+openloop "(f) onceonly, SingleCommit" 29007 "$first_rate" unique "open-f-$RANDOM"
 
 echo "== duplicate effects: 300 requests x 4 copies (2 at once, 2 later), FLUSHALL halfway"
 bin/harness dupes -n 300
@@ -109,4 +112,5 @@ echo "replays, onceonly / bare Redis GET:                     $(ratio 29005-repl
 echo "replays, Redis-only pattern / bare Redis GET:           $(ratio 29003-replay.lua 29001-replay.lua)"
 echo "first executions, onceonly / bare INSERT:               $(ratio 29005-first.lua 29002-first.lua)"
 echo "first executions, onceonly NOTIFY in tx / bare INSERT:  $(ratio 29006-first.lua 29002-first.lua)"
+echo "first executions, onceonly SingleCommit / bare INSERT:  $(ratio 29007-first.lua 29002-first.lua)"
 echo "first executions, Redis-only pattern / bare INSERT:     $(ratio 29003-first.lua 29002-first.lua)"

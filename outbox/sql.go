@@ -13,6 +13,10 @@ var (
 	claimTakeoverSQL string
 	//go:embed sql/finish.sql
 	finishSQL string
+	//go:embed sql/single_begin.sql
+	singleBeginSQL string
+	//go:embed sql/single_finish.sql
+	singleFinishSQL string
 	//go:embed sql/heartbeat.sql
 	heartbeatSQL string
 	//go:embed sql/get_key.sql

@@ -8,6 +8,7 @@
 //	base+3  (d) Postgres-only idempotency: onceonly with no Redis
 //	base+4  (e) onceonly, as configured by default (NOTIFY deferred)
 //	base+5  (e) onceonly with NotifyInTransaction (DEFER_NOTIFY=false)
+//	base+6  (f) onceonly with SingleCommit (one transaction per execution)
 //	base+9  net/http/pprof
 //
 //	harness serve   [-base 29001]   serve until SIGTERM
@@ -107,6 +108,7 @@ type harness struct {
 	pgOnly    *onceonly.Engine
 	full      *onceonly.Engine
 	inTx      *onceonly.Engine
+	single    *onceonly.Engine
 	lockCheck *redis.Script
 }
 
@@ -144,7 +146,11 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, lockCheck: redis.NewScript(lockCheckLua)}, nil
+	single, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, SingleCommit: true})
+	if err != nil {
+		return nil, err
+	}
+	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, single: single, lockCheck: redis.NewScript(lockCheckLua)}, nil
 }
 
 // handlers returns the variants in port order.
@@ -161,6 +167,7 @@ func (h *harness) handlers() []http.Handler {
 		mw(h.pgOnly, "pgonly"),
 		mw(h.full, "full"),
 		mw(h.inTx, "notify-in-tx"),
+		mw(h.single, "single"),
 	}
 }
 

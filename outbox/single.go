@@ -1,0 +1,69 @@
+package outbox
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceonly/onceonly/keystate"
+)
+
+// SingleBegin is what single_begin.sql found.
+type SingleBegin struct {
+	// Locked is true when this transaction holds the key's advisory lock.
+	Locked bool
+	// HasRow is true when the key has a row: a single commit cannot
+	// handle it.
+	HasRow bool
+}
+
+// QueueSingleBegin queues on b, behind its BEGIN, the opening of a
+// single-commit execution of ref (single_begin.sql): the key's advisory
+// lock, the transaction's limits by lease, and whether the key has a row.
+// dst is set as b's results are read.
+func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Duration, dst *SingleBegin) {
+	ms := strconv.FormatInt(max(lease.Milliseconds(), 1), 10)
+	b.Queue(singleBeginSQL, ref.Scope, ref.Key, ms).QueryRow(func(row pgx.Row) error {
+		var ignored [5]string
+		return row.Scan(&dst.Locked, &dst.HasRow, &ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4])
+	})
+}
+
+// QueueSingleComplete queues on b the completion of a single-commit
+// execution: the key's row, completed with resp, in the execution's
+// transaction. When the key has a row by now, the statement fails with
+// ErrLeaseLost, so a COMMIT queued behind it is skipped. dst is set as b's
+// results are read.
+func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint string, resp keystate.Response, dst *keystate.Key) {
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	b.Queue(singleFinishSQL, ref.Scope, ref.Key, keystate.Completed, fingerprint,
+		resp.Status, resp.ContentType, body, keystate.EncodeHeader(resp.Header), s.cfg.CompletedTTL,
+		true, !s.cfg.DeferNotify).QueryRow(func(row pgx.Row) error {
+		var notified bool
+		k, err := scanKey(row, &notified)
+		if err != nil {
+			return finishError(keystate.Completed, err)
+		}
+		*dst = k
+		return nil
+	})
+}
+
+// SingleFail records a single-commit execution that ended without a
+// stored result, after its transaction rolled back: the key's row, failed,
+// so a request with another payload is refused (I3) and a retry runs
+// again. written is false when the key has a row already.
+func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerprint string) (k keystate.Key, written bool, err error) {
+	var notified bool
+	k, err = scanKey(db.QueryRow(ctx, singleFinishSQL, ref.Scope, ref.Key, keystate.Failed, fingerprint,
+		nil, nil, nil, nil, s.cfg.FailedTTL, false, !s.cfg.DeferNotify), &notified)
+	if err = finishError(keystate.Failed, err); err == ErrLeaseLost { //nolint:errorlint // finishError returns it bare
+		return keystate.Key{}, false, nil
+	}
+	return k, err == nil, err
+}

@@ -1,0 +1,164 @@
+package onceonly_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly"
+)
+
+// singleEngine is an engine of b's pool and Redis in SingleCommit mode.
+func (b *testBundle) singleEngine(t *testing.T, lease time.Duration) *onceonly.Engine {
+	t.Helper()
+	e, err := onceonly.New(onceonly.Config{
+		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, LeaseTimeout: lease, SingleCommit: true,
+	})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	return e
+}
+
+// TestSingleCommitWritesTheKeyOnce: a single-commit execution writes the
+// key's row once, completed at version 1 with one outbox event, in the
+// commit of the handler's writes; retries replay it.
+func TestSingleCommitWritesTheKeyOnce(t *testing.T) {
+	b := setup(t, setupOpts{})
+	e := b.singleEngine(t, 0)
+	for i := range 3 {
+		out, err := e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{"ok":true}`))
+		require.NoError(t, err)
+		require.Equal(t, i > 0, out.Replayed)
+		require.Equal(t, `{"ok":true}`, string(out.Body))
+	}
+	require.Equal(t, 1, b.payments(t))
+	var version, events int
+	var updated bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT version, updated_at <> created_at FROM idempotency_keys WHERE key = 'k'`).Scan(&version, &updated))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox WHERE key = 'k'`).Scan(&events))
+	require.Equal(t, 1, version)
+	require.False(t, updated, "the row was written once")
+	require.LessOrEqual(t, events, 1) // the relay of another test may have taken it
+}
+
+// TestSingleCommitTurnsDuplicatesAway hammers one key from many goroutines
+// with no Redis in front, so only Postgres can keep them apart: one
+// handler runs at a time (the advisory lock, I4), exactly one commits
+// (I1), and every other call is turned away or replayed.
+func TestSingleCommitTurnsDuplicatesAway(t *testing.T) {
+	b := setup(t, setupOpts{noRedis: true})
+	e := b.singleEngine(t, 0)
+	var running, most atomic.Int32
+	handler := func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond)
+		return payment(201, `{}`)(ctx, tx)
+	}
+	for round := range 5 {
+		key := fmt.Sprintf("k%d", round)
+		var wg sync.WaitGroup
+		var executed, replayed, inFlight atomic.Int32
+		for range 16 {
+			wg.Go(func() {
+				out, err := e.Do(b.ctx, "s", key, nil, handler)
+				switch {
+				case err == nil && out.Replayed:
+					replayed.Add(1)
+				case err == nil:
+					executed.Add(1)
+				case isInFlight(err):
+					inFlight.Add(1)
+				default:
+					t.Errorf("unexpected error: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, int32(1), executed.Load(), "round %d", round)
+		require.Equal(t, int32(15), replayed.Load()+inFlight.Load())
+	}
+	require.Equal(t, int32(1), most.Load(), "two handlers ran at once")
+	require.Equal(t, 5, b.payments(t))
+}
+
+// TestSingleCommitFailureKeepsTheKey: a handler that fails rolls its
+// writes back and leaves the key failed: another payload is refused (I3),
+// a retry of the same one runs again (the two-phase way, as the key has a
+// row) and completes.
+func TestSingleCommitFailureKeepsTheKey(t *testing.T) {
+	b := setup(t, setupOpts{})
+	e := b.singleEngine(t, 0)
+	boom := errors.New("boom")
+	_, err := e.Do(b.ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		if _, err := payment(201, `{}`)(ctx, tx); err != nil {
+			return onceonly.Result{}, err
+		}
+		return onceonly.Result{}, boom
+	})
+	require.ErrorIs(t, err, boom)
+	require.Zero(t, b.payments(t))
+	require.Equal(t, "failed", b.keyStatus(t, "k"))
+
+	_, err = e.Do(b.ctx, "s", "k", []byte("other"), payment(201, `{}`))
+	require.ErrorIs(t, err, onceonly.ErrKeyReused)
+	require.Zero(t, b.payments(t))
+
+	out, err := e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
+	require.NoError(t, err)
+	require.False(t, out.Replayed)
+	require.Equal(t, 1, b.payments(t))
+	require.Equal(t, "completed", b.keyStatus(t, "k"))
+}
+
+// TestSingleCommitStuckHolderBlocksNoLongerThanLease: a handler that
+// hangs, holding its transaction idle, loses it to Postgres when the lease
+// ends (idle_in_transaction_session_timeout), which frees the key: a
+// duplicate runs within the lease plus a little (I5), and the stuck one
+// commits nothing when it wakes (I1).
+func TestSingleCommitStuckHolderBlocksNoLongerThanLease(t *testing.T) {
+	const lease = time.Second
+	b := setup(t, setupOpts{noRedis: true})
+	e := b.singleEngine(t, lease)
+	started := make(chan struct{})
+	stuck := make(chan error, 1)
+	go func() {
+		_, err := e.Do(b.ctx, "s", "k", nil, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			if _, err := payment(201, `{}`)(ctx, tx); err != nil {
+				return onceonly.Result{}, err
+			}
+			close(started)
+			time.Sleep(5 * lease) // deaf to ctx: stuck
+			return onceonly.Result{Status: 201}, nil
+		})
+		stuck <- err
+	}()
+	<-started
+	begin := time.Now()
+	for {
+		out, err := e.Do(b.ctx, "s", "k", nil, payment(201, `{"second":true}`))
+		if err == nil {
+			require.False(t, out.Replayed)
+			break
+		}
+		require.True(t, isInFlight(err), "unexpected error: %v", err)
+		require.Less(t, time.Since(begin), 4*lease, "the stuck holder still blocks the key")
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Error(t, <-stuck)
+	require.Equal(t, 1, b.payments(t))
+}
+
+func isInFlight(err error) bool {
+	_, ok := onceonly.IsInFlight(err)
+	return ok
+}
