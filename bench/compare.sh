@@ -47,6 +47,32 @@ bin/harness serve -base 29001 &
 harness_pid=$!
 for _ in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:29001/ && break; sleep 0.1; done
 
+# ticks PID...: CPU time (user + system, with reaped children) of the
+# processes, in clock ticks. cpu_now prints it for Postgres (the postmaster
+# and its backends), the harness (Go: HTTP, engine, drivers), Redis and the
+# relay, so each measure can say where a request's CPU went.
+ticks() {
+	local sum=0 pid t
+	for pid in "$@"; do
+		t=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pid/stat" 2>/dev/null) # a backend may have ended
+		sum=$((sum + ${t:-0}))
+	done
+	echo "$sum"
+}
+postmaster=$(head -1 .data/bench/pg/postmaster.pid)
+redis_pid=$(pgrep -f "redis-server 127.0.0.1:$redis_port" | head -1)
+cpu_now() {
+	# shellcheck disable=SC2046 # a list of pids
+	echo "$(ticks "$postmaster" $(pgrep -P "$postmaster")) $(ticks "$harness_pid") $(ticks "$redis_pid") $(ticks "$relay_pid")"
+}
+# cpu_per_request BEFORE AFTER REQUESTS: microseconds of CPU per request.
+cpu_per_request() {
+	awk -v b="$1" -v a="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+		split(b, x, " "); split(a, y, " ")
+		f = 1e6 / hz / (n > 0 ? n : 1)
+		printf "cpu/req: pg %d us, go %d us, redis %d us, relay %d us", (y[1]-x[1])*f, (y[2]-x[2])*f, (y[3]-x[3])*f, (y[4]-x[4])*f }'
+}
+
 # measure NAME PORT SCRIPT [RUN]: one wrk run; prints req/s, p50, p99. RUN
 # names the replayed key (0) or makes the new keys unique (default). The
 # rate is kept in rate[PORT-SCRIPT] for the ratios at the end.
@@ -58,13 +84,16 @@ measure() {
 		curl -s -o "$BENCH_PROFILE/$2-$3.pprof" "http://127.0.0.1:29010/debug/pprof/profile?seconds=$((secs - 1))" &
 		prof=$!
 	fi
+	local before
+	before=$(cpu_now)
 	out=$(BENCH_RUN=${4:-$RANDOM$RANDOM} wrk -t2 -c"$conns" -d"${secs}s" --latency -s "bench/wrk/$3" "http://127.0.0.1:$2/v1/payments")
 	rate[$2-$3]=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-	printf '%-34s %10s req/s   p50 %-9s p99 %-9s non-2xx %s\n' "$1" \
+	printf '%-34s %10s req/s   p50 %-9s p99 %-9s non-2xx %-6s %s\n' "$1" \
 		"$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
 		"$(echo "$out" | awk '$1 == "50%" {print $2}')" \
 		"$(echo "$out" | awk '$1 == "99%" {print $2}')" \
-		"$(echo "$out" | awk 'tolower($0) ~ /non-2xx/ {n = $NF} END {print n + 0}')"
+		"$(echo "$out" | awk 'tolower($0) ~ /non-2xx/ {n = $NF} END {print n + 0}')" \
+		"$(cpu_per_request "$before" "$(cpu_now)" "$(echo "$out" | awk '/requests in/ {print $1}')")"
 	if [ -n "$prof" ]; then wait "$prof"; fi
 }
 
