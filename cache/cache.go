@@ -1,6 +1,7 @@
 // Package cache is the Redis side of onceonly: a cache of the idempotency
-// keys' Postgres state, read and written only through the Lua scripts in
-// package lua, so every decision takes one round trip and touches one key.
+// keys' Postgres state, written only through the Lua scripts in package
+// lua, each touching one key. A check answers a completed key from one
+// plain read; anything else it decides in one script.
 //
 // The cache may be lost at any moment. It answers replays, conflicts and
 // reused keys quickly; Postgres decides everything it cannot.
@@ -69,6 +70,12 @@ type Cache struct {
 	check   *redis.Script
 	apply   *redis.Script
 	release *redis.Script
+	// compressMin: bodies this long or longer are stored deflated when
+	// that pays (0: never).
+	compressMin int
+	// readFirst: Check reads the value before the script (false where a
+	// read may be answered by a replica).
+	readFirst bool
 }
 
 // Options configures a Cache.
@@ -77,6 +84,12 @@ type Options struct {
 	Prefix string
 	// MaxBody is the largest body kept in Redis; DefaultMaxBody when zero.
 	MaxBody int
+	// CompressMin, when positive, is the smallest body stored deflated
+	// (when that saves an eighth of it); zero or negative: never, the
+	// default, as every replay of a deflated body inflates it (about 10 µs
+	// for 2 KiB). DefaultCompressMin is the size the benchmarks use.
+	// Values of either kind are read whatever it is.
+	CompressMin int
 }
 
 // New returns a Cache over the client.
@@ -87,13 +100,16 @@ func New(rdb redis.UniversalClient, opts Options) *Cache {
 	if opts.MaxBody == 0 {
 		opts.MaxBody = DefaultMaxBody
 	}
+	opts.CompressMin = max(opts.CompressMin, 0)
 	return &Cache{
-		rdb:     rdb,
-		prefix:  opts.Prefix,
-		maxBody: opts.MaxBody,
-		check:   redis.NewScript(lua.Check),
-		apply:   redis.NewScript(lua.Apply),
-		release: redis.NewScript(lua.Release),
+		rdb:         rdb,
+		prefix:      opts.Prefix,
+		maxBody:     opts.MaxBody,
+		check:       redis.NewScript(lua.Check),
+		apply:       redis.NewScript(lua.Apply),
+		release:     redis.NewScript(lua.Release),
+		readFirst:   !readsReplicas(rdb),
+		compressMin: opts.CompressMin,
 	}
 }
 
@@ -119,9 +135,44 @@ func (c *Cache) Load(ctx context.Context) error {
 
 // Check answers a request from the cache, or records a provisional claim
 // for owner that lasts lease.
+//
+// A replay costs what a bare GET does: the value is read first and, when it
+// is completed, answered (Replay, or Mismatch for another fingerprint) in
+// Go without a script, which would answer the same and write nothing. A key
+// absent, failed, in progress or not in the layout goes on to the check
+// script, which decides with Redis TIME and claims atomically, as it did
+// before the read: a first execution pays one more round trip.
 func (c *Cache) Check(ctx context.Context, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (CheckResult, error) {
-	reply, err := c.check.Run(ctx, c.rdb, []string{c.Key(ref)},
-		Digest(fingerprint), owner[:], lease.Milliseconds()).Slice()
+	key := c.Key(ref)
+	digest := digestOf(fingerprint)
+	if c.readFirst {
+		// GETRANGE 0 -1 reads the whole value as GET does, but answers an
+		// absent key with "" (no value is empty) rather than a nil reply,
+		// which go-redis turns into an error it classifies at some cost.
+		cmd := redis.NewStringCmd(ctx, "getrange", key, rangeStart, rangeEnd)
+		_ = c.rdb.Process(ctx, cmd)
+		raw, err := cmd.Bytes()
+		switch {
+		case err == nil:
+			if res, ok := answerCompleted(raw, &digest); ok {
+				return res, nil
+			}
+		case Unavailable(err):
+			return CheckResult{}, fmt.Errorf("check key: %w", err)
+		}
+		// Anything else (WRONGTYPE: not a string) is the script's to judge.
+	}
+	return c.checkScript(ctx, key, digest, owner, lease)
+}
+
+// rangeStart and rangeEnd are GETRANGE's arguments for a whole value, boxed
+// once.
+var rangeStart, rangeEnd any = 0, -1
+
+// checkScript runs the check script (its own function so that only this
+// path pays for the arguments escaping to the heap).
+func (c *Cache) checkScript(ctx context.Context, key string, digest [digestLen]byte, owner keystate.Owner, lease time.Duration) (CheckResult, error) {
+	reply, err := c.check.Run(ctx, c.rdb, []string{key}, digest[:], owner[:], lease.Milliseconds()).Slice()
 	if err != nil {
 		return CheckResult{}, fmt.Errorf("check key: %w", err)
 	}
@@ -155,6 +206,34 @@ func interpretCheck(reply []any) (CheckResult, error) {
 	return CheckResult{}, fmt.Errorf("check key: unexpected reply %v", reply)
 }
 
+// answerCompleted answers a request for digest from raw, the value just
+// read, when raw is a completed value: exactly what check.lua answers for
+// it. ok is false for anything else, which the script must see.
+func answerCompleted(raw []byte, digest *[digestLen]byte) (CheckResult, bool) {
+	p, ok := parsePrefix(raw)
+	if !ok || p.state != keystate.Completed {
+		return CheckResult{}, false
+	}
+	if string(p.digest) != string(digest[:shortDigestLen]) {
+		return CheckResult{Verdict: Mismatch}, true
+	}
+	entry, err := decodeRest(p, raw)
+	if err != nil {
+		return CheckResult{}, false // the script answers, as before
+	}
+	return CheckResult{Verdict: Replay, Entry: entry}, true
+}
+
+// readsReplicas reports whether rdb may send a read-only command (GETRANGE)
+// to a replica, which could still hold a value its master deleted.
+func readsReplicas(rdb redis.UniversalClient) bool {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		o := cc.Options()
+		return o.ReadOnly || o.RouteByLatency || o.RouteRandomly
+	}
+	return false
+}
+
 // args returns the apply script's ARGV that writes k, a Postgres state,
 // with the compare-and-set expectation expect ("" for a plain versioned
 // apply). A key that is gone (ExpiresIn ≤ 0) is deleted.
@@ -163,19 +242,20 @@ func (c *Cache) args(k keystate.Key, expect string) ([]any, error) {
 	if ttl < 1 {
 		return []any{k.Version, "", 0, "", "", expect}, nil
 	}
-	digest := Digest(k.Fingerprint)
+	digest := digestOf(k.Fingerprint)
 	switch k.Status {
 	case keystate.InProgress:
 		lease := max(k.LeaseRemaining.Milliseconds(), 0)
-		return []any{k.Version, head(nil, keystate.InProgress, k.Version, flagConfirmed, digest), ttl, lease, k.Owner[:], expect}, nil
+		return []any{k.Version, head(keystate.InProgress, k.Version, flagConfirmed, &digest), ttl, lease, k.Owner[:], expect}, nil
 	case keystate.Completed:
-		if k.Response.Status < 100 || k.Response.Status > 999 {
-			return nil, fmt.Errorf("apply %s:%s: response status %d out of range", k.Scope, k.Key, k.Response.Status)
-		}
 		large := k.BodyOmitted || len(k.Response.Body) > c.maxBody
-		return []any{k.Version, encodeCompleted(k.Version, digest, k.Response, large), ttl, "", "", expect}, nil
+		value, err := encodeCompleted(k.Version, &digest, k.Response, large, c.compressMin)
+		if err != nil {
+			return nil, fmt.Errorf("apply %s:%s: %w", k.Scope, k.Key, err)
+		}
+		return []any{k.Version, value, ttl, "", "", expect}, nil
 	case keystate.Failed:
-		return []any{k.Version, head(nil, keystate.Failed, k.Version, flagConfirmed, digest), ttl, "", "", expect}, nil
+		return []any{k.Version, head(keystate.Failed, k.Version, flagConfirmed, &digest), ttl, "", "", expect}, nil
 	}
 	return nil, fmt.Errorf("apply %s:%s: unknown state %q", k.Scope, k.Key, k.Status)
 }

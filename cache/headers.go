@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/redis/go-redis/v9"
 
@@ -53,33 +52,20 @@ func (h Header) Expect() string {
 	return h.Raw
 }
 
-// ParseHeader decodes the start of a cache value (at least the state,
-// version, flag and digest; the lease deadline of an in_progress value if
-// present). Raw and Found are set; a value out of the layout is Corrupt.
+// ParseHeader decodes the start of a cache value of either layout (at least
+// the state, version, flag and digest; the lease deadline of an in_progress
+// value if present). Raw and Found are set; a value out of the layout is
+// Corrupt.
 func ParseHeader(raw []byte) Header {
 	h := Header{Raw: string(raw), Found: true, Corrupt: true}
-	a := bytes.IndexByte(raw, ':')
-	if a < 0 {
+	p, ok := parsePrefix(raw)
+	if !ok {
 		return h
 	}
-	b := bytes.IndexByte(raw[a+1:], ':')
-	if b < 0 {
-		return h
-	}
-	b += a + 1
-	state := keystate.Status(raw[:a])
-	if !state.Valid() {
-		return h
-	}
-	version, err := strconv.ParseInt(string(raw[a+1:b]), 10, 64)
-	tail := b + 2 + digestLen
-	if err != nil || version < 0 || len(raw) < tail {
-		return h
-	}
-	h.Corrupt, h.State, h.Version, h.Provisional = false, state, version, raw[b+1] == flagProvisional
-	if state == keystate.InProgress {
-		if c := bytes.IndexByte(raw[tail:], ':'); c > 0 {
-			h.LeaseUntilMs, _ = strconv.ParseInt(string(raw[tail:tail+c]), 10, 64)
+	h.Corrupt, h.State, h.Version, h.Provisional = false, p.state, p.version, p.flag == flagProvisional
+	if p.state == keystate.InProgress {
+		if c := bytes.IndexByte(raw[p.tail:], ':'); c > 0 {
+			h.LeaseUntilMs, _ = parseDigits(raw[p.tail : p.tail+c])
 		}
 	}
 	return h

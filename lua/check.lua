@@ -3,7 +3,8 @@
 -- claim the key in Postgres (which stays the judge).
 --
 -- KEYS[1] -> <prefix><scope>:<key>
--- ARGV[1] -> fingerprint digest (8 bytes)
+-- ARGV[1] -> fingerprint digest (8 bytes: a claim stores them, the first 6
+--            are compared)
 -- ARGV[2] -> owner token of the caller (16 bytes)
 -- ARGV[3] -> lease in milliseconds
 -- Returns:
@@ -13,6 +14,7 @@
 --   {3}                  the key belongs to another fingerprint
 -- TIME is read only when a lease is involved: a replay needs no clock.
 local key, fp, owner, lease_ms = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fp6 = string.sub(fp, 1, 6)
 
 local function claim(version, now)
   redis.call('SET', key,
@@ -30,7 +32,7 @@ end
 if state == 'in_progress' then
   local now = redis_now_ms()
   local remaining = lease_until(value, t) - now
-  if held_fp ~= fp and flag ~= 'p' then
+  if held_fp ~= fp6 and flag ~= 'p' then
     return {3}
   end
   if remaining > 0 then
@@ -41,7 +43,7 @@ if state == 'in_progress' then
   return claim(version, now)
 end
 
-if held_fp ~= fp then
+if held_fp ~= fp6 then
   return {3}
 end
 if state == 'completed' then
