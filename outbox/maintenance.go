@@ -76,28 +76,36 @@ func (s *Store) CountExpired(ctx context.Context, db DB) (int, error) {
 	return n, nil
 }
 
-// ScanLive returns up to limit live (unexpired) keys after the key after,
-// in primary-key order: a keyset page, so a scan of any size reads each row
-// once and holds nothing between pages. Start with the zero Ref. Only Ref,
-// Status and Version of each key are read.
-func (s *Store) ScanLive(ctx context.Context, db DB, after keystate.Ref, limit int) ([]keystate.Key, error) {
-	rows, err := db.Query(ctx, scanLiveSQL, after.Scope, after.Key, limit)
+// ScanLive calls fn with every live (unexpired) key, Ref, Status and
+// Version read, as one statement streams them: one snapshot, so a row that
+// exists when the scan starts is read exactly once however rows move while
+// it runs, in the table's physical order (a sequential scan, not a heap
+// read per key). Rows arrive as fn consumes them, so memory does not grow
+// with the table. tx is the transaction to run it in; the statement runs as
+// long as the scan, so statement_timeout is lifted for the transaction.
+// When fn returns an error the scan stops with it.
+func (s *Store) ScanLive(ctx context.Context, tx pgx.Tx, fn func(keystate.Key) error) error {
+	if _, err := tx.Exec(ctx, liftStatementTimeoutSQL); err != nil {
+		return fmt.Errorf("scan keys: lift statement_timeout: %w", err)
+	}
+	rows, err := tx.Query(ctx, scanLiveSQL)
 	if err != nil {
-		return nil, fmt.Errorf("scan keys: %w", err)
+		return fmt.Errorf("scan keys: %w", err)
 	}
 	defer rows.Close()
-	page := make([]keystate.Key, 0, limit)
+	var k keystate.Key
 	for rows.Next() {
-		var k keystate.Key
 		if err := rows.Scan(&k.Scope, &k.Key, &k.Status, &k.Version); err != nil {
-			return nil, fmt.Errorf("scan keys: %w", err)
+			return fmt.Errorf("scan keys: %w", err)
 		}
-		page = append(page, k)
+		if err := fn(k); err != nil {
+			return err
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("scan keys: %w", err)
+		return fmt.Errorf("scan keys: %w", err)
 	}
-	return page, nil
+	return nil
 }
 
 // Live reports which of refs have a live (unexpired) row.

@@ -37,6 +37,8 @@ var (
 	countExpiredSQL string
 	//go:embed sql/scan_live.sql
 	scanLiveSQL string
+	//go:embed sql/lift_statement_timeout.sql
+	liftStatementTimeoutSQL string
 	//go:embed sql/live_keys.sql
 	liveKeysSQL string
 	//go:embed sql/take_events.sql

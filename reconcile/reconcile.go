@@ -4,11 +4,14 @@
 //
 // A pass runs under a Postgres advisory lock held by a transaction open for
 // the pass, so one runs at a time across all instances, also through
-// PgBouncer in transaction mode. It streams both sides in pages: a keyset
-// scan of idempotency_keys with a pipelined read of each page's Redis
-// headers, then a SCAN of the Redis keyspace (every master of a cluster)
-// with one Postgres lookup per page. Memory does not grow with the number of
-// keys.
+// PgBouncer in transaction mode. It streams both sides side by side: one
+// statement reads every live row of idempotency_keys in the table's physical
+// order, in pages whose Redis headers are read in one pipeline each, while a
+// SCAN walks the Redis keyspace (every master of a cluster). Both sides sum
+// hashes of the Redis names they saw per bucket (see tally); only the Redis
+// keys of buckets where the sums differ, none when nothing drifted, are then
+// looked up in Postgres to find the orphans. Memory does not grow with the
+// number of keys.
 //
 // Repairs are compare-and-set writes of the key's current Postgres row: a
 // repair applies only if the Redis value is still the one the pass saw, so a
@@ -22,8 +25,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -42,6 +47,10 @@ const (
 	DefaultPageSize    = 1000
 	DefaultPassTimeout = 10 * time.Minute
 )
+
+// defaultCheckers is how many pages of the Postgres scan are checked in
+// Redis at once: two keep Redis busy while a checker works on its page.
+const defaultCheckers = 2
 
 // lockKey is the advisory lock that admits one pass at a time.
 const lockKey = 0x6f6e63656f6e6c79 // "onceonly"
@@ -91,6 +100,9 @@ type Report struct {
 	InFlight int64 `json:"in_flight"`
 	// RedisScanned counts the Redis keys the orphan scan saw.
 	RedisScanned int64 `json:"redis_scanned"`
+	// RedisProbed counts the Redis keys looked up in Postgres: those whose
+	// hash bucket the two scans disagreed on (see tally).
+	RedisProbed int64 `json:"redis_probed"`
 	// Unreachable counts the live keys, and UnreachableNodes the Redis
 	// servers (cluster masters) for the orphan scan, that could not be
 	// checked because Redis could not serve them: the pass was partial.
@@ -120,6 +132,9 @@ type Reconciler struct {
 	// inPass, when set (tests), runs at the start of every pass, under the
 	// pass lock.
 	inPass func()
+	// checkers is how many pages of the Postgres scan are checked in Redis
+	// at once.
+	checkers int
 }
 
 // New returns a Reconciler.
@@ -143,10 +158,11 @@ func New(cfg Config) (*Reconciler, error) {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	return &Reconciler{
-		cfg:     cfg,
-		store:   outbox.New(outbox.Config{FailedTTL: cfg.FailedTTL}),
-		log:     cfg.Logger,
-		metrics: m,
+		cfg:      cfg,
+		store:    outbox.New(outbox.Config{FailedTTL: cfg.FailedTTL}),
+		log:      cfg.Logger,
+		metrics:  m,
+		checkers: defaultCheckers,
 	}, nil
 }
 
@@ -182,7 +198,7 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (_ Report, err error
 		return rep, nil
 	}
 
-	err = r.pass(ctx, &rep)
+	err = r.pass(ctx, lockTx, &rep)
 	rep.DurationMs = time.Since(began).Milliseconds()
 	if err != nil {
 		return rep, r.failed(fmt.Errorf("reconcile: %w", err))
@@ -191,7 +207,7 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (_ Report, err error
 	return rep, nil
 }
 
-func (r *Reconciler) pass(ctx context.Context, rep *Report) error {
+func (r *Reconciler) pass(ctx context.Context, lockTx pgx.Tx, rep *Report) error {
 	if r.inPass != nil {
 		r.inPass()
 	}
@@ -202,26 +218,35 @@ func (r *Reconciler) pass(ctx context.Context, rep *Report) error {
 		return err
 	}
 	// The two scans are independent: run them side by side, so Postgres and
-	// Redis work overlap.
+	// Redis work overlap. The Postgres scan streams on the lock's
+	// transaction, idle otherwise.
+	t := newTally()
 	pgSide, redisSide := Report{DryRun: rep.DryRun}, Report{DryRun: rep.DryRun}
-	ctx, cancel := context.WithCancel(ctx)
+	unreachable := map[string]bool{}
+	scanCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		err := r.scanRedis(ctx, &redisSide)
+		err := r.tallyRedis(scanCtx, &redisSide, t, unreachable)
 		if err != nil {
 			cancel()
 		}
 		errc <- err
 	}()
-	pgErr := r.scanPostgres(ctx, &pgSide)
+	pgErr := r.scanPostgres(scanCtx, lockTx, &pgSide, t)
 	if pgErr != nil {
 		cancel()
 	}
 	redisErr := <-errc
 	rep.add(pgSide)
 	rep.add(redisSide)
-	return errors.Join(pgErr, redisErr)
+	if err := errors.Join(pgErr, redisErr); err != nil {
+		return err
+	}
+	if t.dirtyBuckets() == 0 {
+		return nil // every Redis name has a live row: no orphan
+	}
+	return r.findOrphans(ctx, rep, t, unreachable)
 }
 
 // add adds the scan counts of o to rep.
@@ -235,6 +260,7 @@ func (rep *Report) add(o Report) {
 	rep.Orphaned += o.Orphaned
 	rep.InFlight += o.InFlight
 	rep.RedisScanned += o.RedisScanned
+	rep.RedisProbed += o.RedisProbed
 	rep.Unreachable += o.Unreachable
 	rep.UnreachableNodes += o.UnreachableNodes
 	rep.Repaired += o.Repaired
@@ -273,65 +299,104 @@ func (r *Reconciler) expire(ctx context.Context, rep *Report) error {
 }
 
 // scanPostgres compares every live key with its Redis header, page by page,
-// and repairs the drifted ones. The next page is read from Postgres while
-// the current one is checked in Redis.
-func (r *Reconciler) scanPostgres(ctx context.Context, rep *Report) error {
-	type result struct {
-		page []keystate.Key
-		err  error
+// and repairs the drifted ones; it adds the name of every key whose Redis
+// value it found to t.postgres. The scan streams on tx and fills the next
+// pages while checkers check the previous ones in Redis, each its own page,
+// so the scan, Redis and the checkers' CPU work overlap.
+func (r *Reconciler) scanPostgres(ctx context.Context, tx pgx.Tx, rep *Report, t *tally) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Pages go round: one filling, one waiting, one per checker.
+	checkers := max(r.checkers, 1)
+	buffers := checkers + 2
+	free, full := make(chan []keystate.Key, buffers), make(chan []keystate.Key, 1)
+	for range buffers {
+		free <- make([]keystate.Key, 0, r.cfg.PageSize)
 	}
-	fetch := func(after keystate.Ref) <-chan result {
-		ch := make(chan result, 1)
-		go func() {
-			page, err := r.store.ScanLive(ctx, r.cfg.Pool, after, r.cfg.PageSize)
-			ch <- result{page, err}
-		}()
-		return ch
-	}
-	next := fetch(keystate.Ref{})
-	names := make([]string, 0, r.cfg.PageSize)
-	for next != nil {
-		res := <-next
-		if res.err != nil {
-			return res.err
-		}
-		page := res.page
-		next = nil
-		if len(page) == r.cfg.PageSize {
-			next = fetch(page[len(page)-1].Ref)
-		}
-		names = names[:0]
-		for _, k := range page {
-			names = append(names, r.cfg.Cache.Key(k.Ref))
-		}
-		headers, err := r.cfg.Cache.ReadHeaders(ctx, names)
-		if err != nil {
-			return err
-		}
-		var drifted []drift
-		for i, k := range page {
-			if headers[i].Unavailable {
-				rep.Unreachable++ // its cluster node is down; the next pass sees it
-				continue
+	scanErr := make(chan error, 1)
+	go func() {
+		defer close(full)
+		page := <-free
+		send := func() error {
+			select {
+			case full <- page:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-			rep.Scanned++
-			kind := compare(k, headers[i])
-			switch kind {
-			case kindInSync:
-				rep.InSync++
-				continue
-			case kindInFlight:
-				rep.InFlight++
-				continue
-			}
-			rep.count(kind)
-			drifted = append(drifted, drift{ref: k.Ref, kind: kind, header: headers[i]})
+			page = (<-free)[:0] // never waits long: checkers hand pages back at once
+			return nil
 		}
-		if err := r.repair(ctx, rep, drifted); err != nil {
-			return err
+		err := r.store.ScanLive(ctx, tx, func(k keystate.Key) error {
+			page = append(page, k)
+			if len(page) < r.cfg.PageSize {
+				return nil
+			}
+			return send()
+		})
+		if err == nil && len(page) > 0 {
+			err = send()
+		}
+		scanErr <- err
+	}()
+	reports, errs := make([]Report, checkers), make([]error, checkers)
+	var wg sync.WaitGroup
+	for i := range checkers {
+		reports[i].DryRun = rep.DryRun
+		wg.Go(func() {
+			names := make([]string, 0, r.cfg.PageSize)
+			for page := range full {
+				if errs[i] == nil {
+					if errs[i] = r.checkPage(ctx, &reports[i], t, page, names); errs[i] != nil {
+						cancel() // stops the scan and the other checkers
+					}
+				}
+				free <- page
+			}
+		})
+	}
+	wg.Wait()
+	for i := range checkers {
+		rep.add(reports[i])
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return <-scanErr
+}
+
+// checkPage compares a page of live keys with their Redis headers and
+// repairs the drifted ones, adding the names of the keys found in Redis to
+// t. names is scratch space.
+func (r *Reconciler) checkPage(ctx context.Context, rep *Report, t *tally, page []keystate.Key, names []string) error {
+	names = names[:0]
+	for _, k := range page {
+		names = append(names, r.cfg.Cache.Key(k.Ref))
+	}
+	headers, err := r.cfg.Cache.ReadHeaders(ctx, names)
+	if err != nil {
+		return err
+	}
+	var drifted []drift
+	for i, k := range page {
+		h := headers[i]
+		if h.Unavailable {
+			rep.Unreachable++ // its cluster node is down; the next pass sees it
+			continue
+		}
+		if h.Found {
+			t.add(t.postgres, names[i])
+		}
+		rep.Scanned++
+		switch kind := compare(k, h); kind {
+		case kindInSync:
+			rep.InSync++
+		case kindInFlight:
+			rep.InFlight++
+		default:
+			drifted = append(drifted, drift{ref: k.Ref, header: h})
 		}
 	}
-	return nil
+	return r.repair(ctx, rep, drifted)
 }
 
 // The kinds of drift, and the two verdicts that are not drift.
@@ -383,19 +448,18 @@ func (rep *Report) count(kind string) {
 // drift is a key found out of step, with the Redis header the pass saw.
 type drift struct {
 	ref    keystate.Ref
-	kind   string
 	header cache.Header
 }
 
-// repair writes the current Postgres row of each drifted key into Redis, or
-// deletes the Redis value of a key Postgres no longer has, each as a
-// compare-and-set against the header the pass saw.
+// repair reads the current Postgres row of each key found out of step and
+// compares it again with the Redis header the pass saw: a key written since
+// its row was scanned may be in step now, and is not drift. The others are
+// counted and, unless in a dry run, repaired: the current row is written
+// into Redis, or the Redis value of a key Postgres no longer has deleted,
+// each as a compare-and-set against the header the pass saw.
 func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) error {
-	if rep.DryRun || len(drifted) == 0 {
-		return nil // a dry run counts in its report only
-	}
-	for _, d := range drifted {
-		r.metrics.drift.WithLabelValues(d.kind).Inc()
+	if len(drifted) == 0 {
+		return nil
 	}
 	refs := make([]keystate.Ref, len(drifted))
 	for i, d := range drifted {
@@ -405,40 +469,55 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 	if err != nil {
 		return err
 	}
-	keys := make([]keystate.Key, len(drifted))
-	expect := make([]string, len(drifted))
-	for i, d := range drifted {
-		if k, ok := current[d.ref]; ok {
-			keys[i] = k
-		} else {
-			keys[i] = keystate.Gone(d.ref, 0)
+	var keys []keystate.Key
+	var names, expect []string
+	for _, d := range drifted {
+		k, ok := current[d.ref]
+		kind := compare(k, d.header)
+		if !ok { // a row when scanned, none now
+			k, kind = keystate.Gone(d.ref, 0), kindOrphaned
+			if !d.header.Found {
+				kind = kindInSync // nothing on either side
+			}
 		}
-		expect[i] = d.header.Expect()
+		switch kind {
+		case kindInSync:
+			rep.InSync++
+			continue
+		case kindInFlight:
+			rep.InFlight++
+			continue
+		}
+		rep.count(kind)
+		if !rep.DryRun {
+			r.metrics.drift.WithLabelValues(kind).Inc()
+		}
+		keys, names, expect = append(keys, k), append(names, r.cfg.Cache.Key(d.ref)), append(expect, d.header.Expect())
+	}
+	if rep.DryRun || len(keys) == 0 {
+		return nil // a dry run counts in its report only
 	}
 	results, err := r.cfg.Cache.RepairBatch(ctx, keys, expect)
 	if err != nil {
 		return err
 	}
-	names := make([]string, len(drifted))
-	for i, d := range drifted {
-		names[i] = r.cfg.Cache.Key(d.ref)
-	}
 	r.countRepairs(rep, names, results)
 	return nil
 }
 
-// scanRedis walks the Redis keyspace under the prefix (every master of a
-// cluster, one after the other) and deletes values whose key has no live
-// Postgres row.
-func (r *Reconciler) scanRedis(ctx context.Context, rep *Report) error {
-	scan := func(ctx context.Context, node redis.UniversalClient) error {
-		match := escapeGlob(r.cfg.Cache.Prefix()) + "*"
+// walkRedis SCANs the keyspace under the prefix on every master of a
+// cluster, one after the other, and calls visit with each page of names. A
+// node that cannot serve (a cluster master down) is skipped and added to
+// unreachable; the walk fails only when no node could be walked.
+func (r *Reconciler) walkRedis(ctx context.Context, unreachable map[string]bool, visit func(ctx context.Context, node redis.UniversalClient, page []string) error) error {
+	match := escapeGlob(r.cfg.Cache.Prefix()) + "*"
+	walk := func(ctx context.Context, node redis.UniversalClient) error {
 		iter := node.Scan(ctx, 0, match, int64(r.cfg.PageSize)).Iterator()
 		page := make([]string, 0, r.cfg.PageSize)
 		for iter.Next(ctx) {
 			page = append(page, iter.Val())
 			if len(page) == r.cfg.PageSize {
-				if err := r.checkOrphans(ctx, rep, node, page); err != nil {
+				if err := visit(ctx, node, page); err != nil {
 					return err
 				}
 				page = page[:0]
@@ -450,25 +529,66 @@ func (r *Reconciler) scanRedis(ctx context.Context, rep *Report) error {
 			}
 			return fmt.Errorf("scan Redis: %w", err)
 		}
-		return r.checkOrphans(ctx, rep, node, page)
+		if len(page) == 0 {
+			return nil
+		}
+		return visit(ctx, node, page)
 	}
-	// A node that cannot serve (a cluster master down) is skipped and
-	// counted; the pass fails only when no node could be scanned.
-	var nodes int64
+	var nodes, failed int
 	var lastErr error
 	err := cache.ForEachNode(ctx, r.cfg.Cache.Client(), func(ctx context.Context, node redis.UniversalClient) error {
 		nodes++
-		err := scan(ctx, node)
+		err := walk(ctx, node)
 		if err != nil && errors.Is(err, cache.ErrUnavailable) {
-			rep.UnreachableNodes++
+			failed++
+			unreachable[nodeAddr(node)] = true
 			lastErr = err
 			return nil
 		}
 		return err
 	})
-	if err == nil && nodes > 0 && rep.UnreachableNodes == nodes {
+	if err == nil && nodes > 0 && failed == nodes {
 		return fmt.Errorf("scan Redis: no server could be scanned: %w", lastErr)
 	}
+	return err
+}
+
+// nodeAddr names a Redis server for the count of unreachable ones.
+func nodeAddr(node redis.UniversalClient) string {
+	if c, ok := node.(interface{ Options() *redis.Options }); ok {
+		return c.Options().Addr
+	}
+	return fmt.Sprintf("%p", node)
+}
+
+// tallyRedis walks the Redis keyspace and adds every name to t.
+func (r *Reconciler) tallyRedis(ctx context.Context, rep *Report, t *tally, unreachable map[string]bool) error {
+	err := r.walkRedis(ctx, unreachable, func(_ context.Context, _ redis.UniversalClient, page []string) error {
+		rep.RedisScanned += int64(len(page))
+		for _, name := range page {
+			t.add(t.redis, name)
+		}
+		return nil
+	})
+	rep.UnreachableNodes = int64(len(unreachable))
+	return err
+}
+
+// findOrphans, once both scans are over, walks the Redis keyspace again and
+// checks the names of t's dirty buckets, the only ones that can be orphans.
+func (r *Reconciler) findOrphans(ctx context.Context, rep *Report, t *tally, unreachable map[string]bool) error {
+	var suspects []string
+	err := r.walkRedis(ctx, unreachable, func(ctx context.Context, node redis.UniversalClient, page []string) error {
+		suspects = suspects[:0]
+		for _, name := range page {
+			if t.dirty(name) {
+				suspects = append(suspects, name)
+			}
+		}
+		rep.RedisProbed += int64(len(suspects))
+		return r.checkOrphans(ctx, rep, node, suspects)
+	})
+	rep.UnreachableNodes = int64(len(unreachable))
 	return err
 }
 
@@ -479,7 +599,6 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 	if len(page) == 0 {
 		return nil
 	}
-	rep.RedisScanned += int64(len(page))
 	live, err := r.store.Live(ctx, r.cfg.Pool, refsOf(r.cfg.Cache.Prefix(), page))
 	if err != nil {
 		return err

@@ -366,3 +366,68 @@ func TestOnePassAtATime(t *testing.T) {
 	require.EqualValues(t, 50, repaired, "each key repaired once, by whichever pass ran first")
 	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 }
+
+// TestOnlyDisagreeingBucketsAreProbed: a pass with nothing out of step
+// looks no Redis key up in Postgres; an orphan among many keys in step is
+// found by looking up only the few keys of its hash bucket.
+func TestOnlyDisagreeingBucketsAreProbed(t *testing.T) {
+	t.Parallel()
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		const keys = 300
+		b.CompleteKeys(t, "s", "k", keys)
+		r := b.reconciler(t, Config{PageSize: 50})
+		require.EqualValues(t, keys, b.pass(t, r, false).Repaired)
+
+		rep := b.pass(t, r, false)
+		require.Zero(t, rep.Drift())
+		require.EqualValues(t, keys, rep.InSync)
+		require.EqualValues(t, keys, rep.RedisScanned)
+		require.Zero(t, rep.RedisProbed, "nothing out of step: no lookup")
+
+		ghost := b.Cache.Key(keystate.Ref{Scope: "s", Key: "ghost"})
+		b.set(t, ghost, b.raw(t, "k1"))
+		for _, dryRun := range []bool{true, false} {
+			rep = b.pass(t, r, dryRun)
+			require.EqualValues(t, 1, rep.Orphaned)
+			require.EqualValues(t, keys, rep.InSync)
+			require.EqualValues(t, keys+1, rep.RedisScanned)
+			require.Positive(t, rep.RedisProbed)
+			require.Less(t, rep.RedisProbed, int64(10), "only the orphan's bucket is looked up")
+		}
+		require.Zero(t, b.Redis.Exists(b.Ctx, ghost).Val(), "the orphan is deleted")
+		require.Zero(t, b.pass(t, r, false).RedisProbed)
+	})
+}
+
+// TestWriteSinceTheScanIsNotDrift: a key whose Redis value differs from the
+// row the scan read, but matches its current row (written since), is in
+// step, not drift, and is left alone.
+func TestWriteSinceTheScanIsNotDrift(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.complete(t, "k")
+	ref := keystate.Ref{Scope: "s", Key: "k"}
+	r := b.reconciler(t, Config{})
+	require.EqualValues(t, 1, b.pass(t, r, false).Repaired)
+	headers, err := b.Cache.ReadHeaders(b.Ctx, []string{b.Cache.Key(ref)})
+	require.NoError(t, err)
+	scanned := keystate.Key{Ref: ref, Status: keystate.InProgress, Version: 1} // the row as an earlier scan read it
+	require.Equal(t, kindStale, compare(scanned, headers[0]))
+
+	var rep Report
+	require.NoError(t, r.repair(b.Ctx, &rep, []drift{{ref: ref, header: headers[0]}}))
+	require.Zero(t, rep.Drift())
+	require.EqualValues(t, 1, rep.InSync)
+	require.Zero(t, rep.Repaired)
+
+	// Drift the current row still shows is counted and repaired.
+	require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key(ref)).Err())
+	headers, err = b.Cache.ReadHeaders(b.Ctx, []string{b.Cache.Key(ref)})
+	require.NoError(t, err)
+	rep = Report{}
+	require.NoError(t, r.repair(b.Ctx, &rep, []drift{{ref: ref, header: headers[0]}}))
+	require.EqualValues(t, 1, rep.Missing)
+	require.EqualValues(t, 1, rep.Repaired)
+	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+}

@@ -1,9 +1,7 @@
--- scan_live: one keyset page of live (unexpired) keys after ($1, $2), in
--- primary-key order, so a scan of any size reads each row once and holds
--- nothing between pages.
---
--- $1 scope after   $2 key after   $3 page size
+-- scan_live: every live (unexpired) key, for the reconciler, which streams
+-- the rows as one statement: one snapshot, so each row that exists when it
+-- starts is read exactly once, and in the table's physical order (a
+-- sequential scan: no random heap read per key, as a walk in primary-key
+-- order would make).
 SELECT scope, key, status, version FROM idempotency_keys
-WHERE (scope, key) > ($1, $2) AND expires_at > now()
-ORDER BY scope, key
-LIMIT $3
+WHERE expires_at > now()
