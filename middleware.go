@@ -195,6 +195,9 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				out, err = e.await(r.Context(), keystate.Ref{Scope: scope, Key: key[0]}, opts.Wait, run)
 			}
 			if err != nil {
+				if answersUnavailable(err) {
+					e.log.Warn("answer 503", "scope", scope, "key", key[0], "err", err)
+				}
 				writeEngineError(w, err, fail)
 				return
 			}
@@ -263,6 +266,13 @@ func writeResult(w http.ResponseWriter, res Result) {
 // worst case (the holder died); a live holder usually finishes much sooner,
 // and a retry that comes early costs one Redis round trip.
 const maxRetryAfter = time.Second
+
+// answersUnavailable reports whether writeEngineError answers err with a
+// 503.
+func answersUnavailable(err error) bool {
+	_, inFlight := IsInFlight(err)
+	return !inFlight && !errors.Is(err, ErrKeyReused) && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, context.Canceled)
+}
 
 // writeEngineError answers an error of the engine through fail.
 func writeEngineError(w http.ResponseWriter, err error, fail func(status int, code, message, param string)) {

@@ -23,6 +23,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"regexp"
 	"strconv"
 	"sync"
 	"testing"
@@ -229,6 +230,9 @@ func clampToTest(t *testing.T, d time.Duration) time.Duration {
 	return d
 }
 
+// violationKey finds the idempotency keys a violation names.
+var violationKey = regexp.MustCompile(`chaos-[0-9]+`)
+
 // runChaos runs one chaos run on target, filling s as it goes: a run that
 // stops early leaves what it measured in s.
 func runChaos(t *testing.T, bins, target string, duration time.Duration, payments int, s *Summary) {
@@ -282,6 +286,15 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		if t.Failed() {
 			for _, p := range all {
 				t.Logf("--- %s log tail:\n%s", p.name, p.tail())
+			}
+			for _, v := range s.Violations {
+				for _, key := range violationKey.FindAllString(v, -1) {
+					for _, p := range all {
+						if lines := p.lines(key); lines != "" {
+							t.Logf("--- %s log lines of %s:\n%s", p.name, key, lines)
+						}
+					}
+				}
 			}
 		}
 	})

@@ -145,6 +145,19 @@ func (p *proc) tail() string {
 	return string(raw)
 }
 
+// lines returns the lines of the process's log that mention word (at most
+// 20), for the keys a violation names.
+func (p *proc) lines(word string) string {
+	raw, _ := os.ReadFile(p.logPath)
+	var out []string
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if strings.Contains(line, word+" ") || strings.Contains(line, word+"\"") || strings.HasSuffix(line, word) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out[max(0, len(out)-20):], "\n")
+}
+
 // runOnce runs a command to completion and returns its stdout.
 func runOnce(ctx context.Context, bin string, env []string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
