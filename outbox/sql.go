@@ -43,6 +43,8 @@ var (
 	liveKeysSQL string
 	//go:embed sql/take_events.sql
 	takeEventsSQL string
+	//go:embed sql/take_batch.sql
+	takeBatchSQL string
 	//go:embed sql/requeue_events.sql
 	requeueEventsSQL string
 	//go:embed sql/count_events.sql

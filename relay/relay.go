@@ -1,14 +1,18 @@
 // Package relay carries outbox events from Postgres to the Redis cache.
 //
-// Every transition of an idempotency key writes an outbox row and a NOTIFY in
-// the transaction that makes it. The relay wakes on the notification (when
-// it has a session to LISTEN on, Config.Listen) or on its poll timer (so a
-// lost notification strands nothing), takes a batch of
-// events with FOR UPDATE SKIP LOCKED, reads the keys' current rows, applies
-// them to Redis in one pipeline of versioned apply calls, and only then
-// commits the deletion of the events (I9). A crash anywhere before the
-// commit puts the events back; the redelivery is harmless because the apply
-// script never lowers a key's version (I8). Any number of relays may run.
+// Every transition of an idempotency key writes an outbox row in the
+// transaction that makes it, and a NOTIFY wakes the relays (in that
+// transaction, or after it when the engine's own write-through to Redis
+// failed). The relay wakes on the notification (when it has a session to
+// LISTEN on, Config.Listen) or on its poll timer (so a lost notification
+// strands nothing). In one round trip it begins a transaction and takes a
+// batch of events with FOR UPDATE SKIP LOCKED together with the keys'
+// current rows, applies the rows to Redis in one pipeline of versioned
+// apply calls, and only then commits the deletion of the events (I9). A
+// crash anywhere before the commit puts the events back; the redelivery is
+// harmless because the apply script never lowers a key's version (I8), which
+// is also why up to Config.InFlight batches of one relay, and any number of
+// relays, may run at once.
 package relay
 
 import (
@@ -16,6 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,6 +43,7 @@ const (
 	DefaultPollInterval = time.Second
 	DefaultMaxAttempts  = 10
 	DefaultBatchTimeout = 5 * time.Second
+	DefaultInFlight     = 2
 )
 
 // Config configures a Relay.
@@ -56,6 +63,12 @@ type Config struct {
 	// it the relay only polls: Pool may go through PgBouncer in transaction
 	// mode, where a LISTEN hears nothing.
 	Listen *pgx.ConnConfig
+	// InFlight is how many batches the relay may have under way at once
+	// (RELAY_IN_FLIGHT, DefaultInFlight): while one batch is applied to
+	// Redis the next is taken from Postgres, so neither waits for the
+	// other. A second batch is taken while one is under way only when that
+	// one came back full, or a notification or poll tick arrived meanwhile.
+	InFlight int
 	// MaxAttempts is how many times an event that cannot be applied is
 	// tried before it is parked.
 	MaxAttempts int
@@ -98,7 +111,7 @@ type Relay struct {
 	// at that point would.
 	afterPush func() error
 	// delivered, when set (benchmarks), sees every committed batch.
-	delivered func(events []outbox.Event, failed []outbox.FailedEvent, ackedAt time.Time)
+	delivered func(events []outbox.Event, failed []outbox.FailedEvent, at batchTimes)
 }
 
 // New returns a Relay.
@@ -109,6 +122,7 @@ func New(cfg Config) (*Relay, error) {
 	defaults.Positive(&cfg.BatchSize, DefaultBatchSize)
 	defaults.Positive(&cfg.PollInterval, DefaultPollInterval)
 	defaults.Positive(&cfg.MaxAttempts, DefaultMaxAttempts)
+	defaults.Positive(&cfg.InFlight, DefaultInFlight)
 	defaults.Positive(&cfg.MaxCachedBody, cache.DefaultMaxBody)
 	defaults.Positive(&cfg.BatchTimeout, DefaultBatchTimeout)
 	defaults.Positive(&cfg.WaitTimeout, DefaultWaitTimeout)
@@ -133,66 +147,125 @@ func New(cfg Config) (*Relay, error) {
 }
 
 // Run delivers events until ctx ends: on every notification, on every poll
-// tick, and straight on while batches come back full. Postgres or Redis
-// failures are retried with jittered exponential backoff; the events wait in
-// the outbox. It returns nil after a graceful stop.
+// tick, and straight on while batches come back full, with up to InFlight
+// batches under way at once. Postgres or Redis failures are retried with
+// jittered exponential backoff; the events wait in the outbox. It returns nil
+// after a graceful stop: the batches under way finish (within BatchTimeout)
+// and no other starts.
 func (r *Relay) Run(ctx context.Context) error {
-	done := make(chan struct{})
-	defer func() { <-done; <-done }()
-	go func() {
-		defer func() { done <- struct{}{} }()
-		if r.cfg.Listen != nil {
-			r.listen(ctx)
-		}
-	}()
-	go func() { defer func() { done <- struct{}{} }(); r.countEvents(ctx) }()
+	var wg sync.WaitGroup
+	if r.cfg.Listen != nil {
+		wg.Go(func() { r.listen(ctx) })
+	}
+	wg.Go(func() { r.countEvents(ctx) })
+	wg.Go(func() { r.pollEvery(ctx) })
+	for range r.cfg.InFlight {
+		wg.Go(func() { r.work(ctx) })
+	}
+	r.poke() // look at once
+	wg.Wait()
+	return nil
+}
 
-	poll := time.NewTicker(r.cfg.PollInterval)
-	defer poll.Stop()
+// pollEvery wakes a worker every PollInterval until ctx ends, so a lost
+// notification strands nothing.
+func (r *Relay) pollEvery(ctx context.Context) {
+	t := time.NewTicker(r.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.poke()
+		}
+	}
+}
+
+// work is one of Run's InFlight workers: woken, it delivers batches while
+// they come back full, retrying failures with backoff, until ctx ends.
+func (r *Relay) work(ctx context.Context) {
 	retry := backoff.Backoff{Min: 50 * time.Millisecond, Max: 5 * time.Second}
 	for {
-		if _, err := r.drain(ctx); err != nil && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		}
+		for {
+			err := r.drain(ctx)
+			if err == nil || ctx.Err() != nil {
+				retry.Reset()
+				break
+			}
 			if errors.Is(err, ErrReplicasBehind) {
 				retry.Reset() // the batch has waited already: try again soon
 			}
 			d := retry.Next()
 			r.log.Warn("relay batch failed, retrying", "err", err, "retry_in", d.String())
 			if backoff.Sleep(ctx, d) != nil {
-				return nil
+				return
 			}
-			continue
-		}
-		retry.Reset()
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-r.wake:
-		case <-poll.C:
 		}
 	}
 }
 
-// Drain delivers batches until none is pending and returns how many events
-// it published. It stops at the first failure.
-func (r *Relay) Drain(ctx context.Context) (published int, err error) {
-	for {
-		b, err := r.deliverBatch(ctx)
-		published += b.published
-		if err != nil {
-			return published, err
-		}
-		if b.taken == 0 {
-			return published, nil
-		}
-	}
-}
-
-// drain delivers batches while they come back full.
-func (r *Relay) drain(ctx context.Context) (published int, err error) {
+// drain delivers batches while they come back full; each full one wakes
+// another worker to take the next batch while this one is applied.
+func (r *Relay) drain(ctx context.Context) error {
 	for ctx.Err() == nil {
-		b, err := r.deliverBatch(ctx)
-		published += b.published
+		b, err := r.deliverBatch(ctx, r.poke)
 		if err != nil || b.taken < r.cfg.BatchSize {
+			return err
+		}
+	}
+	return nil
+}
+
+// Drain delivers batches until none is pending, with up to InFlight under
+// way at once (a second starts when a batch comes back full), and returns
+// how many events it published. After the first failure it starts no
+// batch, and returns the failures once the batches under way are done.
+func (r *Relay) Drain(ctx context.Context) (published int, err error) {
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		running int
+		stopped atomic.Bool
+		errs    []error
+	)
+	var start func()
+	start = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if running == r.cfg.InFlight || stopped.Load() {
+			return
+		}
+		running++
+		wg.Go(func() {
+			n, err := r.drainUntilEmpty(ctx, &stopped, start)
+			mu.Lock()
+			defer mu.Unlock()
+			running--
+			published += n
+			if err != nil {
+				errs = append(errs, err)
+				stopped.Store(true)
+			}
+		})
+	}
+	start()
+	wg.Wait()
+	return published, errors.Join(errs...)
+}
+
+// drainUntilEmpty delivers batches until one comes back empty, or fails, or
+// stopped is set; full runs when a batch comes back full.
+func (r *Relay) drainUntilEmpty(ctx context.Context, stopped *atomic.Bool, full func()) (published int, err error) {
+	for !stopped.Load() {
+		b, err := r.deliverBatch(ctx, full)
+		published += b.published
+		if err != nil || b.taken == 0 {
 			return published, err
 		}
 	}
@@ -205,10 +278,12 @@ type batchResult struct {
 	taken, published, failed, deferred, parked int
 }
 
-// deliverBatch takes one batch of events, applies the keys' current rows to
-// Redis and commits the events' deletion once Redis acknowledged them.
-// Events Redis refused are requeued (or parked) in the same transaction.
-func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
+// deliverBatch takes one batch of events with their keys' current rows,
+// applies the rows to Redis and commits the events' deletion once Redis
+// acknowledged them. Events Redis refused are requeued (or parked) in the
+// same transaction. A batch that comes back full calls full (when not nil)
+// before it is applied.
+func (r *Relay) deliverBatch(ctx context.Context, full func()) (batchResult, error) {
 	if ctx.Err() != nil {
 		return batchResult{}, ctx.Err()
 	}
@@ -217,49 +292,33 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 	defer cancel()
 
 	var (
-		res     batchResult
-		events  []outbox.Event
-		failed  []outbox.FailedEvent
-		ackedAt time.Time
-		span    = noSpan
+		res            batchResult
+		batch          outbox.Batch
+		failed         []outbox.FailedEvent
+		taken, ackedAt time.Time
+		span           = noSpan
 	)
 	defer func() { endBatchSpan(span, res) }()
 	began := time.Now()
-	err := pgx.BeginFunc(bctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		events, err = r.store.TakeEvents(bctx, tx, r.cfg.BatchSize)
-		if err != nil || len(events) == 0 {
-			return stageErr(stagePostgres, err)
+	tx, batch, err := r.store.TakeBatch(bctx, r.cfg.Pool, r.cfg.BatchSize, r.cfg.MaxCachedBody)
+	switch {
+	case err != nil:
+		err = stageErr(stagePostgres, err)
+	case len(batch.Events) == 0:
+		// An empty poll is no span and commits nothing.
+		if err = tx.Rollback(bctx); err != nil {
+			err = stageErr(stagePostgres, fmt.Errorf("end empty take: %w", err))
 		}
-		// A batch is traced once it holds events: an empty poll is no span.
+	default:
+		taken = time.Now()
+		res.taken = len(batch.Events)
+		if res.taken == r.cfg.BatchSize && full != nil {
+			full()
+		}
 		var sctx context.Context
 		sctx, span = tracer.Start(bctx, "onceonly.relay.batch", trace.WithTimestamp(began))
-		res.taken = len(events)
-		refs, updates, err := r.updates(sctx, tx, events)
-		if err != nil {
-			return stageErr(stagePostgres, err)
-		}
-		results, err := r.cfg.Cache.ApplyBatch(sctx, updates)
-		if err != nil {
-			return stageErr(stageRedis, err)
-		}
-		if r.replicas != nil {
-			if err := r.replicas.wait(sctx); err != nil {
-				return stageErr(stageReplicas, err)
-			}
-		}
-		ackedAt = time.Now()
-		if r.afterPush != nil {
-			if err := r.afterPush(); err != nil {
-				return err
-			}
-		}
-		failed = r.failedEvents(events, refs, results)
-		res.parked, err = r.store.Requeue(sctx, tx, failed, r.cfg.MaxAttempts)
-		res.failed = len(failed)
-		res.published = res.taken - res.failed
-		return stageErr(stagePostgres, err)
-	})
+		failed, ackedAt, err = r.push(sctx, tx, batch, &res)
+	}
 	if err != nil {
 		if se, ok := errors.AsType[*stageError](err); ok {
 			r.metrics.errors.WithLabelValues(se.stage).Inc()
@@ -268,9 +327,12 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 		span.SetStatus(codes.Error, err.Error())
 		return batchResult{}, fmt.Errorf("deliver batch: %w", err)
 	}
-	r.observe(res, events, failed, ackedAt)
-	if r.delivered != nil && res.taken > 0 {
-		r.delivered(events, failed, ackedAt)
+	if res.taken == 0 {
+		return res, nil
+	}
+	r.observe(res, batch.Events, failed, ackedAt)
+	if r.delivered != nil {
+		r.delivered(batch.Events, failed, batchTimes{began: began, taken: taken, acked: ackedAt})
 	}
 	// The rest of the batch is delivered; the caller backs off before
 	// trying the keys Redis could not serve again.
@@ -286,6 +348,49 @@ func (r *Relay) deliverBatch(ctx context.Context) (batchResult, error) {
 	return res, nil
 }
 
+// batchTimes is when a batch began (its take was sent), was taken (the
+// events and rows came back) and was acknowledged by Redis.
+type batchTimes struct{ began, taken, acked time.Time }
+
+// push applies batch to Redis, requeues what Redis refused and commits tx,
+// the deletion of the events; on a failure it rolls tx back, which puts
+// every event back. It returns the refused events and when Redis
+// acknowledged the batch.
+func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch outbox.Batch, res *batchResult) (failed []outbox.FailedEvent, ackedAt time.Time, err error) {
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback(context.WithoutCancel(ctx)) // the error returned says what went wrong
+		}
+	}()
+	results, err := r.cfg.Cache.ApplyBatch(ctx, batch.Updates)
+	if err != nil {
+		return nil, time.Time{}, stageErr(stageRedis, err)
+	}
+	if r.replicas != nil {
+		if err := r.replicas.wait(ctx); err != nil {
+			return nil, time.Time{}, stageErr(stageReplicas, err)
+		}
+	}
+	ackedAt = time.Now()
+	if r.afterPush != nil {
+		if err := r.afterPush(); err != nil {
+			return nil, time.Time{}, err
+		}
+	}
+	failed = r.failedEvents(batch, results)
+	if res.parked, err = r.store.Requeue(ctx, tx, failed, r.cfg.MaxAttempts); err != nil {
+		return nil, time.Time{}, stageErr(stagePostgres, err)
+	}
+	committed = true // a failed commit has ended the transaction too
+	if err := tx.Commit(ctx); err != nil {
+		return nil, time.Time{}, stageErr(stagePostgres, fmt.Errorf("commit: %w", err))
+	}
+	res.failed = len(failed)
+	res.published = res.taken - res.failed
+	return failed, ackedAt, nil
+}
+
 // firstUnavailable returns the error of the first event deferred for want
 // of Redis.
 func firstUnavailable(failed []outbox.FailedEvent) error {
@@ -297,48 +402,23 @@ func firstUnavailable(failed []outbox.FailedEvent) error {
 	return nil
 }
 
-// updates reads the current row of every key in events, once per key, and
-// returns the cache updates in the order of refs. A key gone from Postgres
-// becomes a deletion at the highest version its events carry.
-func (r *Relay) updates(ctx context.Context, tx pgx.Tx, events []outbox.Event) ([]keystate.Ref, []keystate.Key, error) {
-	highest := make(map[keystate.Ref]int64, len(events))
-	refs := make([]keystate.Ref, 0, len(events))
-	for _, e := range events {
-		v, seen := highest[e.Ref()]
-		if !seen {
-			refs = append(refs, e.Ref())
-		}
-		highest[e.Ref()] = max(v, e.Version)
-	}
-	current, err := r.store.CurrentKeys(ctx, tx, refs, r.cfg.MaxCachedBody)
-	if err != nil {
-		return nil, nil, err
-	}
-	updates := make([]keystate.Key, len(refs))
-	for i, ref := range refs {
-		if k, ok := current[ref]; ok {
-			updates[i] = k
-		} else {
-			updates[i] = keystate.Gone(ref, highest[ref])
-		}
-	}
-	return refs, updates, nil
-}
-
 // failedEvents returns the events whose key's update Redis refused, and
 // logs each.
-func (r *Relay) failedEvents(events []outbox.Event, refs []keystate.Ref, results []cache.ApplyResult) []outbox.FailedEvent {
-	refused := map[keystate.Ref]error{}
+func (r *Relay) failedEvents(batch outbox.Batch, results []cache.ApplyResult) []outbox.FailedEvent {
+	var refused map[keystate.Ref]error
 	for i, res := range results {
 		if res.Err != nil {
-			refused[refs[i]] = res.Err
+			if refused == nil {
+				refused = map[keystate.Ref]error{}
+			}
+			refused[batch.Updates[i].Ref] = res.Err
 		}
 	}
 	if len(refused) == 0 {
 		return nil
 	}
 	var failed []outbox.FailedEvent
-	for _, e := range events {
+	for _, e := range batch.Events {
 		err, ok := refused[e.Ref()]
 		if !ok {
 			continue
@@ -370,9 +450,12 @@ func (r *Relay) observe(res batchResult, events []outbox.Event, failed []outbox.
 	r.metrics.batchSize.Observe(float64(res.taken))
 	r.metrics.published.Add(float64(res.published))
 	r.metrics.parked.Add(float64(res.parked))
-	refused := make(map[int64]bool, len(failed))
-	for _, f := range failed {
-		refused[f.ID] = true
+	var refused map[int64]bool
+	if len(failed) > 0 {
+		refused = make(map[int64]bool, len(failed))
+		for _, f := range failed {
+			refused[f.ID] = true
+		}
 	}
 	for _, e := range events {
 		if !refused[e.ID] {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -78,9 +79,10 @@ func dropKeys(b *testing.B, bd *bundle) {
 // BenchmarkLagReplicated is BenchmarkLag through a Sentinel failover
 // client, without and with the replica guard, alternating as
 // BenchmarkDrainReplicated does: BENCH_RATE (default 1000) transitions a
-// second for BENCH_SECONDS (default 10), each committed with its NOTIFY
-// while a relay runs; it reports the commit→Redis lag, which with the guard
-// runs to the replica's acknowledgement.
+// second for BENCH_SECONDS (default 10), each followed by a NOTIFY after its
+// commit (the engine's default path) while a relay runs; it reports the
+// commit→Redis lag, which with the guard runs to the replica's
+// acknowledgement.
 func BenchmarkLagReplicated(b *testing.B) {
 	rate := benchEnvInt(b, "BENCH_RATE", 1000)
 	seconds := benchEnvInt(b, "BENCH_SECONDS", 10)
@@ -91,7 +93,7 @@ func BenchmarkLagReplicated(b *testing.B) {
 			wait := (i + j) % 2
 			rdb := testenv.SentinelClient(b, url)
 			bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
-			measured, _ := measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), rate, seconds)
+			measured, _, _ := measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), notifyAfterCommit, rate, seconds)
 			lags[wait] = append(lags[wait], measured...)
 		}
 	}
@@ -103,17 +105,38 @@ func BenchmarkLagReplicated(b *testing.B) {
 	}
 }
 
+// notifyMode is how measureLag's writers wake the relay.
+type notifyMode string
+
+const (
+	// notifyAfterCommit: claims commit without a NOTIFY; the writer sends
+	// one after the commit, coalesced (the engine's default, when its
+	// write-through failed).
+	notifyAfterCommit notifyMode = "after-commit"
+	// notifyInTx: the claim's transaction sends the NOTIFY.
+	notifyInTx notifyMode = "in-tx"
+)
+
+// lagParts splits every event's commit→Redis lag: until its batch's take
+// was sent (the writer's commit, the NOTIFY, waking a worker, or waiting
+// for a free one), the take's round trip, and the Redis push.
+type lagParts struct{ wait, take, push []time.Duration }
+
 // measureLag claims rate keys a second for seconds from 8 writers while r
-// runs and returns every event's commit→Redis lag, and the rate the writers
-// achieved.
-func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) (lags []time.Duration, achieved float64) {
+// runs, waking it as mode says, and returns every event's commit→Redis lag
+// (from the event's created_at, so the writer's commit is included), its
+// parts, and the rate the writers achieved.
+func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, seconds int) (lags []time.Duration, parts lagParts, achieved float64) {
 	b.Helper()
 	var mu sync.Mutex
-	r.delivered = func(events []outbox.Event, _ []outbox.FailedEvent, ackedAt time.Time) {
+	r.delivered = func(events []outbox.Event, _ []outbox.FailedEvent, at batchTimes) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, e := range events {
-			lags = append(lags, ackedAt.Sub(e.CreatedAt))
+			lags = append(lags, at.acked.Sub(e.CreatedAt))
+			parts.wait = append(parts.wait, at.began.Sub(e.CreatedAt))
+			parts.take = append(parts.take, at.taken.Sub(at.began))
+			parts.push = append(parts.push, at.acked.Sub(at.taken))
 		}
 	}
 	ctx, cancel := context.WithCancel(bd.Ctx)
@@ -121,6 +144,21 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) (lags []t
 	go func() { done <- r.Run(ctx) }()
 	time.Sleep(200 * time.Millisecond) // LISTEN is up
 
+	// The writers have a pool of their own, as the api has in its process:
+	// sharing the relay's would queue the relay behind them.
+	url := bd.Pool.Config().ConnString()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	pool := testenv.Pool(b, url+sep+"pool_max_conns=16")
+	store := outbox.New(outbox.Config{CompletedTTL: time.Hour, DeferNotify: mode == notifyAfterCommit})
+	kick := func() {}
+	if mode == notifyAfterCommit {
+		w := newNotifier(bd.Ctx, func(ctx context.Context) error { return store.Notify(ctx, pool) })
+		defer w.stop()
+		kick = w.kick
+	}
 	const writers = 8
 	total := rate * seconds
 	interval := time.Second / time.Duration(rate)
@@ -131,10 +169,11 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) (lags []t
 			for i := w; i < total; i += writers {
 				time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
 				ref := keystate.Ref{Scope: "bench", Key: "lag-" + strconv.Itoa(i)}
-				if _, err := bd.Store.Claim(bd.Ctx, bd.Pool, ref, "v1:fp", owner, time.Minute); err != nil {
+				if _, err := store.Claim(bd.Ctx, pool, ref, "v1:fp", owner, time.Minute); err != nil {
 					b.Error(err)
 					return
 				}
+				kick()
 			}
 		})
 	}
@@ -151,7 +190,44 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, rate, seconds int) (lags []t
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return lags, achieved
+	return lags, parts, achieved
+}
+
+// notifier sends NOTIFYs after commits, coalesced as the engine's waker
+// does: kicks that arrive while one is on its way are answered by the next.
+type notifier struct {
+	pending chan struct{}
+	done    chan struct{}
+	cancel  context.CancelFunc
+}
+
+func newNotifier(ctx context.Context, notify func(context.Context) error) *notifier {
+	ctx, cancel := context.WithCancel(ctx)
+	n := &notifier{pending: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(n.done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-n.pending:
+			}
+			_ = notify(ctx) // a lost wake-up is covered by the poll
+		}
+	}()
+	return n
+}
+
+func (n *notifier) kick() {
+	select {
+	case n.pending <- struct{}{}:
+	default:
+	}
+}
+
+func (n *notifier) stop() {
+	n.cancel()
+	<-n.done
 }
 
 // BenchmarkReplicaWait measures the guard's own cost, paid once per batch:

@@ -33,6 +33,7 @@ func main() {
 type settings struct {
 	*daemon.Common
 	batch, maxAttempts *int
+	inFlight           *int
 	pollInterval       *time.Duration
 	once               *bool
 	sessionURL         *string
@@ -44,6 +45,7 @@ func define(s *config.Set) *settings {
 	return &settings{
 		Common:       daemon.DefineCommon(s, ":8081", "Redis URL, redis:// or rediss:// (this, REDIS_CLUSTER_URL or REDIS_SENTINEL_URL is required)"),
 		batch:        s.Int("batch", "RELAY_BATCH", relay.DefaultBatchSize, "most events per batch"),
+		inFlight:     s.Int("in-flight", "RELAY_IN_FLIGHT", relay.DefaultInFlight, "most batches under way at once: the next is taken from Postgres while one is applied to Redis"),
 		maxAttempts:  s.Int("max-attempts", "RELAY_MAX_ATTEMPTS", relay.DefaultMaxAttempts, "attempts before an event that cannot be applied is parked"),
 		pollInterval: s.Duration("poll-interval", "RELAY_POLL_INTERVAL", relay.DefaultPollInterval, "how often to look for events without a notification"),
 		once:         s.FlagSet().Bool("once", false, "drain what is pending, print a JSON summary on stdout and exit"),
@@ -107,7 +109,7 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, listen *pgx.Con
 	defer w.Close()
 	r, err := relay.New(relay.Config{
 		Pool: w.Pool, Cache: w.Cache,
-		BatchSize: *s.batch, PollInterval: *s.pollInterval, MaxAttempts: *s.maxAttempts, Listen: listen,
+		BatchSize: *s.batch, InFlight: *s.inFlight, PollInterval: *s.pollInterval, MaxAttempts: *s.maxAttempts, Listen: listen,
 		WaitReplicas: *s.waitReplicas, WaitTimeout: *s.waitTimeout,
 		Logger: log, Registerer: w.Registry,
 	})
@@ -129,7 +131,7 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, listen *pgx.Con
 		return nil
 	}
 
-	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "poll_interval", s.pollInterval.String(),
+	log.Info("relay started", "addr", *s.HTTPAddr, "batch", *s.batch, "in_flight", *s.inFlight, "poll_interval", s.pollInterval.String(),
 		"redis_wait_replicas", *s.waitReplicas, "listen", listen != nil)
 	return w.Run(ctx, *s.HTTPAddr, r.Run)
 }

@@ -107,12 +107,18 @@ func TestDaemon(t *testing.T) {
 		return found
 	})
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	require.NoError(t, err)
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
+	// The batch is counted once its deletion commits, just after Redis
+	// acknowledged it.
+	var body []byte
+	testenv.Eventually(t, 5*time.Second, "batch counted", func() bool {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+		require.NoError(t, err)
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+		return bytes.Contains(body, []byte("onceonly_relay_events_published_total 1"))
+	})
 	for _, metric := range []string{"onceonly_relay_events_published_total 1", "onceonly_relay_lag_seconds_bucket",
 		"onceonly_relay_batch_size_bucket", "onceonly_relay_pending_events", "onceonly_relay_errors_total"} {
 		require.Contains(t, string(body), metric)
