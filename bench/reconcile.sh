@@ -37,28 +37,19 @@ else
 	scan_args=(-redis-url "$REDIS_URL")
 fi
 
-# CPU seconds used so far by the Redis servers (INFO cpu) and by the
-# Postgres server (the postmaster and its children, living and exited).
-redis_cpu() {
-	for p in "${redis_ports[@]}"; do redis-cli -p "$p" info cpu; done |
-		awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.2f", s }'
-}
-pg_cpu() {
-	awk -v pm="$(head -1 "$dir/pg/postmaster.pid")" '{
-		split(FILENAME, path, "/"); sub(/^.*\) /, "")
-		if (path[3] == pm) s += $12 + $13 + $14 + $15; else if ($2 == pm) s += $12 + $13
-	} END { printf "%.2f", s / 100 }' /proc/[0-9]*/stat 2>/dev/null
-}
+# CPU seconds used so far by the servers (bench/cpu.sh).
+# shellcheck source=bench/cpu.sh
+. bench/cpu.sh
 
 # steady NAME BIN [WHAT]: one pass of BIN: its report, peak RSS and the CPU
 # seconds it, Redis and Postgres used, on one line.
 steady() {
 	local r0 p0 out
 	echo -n "${3:-steady pass (in sync)}, $1: "
-	r0=$(redis_cpu) p0=$(pg_cpu) out=$(mktemp)
+	r0=$(redis_cpu "${redis_ports[@]}") p0=$(pg_cpu "$dir") out=$(mktemp)
 	/usr/bin/time -o "$out" -f "%M %U %S" "$2" --once | tr -d '\n'
 	sleep 0.5 # exited backends' CPU reaches the postmaster
-	awk -v r="$(echo "$(redis_cpu) - $r0" | bc)" -v p="$(echo "$(pg_cpu) - $p0" | bc)" \
+	awk -v r="$(echo "$(redis_cpu "${redis_ports[@]}") - $r0" | bc)" -v p="$(echo "$(pg_cpu "$dir") - $p0" | bc)" \
 		'{ printf " peak_rss_kb=%d cpu_s: reconciler=%.2f redis=%.2f postgres=%.2f\n", $1, $2 + $3, r, p }' "$out"
 	rm -f "$out"
 }

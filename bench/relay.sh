@@ -64,14 +64,8 @@ rm -f "$dir"/select1_log*
 
 # CPU seconds used so far by Redis (INFO cpu) and by the Postgres server
 # (the postmaster and its children, living and exited).
-redis_cpu() { redis-cli -p "$redis_port" info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.2f", s }'; }
-# (cat, not awk, opens the files: a process may exit meanwhile.)
-pg_cpu() {
-	cat /proc/[0-9]*/stat 2>/dev/null | awk -v pm="$(head -1 "$dir/pg/postmaster.pid")" '{
-		pid = $1; sub(/^.*\) /, "")
-		if (pid == pm) s += $12 + $13 + $14 + $15; else if ($2 == pm) s += $12 + $13
-	} END { printf "%.2f", s / 100 }'
-}
+# shellcheck source=bench/cpu.sh
+. bench/cpu.sh
 
 # once NAME BIN: seed BENCH_EVENTS completed keys (200-byte bodies) with an
 # event each, drain them with BIN --once, and print the rate and the CPU per
@@ -88,10 +82,10 @@ once() {
 		-c "INSERT INTO outbox (scope, key, version) SELECT 'bench', 'key-' || i, 2 FROM generate_series(1, $events) i" \
 		-c "VACUUM ANALYZE outbox" -c "VACUUM ANALYZE idempotency_keys" -c "CHECKPOINT"
 	local r0 p0 out
-	r0=$(redis_cpu) p0=$(pg_cpu) out=$(mktemp)
+	r0=$(redis_cpu "$redis_port") p0=$(pg_cpu "$dir") out=$(mktemp)
 	/usr/bin/time -o "$out" -f "%e %U %S" "$2" --once --http-addr 127.0.0.1:0 >/dev/null
 	sleep 0.5 # exited backends' CPU reaches the postmaster
-	awk -v name="$1" -v n="$events" -v r="$(echo "$(redis_cpu) - $r0" | bc)" -v p="$(echo "$(pg_cpu) - $p0" | bc)" '{
+	awk -v name="$1" -v n="$events" -v r="$(echo "$(redis_cpu "$redis_port") - $r0" | bc)" -v p="$(echo "$(pg_cpu "$dir") - $p0" | bc)" '{
 		c = $2 + $3
 		printf "%s: %d events/s; CPU µs per event: relay %.1f, postgres %.1f, redis %.1f, total %.1f\n",
 			name, n / $1, c / n * 1e6, p / n * 1e6, r / n * 1e6, (c + p + r) / n * 1e6 }' "$out"
