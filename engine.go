@@ -483,11 +483,11 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	var err error
 	k, err = onLiveConnection(ctx, e, func() (keystate.Key, error) {
 		if x.single {
-			k, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
+			failed, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
 			if err == nil && !written {
-				return k, outbox.ErrLeaseLost // the key has a row of another execution
+				return failed, outbox.ErrLeaseLost // the key has a row of another execution
 			}
-			return k, err
+			return failed, err
 		}
 		if handOff {
 			return e.store.HandOff(ctx, e.cfg.Pool, x.ref, x.fence.Owner)

@@ -155,7 +155,7 @@ func (t *execTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 	case t.closed:
 		return nil, pgx.ErrTxClosed
 	case t.tx != nil:
-		return t.tx.Query(ctx, sql, args...)
+		return t.tx.Query(ctx, sql, args...) //nolint:sqlclosecheck // the caller closes the rows it asked for
 	}
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
