@@ -35,6 +35,12 @@ func withQueryMode(t *testing.T, dbURL, mode string) string {
 // a uuid and JSON as text in all of them; a [16]byte or a []byte for jsonb
 // has no encoding in the last two.
 func TestEveryStatementInEveryQueryMode(t *testing.T) {
+	inEveryQueryMode(t, exerciseStore)
+}
+
+// inEveryQueryMode runs exercise, in parallel subtests, on a pool of every
+// query mode, straight to Postgres and through a real PgBouncer.
+func inEveryQueryMode(t *testing.T, exercise func(t *testing.T, ctx context.Context, pool *pgxpool.Pool)) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, mode string
@@ -54,7 +60,7 @@ func TestEveryStatementInEveryQueryMode(t *testing.T) {
 			} else {
 				dbURL = withQueryMode(t, dbURL, tc.mode)
 			}
-			exerciseStore(t, testenv.Context(t), testenv.Pool(t, dbURL))
+			exercise(t, testenv.Context(t), testenv.Pool(t, dbURL))
 		})
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 )
@@ -18,28 +17,7 @@ import (
 // Postgres and through a real PgBouncer, as TestEveryStatementInEveryQueryMode
 // does for the other statements.
 func TestTakeBatchInEveryQueryMode(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name, mode string
-		bouncer    bool
-	}{
-		{name: "direct/cache_statement", mode: "cache_statement"},
-		{name: "direct/exec", mode: "exec"},
-		{name: "direct/simple_protocol", mode: "simple_protocol"},
-		{name: "pgbouncer/exec", mode: "exec", bouncer: true},
-		{name: "pgbouncer/simple_protocol", mode: "simple_protocol", bouncer: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			dbURL := testenv.DatabaseURL(t)
-			if tc.bouncer {
-				dbURL = testenv.PgBouncerURL(t, dbURL, tc.mode)
-			} else {
-				dbURL = withQueryMode(t, dbURL, tc.mode)
-			}
-			exerciseTakeBatch(t, testenv.Context(t), testenv.Pool(t, dbURL))
-		})
-	}
+	inEveryQueryMode(t, exerciseTakeBatch)
 }
 
 // exerciseTakeBatch checks what TakeBatch returns, that its transaction
