@@ -165,29 +165,24 @@ func BenchmarkReplay(b *testing.B) {
 		{"2KiB-JSON", cache.CompressibleBody, nil, true},
 		{"2KiB-JSON-uncompressed", cache.CompressibleBody, nil, false},
 	} {
-		b.Run(hc.name+"/Check", func(b *testing.B) {
-			ctx, c, ref, _, report := benchSetup(b, hc.body, hc.header, hc.compress)
-			b.ReportAllocs()
-			for b.Loop() {
-				res, err := c.Check(ctx, ref, benchFingerprint, keystate.Owner{}, 30*time.Second)
-				if err != nil || res.Verdict != cache.Replay {
-					b.Fatalf("check: %v %v", res.Verdict, err)
-				}
+		for _, readFirst := range []bool{true, false} {
+			name := hc.name + "/Check"
+			if !readFirst {
+				name += "ScriptOnly"
 			}
-			report()
-		})
-		b.Run(hc.name+"/CheckScriptOnly", func(b *testing.B) {
-			ctx, c, ref, _, report := benchSetup(b, hc.body, hc.header, hc.compress)
-			cache.SetReadFirst(c, false)
-			b.ReportAllocs()
-			for b.Loop() {
-				res, err := c.Check(ctx, ref, benchFingerprint, keystate.Owner{}, 30*time.Second)
-				if err != nil || res.Verdict != cache.Replay {
-					b.Fatalf("check: %v %v", res.Verdict, err)
+			b.Run(name, func(b *testing.B) {
+				ctx, c, ref, _, report := benchSetup(b, hc.body, hc.header, hc.compress)
+				cache.SetReadFirst(c, readFirst)
+				b.ReportAllocs()
+				for b.Loop() {
+					res, err := c.Check(ctx, ref, benchFingerprint, keystate.Owner{}, 30*time.Second)
+					if err != nil || res.Verdict != cache.Replay {
+						b.Fatalf("check: %v %v", res.Verdict, err)
+					}
 				}
-			}
-			report()
-		})
+				report()
+			})
+		}
 		b.Run(hc.name+"/BareGet", func(b *testing.B) {
 			ctx, c, _, bare, report := benchSetup(b, hc.body, hc.header, hc.compress)
 			b.ReportAllocs()
