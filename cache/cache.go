@@ -76,6 +76,9 @@ type Cache struct {
 	// readFirst: Check reads the value before the script (false where a
 	// read may be answered by a replica).
 	readFirst bool
+	// pipe sends the commands of concurrent checks, applies and releases
+	// together (nil: each on its own).
+	pipe *pipeline
 }
 
 // Options configures a Cache.
@@ -90,6 +93,12 @@ type Options struct {
 	// for 2 KiB). DefaultCompressMin is the size the benchmarks use.
 	// Values of either kind are read whatever it is.
 	CompressMin int
+	// NoAutoPipeline sends every check, apply and release on its own
+	// round trip. By default, commands that callers send while others are
+	// on the wire go together in the next pipeline (one write, one read),
+	// which costs a lone caller nothing and saves the client and Redis a
+	// system call pair per command under load.
+	NoAutoPipeline bool
 }
 
 // New returns a Cache over the client.
@@ -101,7 +110,12 @@ func New(rdb redis.UniversalClient, opts Options) *Cache {
 		opts.MaxBody = DefaultMaxBody
 	}
 	opts.CompressMin = max(opts.CompressMin, 0)
+	var pipe *pipeline
+	if !opts.NoAutoPipeline {
+		pipe = &pipeline{rdb: rdb}
+	}
 	return &Cache{
+		pipe:        pipe,
 		rdb:         rdb,
 		prefix:      opts.Prefix,
 		maxBody:     opts.MaxBody,
@@ -150,7 +164,7 @@ func (c *Cache) Check(ctx context.Context, ref keystate.Ref, fingerprint string,
 		// absent key with "" (no value is empty) rather than a nil reply,
 		// which go-redis turns into an error it classifies at some cost.
 		cmd := redis.NewStringCmd(ctx, "getrange", key, rangeStart, rangeEnd)
-		_ = c.rdb.Process(ctx, cmd)
+		c.do(ctx, cmd)
 		raw, err := cmd.Bytes()
 		switch {
 		case err == nil:
@@ -172,7 +186,7 @@ var rangeStart, rangeEnd any = 0, -1
 // checkScript runs the check script (its own function so that only this
 // path pays for the arguments escaping to the heap).
 func (c *Cache) checkScript(ctx context.Context, key string, digest [digestLen]byte, owner keystate.Owner, lease time.Duration) (CheckResult, error) {
-	reply, err := c.check.Run(ctx, c.rdb, []string{key}, digest[:], owner[:], lease.Milliseconds()).Slice()
+	reply, err := c.run(ctx, c.check, key, digest[:], owner[:], lease.Milliseconds()).Slice()
 	if err != nil {
 		return CheckResult{}, fmt.Errorf("check key: %w", err)
 	}
@@ -224,6 +238,27 @@ func answerCompleted(raw []byte, digest *[digestLen]byte) (CheckResult, bool) {
 	return CheckResult{Verdict: Replay, Entry: entry}, true
 }
 
+// do runs cmd, in a pipeline with the commands of concurrent callers unless
+// the cache sends each on its own; the reply or error is in cmd.
+func (c *Cache) do(ctx context.Context, cmd redis.Cmder) {
+	if c.pipe == nil {
+		_ = c.rdb.Process(ctx, cmd) // the error is in the command
+		return
+	}
+	c.pipe.do(ctx, cmd)
+}
+
+// run runs script on key with args as script.Run does: EVALSHA, and EVAL
+// when Redis does not have the script (restarted, or a new node).
+func (c *Cache) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, append([]any{"evalsha", script.Hash(), 1, key}, args...)...)
+	c.do(ctx, cmd)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return script.Eval(ctx, c.rdb, []string{key}, args...)
+	}
+	return cmd
+}
+
 // readsReplicas reports whether rdb may send a read-only command (GETRANGE)
 // to a replica, which could still hold a value its master deleted.
 func readsReplicas(rdb redis.UniversalClient) bool {
@@ -267,7 +302,7 @@ func (c *Cache) Apply(ctx context.Context, k keystate.Key) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	n, err := c.apply.Run(ctx, c.rdb, []string{c.Key(k.Ref)}, args...).Int()
+	n, err := c.run(ctx, c.apply, c.Key(k.Ref), args...).Int()
 	if err != nil {
 		return false, fmt.Errorf("apply %s:%s: %w", k.Scope, k.Key, err)
 	}
@@ -385,7 +420,7 @@ func allUnavailable(results []ApplyResult, sent []int) bool {
 // Release drops owner's provisional claim on ref; it reports whether there
 // was one.
 func (c *Cache) Release(ctx context.Context, ref keystate.Ref, owner keystate.Owner) (bool, error) {
-	n, err := c.release.Run(ctx, c.rdb, []string{c.Key(ref)}, owner[:]).Int()
+	n, err := c.run(ctx, c.release, c.Key(ref), owner[:]).Int()
 	if err != nil {
 		return false, fmt.Errorf("release key: %w", err)
 	}

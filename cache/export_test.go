@@ -1,10 +1,13 @@
 package cache
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/keystate"
 )
@@ -68,4 +71,19 @@ func EncodeLayout1(version int64, fingerprint string, r keystate.Response, large
 		buf = append(buf, header...)
 	}
 	return append(buf, r.Body...)
+}
+
+// Do runs cmd the way the cache runs its own commands.
+func Do(ctx context.Context, c *Cache, cmd redis.Cmder) error {
+	c.do(ctx, cmd)
+	return cmd.Err()
+}
+
+// PipelineStats returns the round trips c's automatic pipelining made and
+// the commands they carried (zeros when it is off).
+func PipelineStats(c *Cache) (roundTrips, commands int64) {
+	if c.pipe == nil {
+		return 0, 0
+	}
+	return c.pipe.pipelines.Load(), c.pipe.commands.Load()
 }
