@@ -92,6 +92,8 @@ type recorder struct {
 	statuses map[int]int
 	bad      []string // 5xx that no fault explains
 	pgDown   func(time.Time) bool
+	// paused reports whether the api at host was paused around a time.
+	paused func(host string, at time.Time) bool
 	// gatewayFaults is true when the gateway injects faults: a 502 of any
 	// source is then explained.
 	gatewayFaults bool
@@ -111,7 +113,9 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	case res.StatusCode == http.StatusBadGateway && (source == "tok_gatewayError" || r.gatewayFaults):
 		// The gateway failed (tok_gatewayError), or its answer was lost to an
 		// injected fault and the engine settles the key on its own.
-	case res.StatusCode == http.StatusServiceUnavailable && r.pgDown(time.Now()):
+	case res.StatusCode == http.StatusServiceUnavailable && (r.pgDown(time.Now()) || r.paused(req.URL.Host, time.Now())):
+		// Postgres was down, or the api stood still past the request's
+		// deadline (SIGSTOP).
 	default:
 		r.bad = append(r.bad, fmt.Sprintf("%d for %s (%s) at %s", res.StatusCode, req.Header.Get(client.HeaderKey), source, time.Now().Format(time.StampMilli)))
 	}
@@ -307,6 +311,13 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		defer pgMu.Unlock()
 		return !pgDownFrom.IsZero() && at.After(pgDownFrom.Add(-time.Second)) &&
 			(pgDownTo.IsZero() || at.Before(pgDownTo.Add(5*time.Second)))
+	}, paused: func(host string, at time.Time) bool {
+		for _, api := range apis {
+			if api.addr == host {
+				return api.pausedAround(at)
+			}
+		}
+		return false
 	}}
 	faults := s.Faults
 	var faultErrs []string

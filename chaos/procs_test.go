@@ -39,6 +39,9 @@ type proc struct {
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
+	// pausedFrom and pausedTo bound the last pause (pausedTo is zero while
+	// it lasts).
+	pausedFrom, pausedTo time.Time
 }
 
 func newProc(t *testing.T, name, bin, addr string, env ...string) *proc {
@@ -93,11 +96,27 @@ func (p *proc) pause(d time.Duration) {
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
+	p.mu.Lock()
+	p.pausedFrom, p.pausedTo = time.Now(), time.Time{}
+	p.mu.Unlock()
 	if cmd.Process.Signal(syscall.SIGSTOP) != nil {
 		return
 	}
 	time.Sleep(d)
 	_ = cmd.Process.Signal(syscall.SIGCONT)
+	p.mu.Lock()
+	p.pausedTo = time.Now()
+	p.mu.Unlock()
+}
+
+// pausedAround reports whether an answer the process gave at was held up
+// by a pause: the process was stopped then, or went on less than a second
+// before. A request whose deadline passed while the process stood still
+// gets a 503 the moment it goes on, as after any stall that long.
+func (p *proc) pausedAround(at time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.pausedFrom.IsZero() && at.After(p.pausedFrom) && (p.pausedTo.IsZero() || at.Before(p.pausedTo.Add(time.Second)))
 }
 
 // kill sends SIGKILL, as a crash would.
