@@ -52,6 +52,11 @@ type Config struct {
 	// MaxCachedBody is the largest response body kept in Redis (8 KiB);
 	// larger ones are replayed from Postgres.
 	MaxCachedBody int
+	// RedisNoAutoPipeline sends every Redis command of the request path on
+	// a round trip of its own. By default, commands that requests send
+	// while others are on the wire go together in the next pipeline
+	// (cache.Options.NoAutoPipeline).
+	RedisNoAutoPipeline bool
 	// ShouldStore tells which handler statuses are stored and replayed. By
 	// default: every status below 500 except 408, 409, 425 and 429. Others
 	// mark the key failed, so a retry runs the handler again.
@@ -167,7 +172,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.wake = newRelayWaker(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
 	if cfg.Redis != nil {
-		e.cache = cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody})
+		e.cache = cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody, NoAutoPipeline: cfg.RedisNoAutoPipeline})
 	}
 	return e, nil
 }

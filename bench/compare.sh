@@ -7,10 +7,12 @@
 #   (e) onceonly, as configured by default (NOTIFY deferred) and with
 #       DEFER_NOTIFY=false (NOTIFY in every transaction)
 #   (f) onceonly with SingleCommit (the key written once, one commit)
+#   (g) onceonly with RedisNoAutoPipeline (each Redis command on its own
+#       round trip, as the bare GET handler sends it)
 # A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
 # duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
 # memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
-# variants listen on 29001-29007 (below the ephemeral range). BENCH_PROFILE=DIR
+# variants listen on 29001-29008 (below the ephemeral range). BENCH_PROFILE=DIR
 # saves CPU profiles of the onceonly runs there (go tool pprof -top FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -99,7 +101,7 @@ measure() {
 
 echo "== replays (one stored key, answered again and again)"
 # The stored key gets the same body and headers wrk sends (bench/wrk/replay.lua).
-for port in 29003 29004 29005 29006; do
+for port in 29003 29004 29005 29006 29008; do
 	curl -s -o /dev/null -X POST "http://127.0.0.1:$port/v1/payments" -H "Idempotency-Key: bench-replay-0" \
 		-H 'Content-Type: application/json' -H 'Authorization: Bearer sk_test_demo' \
 		-d '{"amount":1000,"currency":"usd","customer":"cus_bench","source":"tok_visa"}'
@@ -109,6 +111,7 @@ measure "(c) Redis-only idempotency" 29003 replay.lua 0
 measure "(d) Postgres-only idempotency" 29004 replay.lua 0
 measure "(e) onceonly" 29005 replay.lua 0
 measure "(e) onceonly, NOTIFY in tx" 29006 replay.lua 0
+measure "(g) onceonly, no auto-pipelining" 29008 replay.lua 0
 echo "== first executions (a new key every request)"
 measure "(b) bare handler, one INSERT" 29002 first.lua
 measure "(c) Redis-only idempotency" 29003 first.lua
@@ -116,6 +119,7 @@ measure "(d) Postgres-only idempotency" 29004 first.lua
 measure "(e) onceonly" 29005 first.lua
 measure "(e) onceonly, NOTIFY in tx" 29006 first.lua
 measure "(f) onceonly, SingleCommit" 29007 first.lua
+measure "(g) onceonly, no auto-pipelining" 29008 first.lua
 
 # Latency under a constant rate (open loop: measured from when each request
 # was due, so queueing shows; wrk's closed loop above hides it).
@@ -126,6 +130,7 @@ openloop() { bin/openloop -name "$1" -url "http://127.0.0.1:$2/v1/payments" -rat
 echo "== latency at $replay_rate replays/s, open loop"
 openloop "(a) bare handler, one Redis GET" 29001 "$replay_rate" fixed bench-replay
 openloop "(e) onceonly" 29005 "$replay_rate" fixed bench-replay
+openloop "(g) onceonly, no auto-pipelining" 29008 "$replay_rate" fixed bench-replay
 echo "== latency at $first_rate first executions/s, open loop"
 openloop "(b) bare handler, one INSERT" 29002 "$first_rate" unique "open-b-$RANDOM"
 openloop "(e) onceonly" 29005 "$first_rate" unique "open-e-$RANDOM"
@@ -138,8 +143,10 @@ bin/harness dupes -n 300
 ratio() { awk -v a="${rate[$1]:-0}" -v b="${rate[$2]:-0}" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }'; }
 echo "== ratios (targets of issue 16: replays >= 0.9x, first executions >= 0.35x)"
 echo "replays, onceonly / bare Redis GET:                     $(ratio 29005-replay.lua 29001-replay.lua)"
+echo "replays, onceonly no auto-pipelining / bare Redis GET: $(ratio 29008-replay.lua 29001-replay.lua)"
 echo "replays, Redis-only pattern / bare Redis GET:           $(ratio 29003-replay.lua 29001-replay.lua)"
 echo "first executions, onceonly / bare INSERT:               $(ratio 29005-first.lua 29002-first.lua)"
 echo "first executions, onceonly NOTIFY in tx / bare INSERT:  $(ratio 29006-first.lua 29002-first.lua)"
 echo "first executions, onceonly SingleCommit / bare INSERT:  $(ratio 29007-first.lua 29002-first.lua)"
+echo "first executions, onceonly no auto-pipelining / bare:   $(ratio 29008-first.lua 29002-first.lua)"
 echo "first executions, Redis-only pattern / bare INSERT:     $(ratio 29003-first.lua 29002-first.lua)"

@@ -9,6 +9,7 @@
 //	base+4  (e) onceonly, as configured by default (NOTIFY deferred)
 //	base+5  (e) onceonly with NotifyInTransaction (DEFER_NOTIFY=false)
 //	base+6  (f) onceonly with SingleCommit (one transaction per execution)
+//	base+7  (g) onceonly with RedisNoAutoPipeline (a round trip per command)
 //	base+9  net/http/pprof
 //
 //	harness serve   [-base 29001]   serve until SIGTERM
@@ -109,6 +110,7 @@ type harness struct {
 	full      *onceonly.Engine
 	inTx      *onceonly.Engine
 	single    *onceonly.Engine
+	unpiped   *onceonly.Engine
 	lockCheck *redis.Script
 }
 
@@ -150,7 +152,12 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, single: single, lockCheck: redis.NewScript(lockCheckLua)}, nil
+	unpiped, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, RedisNoAutoPipeline: true})
+	if err != nil {
+		return nil, err
+	}
+	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, single: single, unpiped: unpiped,
+		lockCheck: redis.NewScript(lockCheckLua)}, nil
 }
 
 // handlers returns the variants in port order.
@@ -168,6 +175,7 @@ func (h *harness) handlers() []http.Handler {
 		mw(h.full, "full"),
 		mw(h.inTx, "notify-in-tx"),
 		mw(h.single, "single"),
+		mw(h.unpiped, "unpiped"),
 	}
 }
 
