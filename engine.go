@@ -84,12 +84,13 @@ type Config struct {
 	// duplicate in flight is turned away by the key's transaction-scoped
 	// advisory lock (I4). Postgres ends the transaction when it lasts
 	// longer than LeaseTimeout (statement_timeout,
-	// idle_in_transaction_session_timeout, TCP keepalives), so a stuck or
-	// dead holder blocks the key no longer than that (I5); a handler that
-	// fails records the key failed after its rollback (I3). For short
-	// handlers that write only to Postgres: the handler holds a pooled
-	// connection and an open transaction for its whole run, and gets no
-	// heartbeat. A key that has a row already (a failed key retried, a
+	// idle_in_transaction_session_timeout; TCP keepalives, set once per
+	// connection for its session, find a dead client host sooner), so a
+	// stuck or dead holder blocks the key no longer than that (I5); a
+	// handler that fails records the key failed after its rollback (I3).
+	// For short handlers that write only to Postgres: the handler holds a
+	// pooled connection and an open transaction for its whole run, and gets
+	// no heartbeat. A key that has a row already (a failed key retried, a
 	// takeover) goes the two-phase way. Fence().Version is 0 in such an
 	// execution. Off by default.
 	SingleCommit bool

@@ -22,6 +22,7 @@ func (e *Engine) single(ctx context.Context, ref keystate.Ref, fp string, owner 
 	x.single, x.fingerprint = true, fp
 	startedAt := time.Now()
 	var opened outbox.SingleBegin
+	x.transaction().prepare = e.store.SetKeepalives
 	err = x.transaction().beginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, ref, e.cfg.LeaseTimeout, &opened) })
 	switch {
 	case err != nil:

@@ -158,6 +158,33 @@ func TestSingleCommitStuckHolderBlocksNoLongerThanLease(t *testing.T) {
 	require.Equal(t, 1, b.payments(t))
 }
 
+// TestSingleCommitSetsKeepalives: the connection a single-commit execution
+// runs on has the server's TCP keepalives on, for the session, so a client
+// host that dies mid-transaction loses its lock within seconds (I5); set
+// once, they outlast the transaction, failed or committed.
+func TestSingleCommitSetsKeepalives(t *testing.T) {
+	b := setup(t, setupOpts{noRedis: true})
+	e := b.singleEngine(t, 0)
+	keepalives := func(ctx context.Context, tx pgx.Tx) (string, error) {
+		var idle, interval, count string
+		err := tx.QueryRow(ctx, `SELECT current_setting('tcp_keepalives_idle'),
+			current_setting('tcp_keepalives_interval'), current_setting('tcp_keepalives_count')`).Scan(&idle, &interval, &count)
+		return idle + "/" + interval + "/" + count, err
+	}
+	for i, fail := range []bool{true, false, false} {
+		var seen string
+		_, err := e.Do(b.ctx, "s", fmt.Sprintf("k%d", i), nil, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			var err error
+			if seen, err = keepalives(ctx, tx); err != nil || fail {
+				return onceonly.Result{}, errors.Join(err, errors.New("boom"))
+			}
+			return payment(201, `{}`)(ctx, tx)
+		})
+		require.Equal(t, fail, err != nil, "execution %d: %v", i, err)
+		require.Equal(t, "5/5/3", seen, "execution %d", i)
+	}
+}
+
 func isInFlight(err error) bool {
 	_, ok := onceonly.IsInFlight(err)
 	return ok

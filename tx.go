@@ -28,6 +28,10 @@ var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution'
 type execTx struct {
 	engine *Engine
 
+	// prepare, when set, runs on the connection before the BEGIN, once
+	// per acquired connection (the single-commit mode's keepalives).
+	prepare func(ctx context.Context, conn *pgx.Conn) error
+
 	mu     sync.Mutex
 	conn   *pgxpool.Conn // held from the first statement to the end
 	tx     pgx.Tx        // pgx's transaction on conn, once begun
@@ -58,15 +62,10 @@ func (t *execTx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 			t.closed = true
 			return pgx.FailedBatchResults(b, err)
 		}
-		withBegin := &pgx.Batch{}
-		withBegin.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		withBegin.QueuedQueries = append(withBegin.QueuedQueries, b.QueuedQueries...)
-		br := conn.SendBatch(ctx, withBegin)
-		if _, err = br.Exec(); err == nil {
-			t.tx = br.Tx()
+		br, err := t.sendBegin(ctx, conn, b)
+		if err == nil {
 			return br
 		}
-		_ = br.Close()
 		t.release()
 		if attempt > 0 || ctx.Err() != nil || !deadConnection(err) {
 			t.closed = true
@@ -74,6 +73,26 @@ func (t *execTx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		}
 		t.engine.cfg.Pool.Reset()
 	}
+}
+
+// sendBegin runs prepare, if any, then sends the BEGIN and b's statements
+// on conn; on error the results are closed.
+func (t *execTx) sendBegin(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch) (pgx.BatchResults, error) {
+	if t.prepare != nil {
+		if err := t.prepare(ctx, conn.Conn()); err != nil {
+			return nil, err
+		}
+	}
+	withBegin := &pgx.Batch{}
+	withBegin.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	withBegin.QueuedQueries = append(withBegin.QueuedQueries, b.QueuedQueries...)
+	br := conn.SendBatch(ctx, withBegin)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	t.tx = br.Tx()
+	return br, nil
 }
 
 // beginWith sends the BEGIN and the statements queue puts on a batch in

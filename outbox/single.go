@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -19,6 +20,26 @@ type SingleBegin struct {
 	HasRow bool
 }
 
+// keepalivesSet marks, in a connection's CustomData, a session whose
+// keepalives SetKeepalives set.
+const keepalivesSet = "onceonly.keepalives"
+
+// SetKeepalives makes the server probe conn's client end for the rest of
+// the session (session_keepalives.sql), once per connection: a connection
+// that has them already costs nothing. Behind PgBouncer the setting lands
+// on whichever server connection runs it, where it is harmless.
+func (s *Store) SetKeepalives(ctx context.Context, conn *pgx.Conn) error {
+	data := conn.PgConn().CustomData()
+	if data[keepalivesSet] != nil {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, sessionKeepalivesSQL); err != nil {
+		return fmt.Errorf("set keepalives: %w", err)
+	}
+	data[keepalivesSet] = true
+	return nil
+}
+
 // QueueSingleBegin queues on b, behind its BEGIN, the opening of a
 // single-commit execution of ref (single_begin.sql): the key's advisory
 // lock, the transaction's limits by lease, and whether the key has a row.
@@ -26,8 +47,8 @@ type SingleBegin struct {
 func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Duration, dst *SingleBegin) {
 	ms := strconv.FormatInt(max(lease.Milliseconds(), 1), 10)
 	b.Queue(singleBeginSQL, ref.Scope, ref.Key, ms).QueryRow(func(row pgx.Row) error {
-		var ignored [5]string
-		return row.Scan(&dst.Locked, &dst.HasRow, &ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4])
+		var ignored [2]string
+		return row.Scan(&dst.Locked, &dst.HasRow, &ignored[0], &ignored[1])
 	})
 }
 

@@ -17,6 +17,8 @@ var (
 	singleBeginSQL string
 	//go:embed sql/single_finish.sql
 	singleFinishSQL string
+	//go:embed sql/session_keepalives.sql
+	sessionKeepalivesSQL string
 	//go:embed sql/heartbeat.sql
 	heartbeatSQL string
 	//go:embed sql/get_key.sql

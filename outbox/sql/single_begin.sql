@@ -3,16 +3,14 @@
 -- transaction-scoped advisory lock without waiting, so a duplicate in
 -- flight is turned away (I4); bounds the transaction by the lease: Postgres
 -- ends a statement that runs, or a transaction that idles, longer than it,
--- and its keepalives find a client host that died, so a stuck or dead
--- holder blocks the key no longer than the lease (I5); and tells whether the
--- key has a row, which the two-phase path then handles (replay, conflict,
--- takeover). The lock, the limits and the transaction end together.
+-- so a stuck or dead holder blocks the key no longer than the lease (I5;
+-- session_keepalives.sql, sent once per connection, finds a client host
+-- that died sooner); and tells whether the key has a row, which the
+-- two-phase path then handles (replay, conflict, takeover). The lock, the
+-- limits and the transaction end together.
 --
 -- $1 scope   $2 key   $3 lease (milliseconds, as text)
 SELECT pg_try_advisory_xact_lock(hashtextextended($1 || ':' || $2, 0)) AS locked,
 	EXISTS (SELECT FROM idempotency_keys WHERE scope = $1 AND key = $2) AS has_row,
 	set_config('statement_timeout', $3, true),
-	set_config('idle_in_transaction_session_timeout', $3, true),
-	set_config('tcp_keepalives_idle', '5', true),
-	set_config('tcp_keepalives_interval', '5', true),
-	set_config('tcp_keepalives_count', '3', true)
+	set_config('idle_in_transaction_session_timeout', $3, true)
