@@ -35,32 +35,6 @@ func refColumns(refs []keystate.Ref) (scopes, keys []string) {
 // Ref returns the key the event is about.
 func (e Event) Ref() keystate.Ref { return keystate.Ref{Scope: e.Scope, Key: e.Key} }
 
-// TakeEvents deletes up to limit unparked events, oldest first, skipping
-// rows other transactions hold, and returns them ordered by id. The deletes
-// belong to tx: the caller commits only once the events are delivered, and a
-// rollback (or a crash) puts them back for the next relay. Any number of
-// relays may take events at once; none gets another's.
-func (s *Store) TakeEvents(ctx context.Context, tx DB, limit int) ([]Event, error) {
-	rows, err := tx.Query(ctx, takeEventsSQL, limit)
-	if err != nil {
-		return nil, fmt.Errorf("take outbox events: %w", err)
-	}
-	defer rows.Close()
-	events := make([]Event, 0, limit)
-	for rows.Next() {
-		var e Event
-		if err := rows.Scan(&e.ID, &e.Scope, &e.Key, &e.Version, &e.CreatedAt, &e.Attempts); err != nil {
-			return nil, fmt.Errorf("take outbox events: %w", err)
-		}
-		events = append(events, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("take outbox events: %w", err)
-	}
-	slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.ID, b.ID) })
-	return events, nil
-}
-
 // BatchSender sends a pgx.Batch: a *pgxpool.Pool, a *pgxpool.Conn or a
 // *pgx.Conn.
 type BatchSender interface {
@@ -78,7 +52,7 @@ type Batch struct {
 }
 
 // TakeBatch begins a transaction on db and, in the same round trip, takes up
-// to limit unparked events as TakeEvents does, with the current row of every
+// to limit unparked events, oldest first, skipping rows other transactions hold, with the current row of every
 // key they name read in the same statement (bodies longer than maxBody bytes
 // are left out: Key.BodyOmitted). It returns the transaction holding the
 // deletes: the caller commits it only once Redis acknowledged the updates
@@ -192,7 +166,7 @@ type FailedEvent struct {
 	Unavailable bool
 }
 
-// Requeue writes back events taken by TakeEvents that could not be
+// Requeue writes back events taken by TakeBatch that could not be
 // delivered, behind everything pending so they never block the rest, with
 // one attempt more unless Redis was unavailable. An event that reaches
 // maxAttempts is parked: the relay no longer takes it, and last_error says

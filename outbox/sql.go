@@ -43,8 +43,6 @@ var (
 	liftStatementTimeoutSQL string
 	//go:embed sql/live_keys.sql
 	liveKeysSQL string
-	//go:embed sql/take_events.sql
-	takeEventsSQL string
 	//go:embed sql/take_batch.sql
 	takeBatchSQL string
 	//go:embed sql/requeue_events.sql
