@@ -97,7 +97,9 @@ type Options struct {
 	// round trip. By default, commands that callers send while others are
 	// on the wire go together in the next pipeline (one write, one read),
 	// which costs a lone caller nothing and saves the client and Redis a
-	// system call pair per command under load.
+	// system call pair per command under load. A cluster client always
+	// sends each on its own: a pipeline waits for every node it touches,
+	// so one slow node would hold up the commands for all the others.
 	NoAutoPipeline bool
 }
 
@@ -111,7 +113,7 @@ func New(rdb redis.UniversalClient, opts Options) *Cache {
 	}
 	opts.CompressMin = max(opts.CompressMin, 0)
 	var pipe *pipeline
-	if !opts.NoAutoPipeline {
+	if _, cluster := rdb.(*redis.ClusterClient); !cluster && !opts.NoAutoPipeline {
 		pipe = &pipeline{rdb: rdb}
 	}
 	return &Cache{

@@ -2,8 +2,11 @@ package cache
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -19,6 +22,10 @@ import (
 // There is no goroutine of its own: the caller whose command opens a
 // pipeline sends it, and when it is back, hands the commands that waited
 // meanwhile to one of their callers, which sends them.
+//
+// Not for a cluster client: a pipeline waits for every node it touches, so
+// one slow node would hold up commands for all the others (New sends each
+// command on its own there).
 type pipeline struct {
 	rdb redis.UniversalClient
 
@@ -37,21 +44,28 @@ const (
 	maxBatch    = 128
 )
 
+// errRoundTripPanicked is the error of the commands of a pipeline whose
+// round trip panicked (in a hook, say); the panic goes on in its sender.
+var errRoundTripPanicked = errors.New("redis pipeline: the round trip panicked")
+
 // pipedCmd is one caller's command. done is closed when the command has
 // its reply, or when its caller must send batch.
 type pipedCmd struct {
-	cmd   redis.Cmder
-	done  chan struct{}
-	batch []*pipedCmd // set when this caller sends the next pipeline
-	taken bool        // in a batch (no longer in waiting)
+	cmd      redis.Cmder
+	deadline time.Time // the caller's, if any
+	done     chan struct{}
+	batch    []*pipedCmd // set when this caller sends the next pipeline
+	taken    bool        // in a batch (no longer in waiting)
 }
 
 // do runs cmd; its reply or error is in cmd. A caller whose ctx ends while
 // its command waits gets ctx.Err() as the command's error, and the command
-// is not sent; once sent, the command's reply is awaited (bounded by the
-// client's read timeout).
+// is not sent; once sent, the command's reply is awaited: the round trip
+// ends by the latest deadline of the callers it carries, or by the
+// client's timeouts.
 func (p *pipeline) do(ctx context.Context, cmd redis.Cmder) {
 	c := &pipedCmd{cmd: cmd}
+	c.deadline, _ = ctx.Deadline()
 	p.mu.Lock()
 	if p.inFlight < maxInFlight {
 		p.inFlight++
@@ -68,7 +82,7 @@ func (p *pipeline) do(ctx context.Context, cmd redis.Cmder) {
 	case <-ctx.Done():
 		p.mu.Lock()
 		if !c.taken {
-			p.waiting = removeCmd(p.waiting, c)
+			p.waiting = slices.DeleteFunc(p.waiting, func(w *pipedCmd) bool { return w == c })
 			p.mu.Unlock()
 			cmd.SetErr(ctx.Err())
 			return
@@ -81,11 +95,28 @@ func (p *pipeline) do(ctx context.Context, cmd redis.Cmder) {
 	}
 }
 
-// send sends batch as one round trip, then passes the commands that
-// waited meanwhile to the first of their callers, or ends the pipeline.
-// batch[0] is the caller of send, whose ctx it is: it needs no wakeup.
+// send sends batch as one round trip, then wakes its callers and passes the
+// commands that waited meanwhile to the first of theirs, or ends the
+// pipeline. batch[0] is the caller of send, whose ctx it is: it needs no
+// wakeup. Should the round trip panic, the batch's commands fail and the
+// waiting ones are handed on all the same, before the panic goes on.
 func (p *pipeline) send(ctx context.Context, batch []*pipedCmd) {
+	done := false
+	defer func() {
+		if !done {
+			for _, c := range batch {
+				c.cmd.SetErr(errRoundTripPanicked)
+			}
+		}
+		p.handOn(batch)
+	}()
 	p.roundTrip(ctx, batch)
+	done = true
+}
+
+// handOn wakes the callers of batch (but its sender) and hands the waiting
+// commands to the first of theirs, or ends the pipeline.
+func (p *pipeline) handOn(batch []*pipedCmd) {
 	for _, c := range batch[1:] {
 		close(c.done)
 	}
@@ -95,8 +126,9 @@ func (p *pipeline) send(ctx context.Context, batch []*pipedCmd) {
 		p.mu.Unlock()
 		return
 	}
-	next := p.waiting[:min(len(p.waiting), maxBatch)]
-	p.waiting = p.waiting[len(next):]
+	n := min(len(p.waiting), maxBatch)
+	next := slices.Clone(p.waiting[:n])
+	p.waiting = slices.Delete(p.waiting, 0, n) // clears the tail: no finished command stays reachable
 	for _, c := range next {
 		c.taken = true
 	}
@@ -106,9 +138,10 @@ func (p *pipeline) send(ctx context.Context, batch []*pipedCmd) {
 }
 
 // roundTrip sends the commands and reads their replies. A lone command goes
-// as a plain call; several go in one go-redis pipeline, which a cluster
-// client splits per node. The pipeline runs under ctx, its sender's,
-// without its cancellation: the others' replies depend on it.
+// as a plain call; several go in one go-redis pipeline. The pipeline runs
+// under ctx, its sender's, without its cancellation (the others' replies
+// depend on it) but with the latest deadline of the callers, when they all
+// have one: a retry of the client does not outlast them all.
 func (p *pipeline) roundTrip(ctx context.Context, batch []*pipedCmd) {
 	p.pipelines.Add(1)
 	p.commands.Add(int64(len(batch)))
@@ -117,6 +150,11 @@ func (p *pipeline) roundTrip(ctx context.Context, batch []*pipedCmd) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
+	if latest, ok := latestDeadline(batch); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, latest)
+		defer cancel()
+	}
 	_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for _, c := range batch {
 			_ = pipe.Process(ctx, c.cmd) // queued; errors come with the replies
@@ -125,12 +163,16 @@ func (p *pipeline) roundTrip(ctx context.Context, batch []*pipedCmd) {
 	})
 }
 
-// removeCmd removes c from cmds, keeping the order.
-func removeCmd(cmds []*pipedCmd, c *pipedCmd) []*pipedCmd {
-	for i, w := range cmds {
-		if w == c {
-			return append(cmds[:i], cmds[i+1:]...)
+// latestDeadline returns the latest deadline of the batch's callers; ok is
+// false when one of them has none.
+func latestDeadline(batch []*pipedCmd) (latest time.Time, ok bool) {
+	for _, c := range batch {
+		if c.deadline.IsZero() {
+			return time.Time{}, false
+		}
+		if c.deadline.After(latest) {
+			latest = c.deadline
 		}
 	}
-	return cmds
+	return latest, true
 }
