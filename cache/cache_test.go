@@ -135,6 +135,18 @@ func TestCheck(t *testing.T) {
 			require.Equal(t, ownerA, b.read(t, "k").Owner)
 		})
 
+		t.Run("OwnClaimCheckedAgainIsClaimed", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rdb)
+			// A client that retries a check whose reply it lost runs it twice.
+			for range 2 {
+				res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Minute)
+				require.NoError(t, err)
+				require.Equal(t, cache.Claimed, res.Verdict)
+			}
+			require.Equal(t, ownerA, b.read(t, "k").Owner)
+		})
+
 		t.Run("ExpiredProvisionalClaimIsTakenOver", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)

@@ -30,6 +30,11 @@ if state == nil then
 end
 
 if state == 'in_progress' then
+  if flag == 'p' and string.sub(value, -16) == owner then
+    -- The caller's own provisional claim: this check ran before, and its
+    -- reply was lost (a client retries a command whose reply timed out).
+    return {0}
+  end
   local now = redis_now_ms()
   local remaining = lease_until(value, t) - now
   if held_fp ~= fp6 and flag ~= 'p' then
