@@ -57,6 +57,10 @@ type Config struct {
 	// while others are on the wire go together in the next pipeline
 	// (cache.Options.NoAutoPipeline).
 	RedisNoAutoPipeline bool
+	// RedisWriteLayout1 writes completed values in the layout releases
+	// before 2026-11-24 read (cache.Options.WriteLayout1): for a rolling
+	// upgrade from one, on every process, until none of them runs.
+	RedisWriteLayout1 bool
 	// ShouldStore tells which handler statuses are stored and replayed. By
 	// default: every status below 500 except 408, 409, 425 and 429. Others
 	// mark the key failed, so a retry runs the handler again.
@@ -173,7 +177,10 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.wake = newRelayWaker(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
 	if cfg.Redis != nil {
-		e.cache = cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody, NoAutoPipeline: cfg.RedisNoAutoPipeline})
+		e.cache = cache.New(cfg.Redis, cache.Options{
+			Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody,
+			NoAutoPipeline: cfg.RedisNoAutoPipeline, WriteLayout1: cfg.RedisWriteLayout1,
+		})
 	}
 	return e, nil
 }

@@ -73,6 +73,8 @@ type Cache struct {
 	// compressMin: bodies this long or longer are stored deflated when
 	// that pays (0: never).
 	compressMin int
+	// layout1: completed values are written in layout 1.
+	layout1 bool
 	// readFirst: Check reads the value before the script (false where a
 	// read may be answered by a replica).
 	readFirst bool
@@ -101,6 +103,13 @@ type Options struct {
 	// sends each on its own: a pipeline waits for every node it touches,
 	// so one slow node would hold up the commands for all the others.
 	NoAutoPipeline bool
+	// WriteLayout1 writes completed values in layout 1, which releases
+	// before layout 2 (2026-11-24) read and wrote: they take a layout-2
+	// value for another payload's and answer a replay 422. Set it on every
+	// process (api, relay, reconciler) for a rolling upgrade from such a
+	// release, and unset it once none of them runs. Values of either layout
+	// are read whatever it is; CompressMin does not apply to layout 1.
+	WriteLayout1 bool
 }
 
 // New returns a Cache over the client.
@@ -126,6 +135,7 @@ func New(rdb redis.UniversalClient, opts Options) *Cache {
 		release:     redis.NewScript(lua.Release),
 		readFirst:   !readsReplicas(rdb),
 		compressMin: opts.CompressMin,
+		layout1:     opts.WriteLayout1,
 	}
 }
 
@@ -286,6 +296,9 @@ func (c *Cache) args(k keystate.Key, expect string) ([]any, error) {
 		return []any{k.Version, head(keystate.InProgress, k.Version, flagConfirmed, &digest), ttl, lease, k.Owner[:], expect}, nil
 	case keystate.Completed:
 		large := k.BodyOmitted || len(k.Response.Body) > c.maxBody
+		if c.layout1 {
+			return []any{k.Version, encodeLayout1(k.Version, &digest, k.Response, large), ttl, "", "", expect}, nil
+		}
 		value, err := encodeCompleted(k.Version, &digest, k.Response, large, c.compressMin)
 		if err != nil {
 			return nil, fmt.Errorf("apply %s:%s: %w", k.Scope, k.Key, err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/onceonly/onceonly/keystate"
@@ -432,6 +433,44 @@ func appendDigits(buf []byte, n int64) []byte {
 		}
 	}
 	return append(buf, d[i:]...)
+}
+
+// encodeLayout1 encodes a completed value in layout 1, as releases before
+// layout 2 wrote it and read it (Options.WriteLayout1): the 8-byte digest,
+// the status in three digits, the content type and the headers in text.
+func encodeLayout1(version int64, digest *[digestLen]byte, r keystate.Response, large bool) []byte {
+	header := keystate.EncodeHeader(r.Header)
+	flag := byte(flagConfirmed)
+	switch {
+	case large:
+		flag = flagMarker
+	case header != "":
+		flag = flagHeaders
+	}
+	buf := make([]byte, 0, 40+len(r.ContentType)+len(header)+len(r.Body))
+	buf = append(buf, keystate.Completed...)
+	buf = append(buf, ':')
+	buf = strconv.AppendInt(buf, version, 10)
+	buf = append(buf, ':', flag)
+	buf = append(buf, digest[:]...)
+	buf = strconv.AppendInt(buf, int64(r.Status), 10)
+	if large {
+		return buf
+	}
+	switch r.ContentType {
+	case jsonContentType:
+	case "":
+		buf = append(buf, '-')
+	default:
+		buf = append(buf, r.ContentType...)
+	}
+	buf = append(buf, '\n')
+	if flag == flagHeaders {
+		buf = strconv.AppendInt(buf, int64(len(header)), 10)
+		buf = append(buf, '\n')
+		buf = append(buf, header...)
+	}
+	return append(buf, r.Body...)
 }
 
 // encodeCompleted encodes a completed value in layout 2; large marks a

@@ -260,3 +260,32 @@ func TestCompressMin(t *testing.T) {
 	require.Less(t, sizes["deflated"], sizes["plain"]/2)
 	require.Greater(t, sizes["plain"], len(cache.CompressibleBody))
 }
+
+// TestWriteLayout1 is the rolling upgrade from a release before layout 2:
+// with Options.WriteLayout1 the cache writes completed values byte for byte
+// as that release did (so its processes replay them), and reads them back.
+func TestWriteLayout1(t *testing.T) {
+	t.Parallel()
+	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		for _, tc := range layout1Cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				c := cache.New(rdb, cache.Options{Prefix: testenv.KeyPrefix(t, rdb), WriteLayout1: true})
+				ctx := testenv.Context(t)
+				ref := keystate.Ref{Scope: "s", Key: "k"}
+				applied, err := c.Apply(ctx, keystate.Key{Ref: ref, Version: 3, Status: keystate.Completed, Fingerprint: fp1,
+					ExpiresIn: time.Minute, Response: tc.r, BodyOmitted: tc.large})
+				require.NoError(t, err)
+				require.True(t, applied)
+				stored, err := rdb.Get(ctx, c.Key(ref)).Bytes()
+				require.NoError(t, err)
+				require.Equal(t, string(cache.EncodeLayout1(3, fp1, tc.r, tc.large)), string(stored))
+
+				res, err := c.Check(ctx, ref, fp1, ownerB, time.Minute)
+				require.NoError(t, err)
+				require.Equal(t, cache.Replay, res.Verdict)
+				require.Equal(t, tc.r, res.Entry.Response)
+			})
+		}
+	})
+}

@@ -277,7 +277,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 
 	reg := daemon.Registry()
 	engine, err := onceonly.New(onceonly.Config{
-		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix,
+		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix, RedisWriteLayout1: *s.RedisWriteLayout1,
 		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
 		ResumeInterval:      *s.resumeInterval,
 		NotifyInTransaction: !*s.deferNotify,

@@ -95,7 +95,7 @@ func (s *settings) validate() error {
 
 func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Writer) error {
 	log := setup.Log
-	w, err := daemon.OpenWorker(ctx, setup, *s.RedisPrefix)
+	w, err := daemon.OpenWorker(ctx, setup, s.CacheOptions())
 	if err != nil {
 		return err
 	}

@@ -102,7 +102,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func start(ctx context.Context, s *settings, setup daemon.Setup, listen *pgx.ConnConfig, stdout io.Writer) error {
 	log := setup.Log
-	w, err := daemon.OpenWorker(ctx, setup, *s.RedisPrefix)
+	w, err := daemon.OpenWorker(ctx, setup, s.CacheOptions())
 	if err != nil {
 		return err
 	}

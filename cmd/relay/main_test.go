@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,6 +81,36 @@ func TestOncePrintsASummary(t *testing.T) {
 		require.Equal(t, 0, code)
 		require.Contains(t, stdout, `"published":0`)
 	})
+}
+
+// TestWriteLayout1 is a rolling upgrade from a release before layout 2:
+// with REDIS_WRITE_LAYOUT1 the relay copies a completed key in layout 1
+// (ASCII flag 'c' after completed:<version>:), which that release reads;
+// without it, in layout 2 (a flag byte of 0x80 or more).
+func TestWriteLayout1(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	dbURL := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, dbURL)
+	ctx := testenv.Context(t)
+	store := outbox.New(outbox.Config{})
+	for _, layout1 := range []bool{false, true} {
+		ref := keystate.Ref{Scope: "s", Key: fmt.Sprintf("layout1-%v", layout1)}
+		owner := keystate.Owner{2}
+		claim, err := store.Claim(ctx, pool, ref, "v1:fp", owner, time.Minute)
+		require.NoError(t, err)
+		require.True(t, claim.Claimed)
+		_, err = store.Complete(ctx, pool, ref, owner, keystate.Response{Status: 201, Body: []byte(`{"id":1}`)})
+		require.NoError(t, err)
+
+		env := testenv.EnvWith(testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL), "REDIS_WRITE_LAYOUT1", strconv.FormatBool(layout1))
+		code, _, stderr := testenv.RunMain(t, run, env, "--once")
+		require.Equal(t, 0, code, stderr)
+		raw, err := rdb.Get(ctx, cache.KeyName(prefix, ref)).Bytes()
+		require.NoError(t, err)
+		head := len("completed:2:")
+		require.Equal(t, "completed:2:", string(raw[:head]))
+		require.Equal(t, layout1, raw[head] == 'c', "layout 1: %v, value %q", layout1, raw)
+	}
 }
 
 // TestDaemon runs the relay binary: it delivers, serves its metrics, and

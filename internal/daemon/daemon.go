@@ -223,6 +223,9 @@ func init() { //nolint:gochecknoinits // must run before any daemon opens a clie
 // Common is the configuration every daemon shares.
 type Common struct {
 	DatabaseURL, RedisURL, RedisClusterURL, RedisSentinelURL, RedisPrefix, HTTPAddr, LogLevel, LogFormat *string
+	// RedisWriteLayout1: completed values are written in layout 1 (see
+	// cache.Options.WriteLayout1).
+	RedisWriteLayout1 *bool
 }
 
 // DefineCommon defines the shared settings on s; httpAddr is the daemon's
@@ -234,10 +237,17 @@ func DefineCommon(s *config.Set, httpAddr, redisURLText string) *Common {
 		RedisClusterURL:  s.String("redis-cluster-url", "REDIS_CLUSTER_URL", "", "Redis Cluster seed nodes, go-redis form: redis://[user:pass@]h1:6379?addr=h2:6379&addr=h3:6379"),
 		RedisSentinelURL: s.String("redis-sentinel-url", "REDIS_SENTINEL_URL", "", "Redis behind Sentinel, go-redis failover form: redis://[user:pass@]s1:26379?master_name=NAME&addr=s2:26379&addr=s3:26379 (user:pass for the Sentinels, password= for the master); instead of REDIS_URL"),
 		RedisPrefix:      s.String("redis-prefix", "REDIS_PREFIX", cache.DefaultPrefix, "prefix of every Redis key"),
-		HTTPAddr:         s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics (and of the API, for the api)"),
-		LogLevel:         s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
-		LogFormat:        s.String("log-format", "LOG_FORMAT", "json", "json or text"),
+		RedisWriteLayout1: s.Bool("redis-write-layout1", "REDIS_WRITE_LAYOUT1", false,
+			"write completed values in the layout releases before 2026-11-24 read: set it on every api, relay and reconciler during a rolling upgrade from one, unset it once none runs"),
+		HTTPAddr:  s.String("http-addr", "HTTP_ADDR", httpAddr, "listen address of /healthz, /readyz and /metrics (and of the API, for the api)"),
+		LogLevel:  s.String("log-level", "LOG_LEVEL", "info", "debug, info, warn or error"),
+		LogFormat: s.String("log-format", "LOG_FORMAT", "json", "json or text"),
 	}
+}
+
+// CacheOptions returns the options of the daemon's Redis cache.
+func (c *Common) CacheOptions() cache.Options {
+	return cache.Options{Prefix: *c.RedisPrefix, WriteLayout1: *c.RedisWriteLayout1}
 }
 
 // Setup is the shared configuration, validated.
@@ -349,8 +359,8 @@ type Worker struct {
 }
 
 // OpenWorker connects Redis and Postgres (checking the schema) as setup
-// says, with cache keys under prefix. Close releases both.
-func OpenWorker(ctx context.Context, setup Setup, prefix string) (*Worker, error) {
+// says, with a cache of the given options. Close releases both.
+func OpenWorker(ctx context.Context, setup Setup, opts cache.Options) (*Worker, error) {
 	rdb := NewRedis(setup.Redis)
 	if rdb == nil {
 		return nil, errors.New("bad configuration: REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required")
@@ -361,7 +371,7 @@ func OpenWorker(ctx context.Context, setup Setup, prefix string) (*Worker, error
 		return nil, err
 	}
 	return &Worker{
-		Pool: pool, Redis: rdb, Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
+		Pool: pool, Redis: rdb, Cache: cache.New(rdb, opts),
 		Registry: Registry(), log: setup.Log,
 	}, nil
 }
