@@ -2,9 +2,7 @@ package cache
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -33,44 +31,11 @@ var CompressibleBody = func() []byte {
 // ReadFirst reports whether Check reads the value before the script.
 func ReadFirst(c *Cache) bool { return c.readFirst }
 
-// EncodeLayout1 is the completed-value encoder of the release before
-// layout 2, kept verbatim (but for the digest argument) so tests can store
-// the values that release wrote.
+// EncodeLayout1 encodes a completed value in layout 1, as the release
+// before layout 2 wrote it (TestWriteLayout1 holds that release's bytes).
 func EncodeLayout1(version int64, fingerprint string, r keystate.Response, large bool) []byte {
-	sum := sha256.Sum256([]byte(fingerprint))
-	digest := string(sum[:8])
-	header := keystate.EncodeHeader(r.Header)
-	flag := byte(flagConfirmed)
-	switch {
-	case large:
-		flag = flagMarker
-	case header != "":
-		flag = flagHeaders
-	}
-	buf := make([]byte, 0, 40+len(r.ContentType)+len(header)+len(r.Body))
-	buf = append(buf, keystate.Completed...)
-	buf = append(buf, ':')
-	buf = strconv.AppendInt(buf, version, 10)
-	buf = append(buf, ':', flag)
-	buf = append(buf, digest...)
-	buf = strconv.AppendInt(buf, int64(r.Status), 10)
-	if large {
-		return buf
-	}
-	switch r.ContentType {
-	case jsonContentType:
-	case "":
-		buf = append(buf, '-')
-	default:
-		buf = append(buf, r.ContentType...)
-	}
-	buf = append(buf, '\n')
-	if flag == flagHeaders {
-		buf = strconv.AppendInt(buf, int64(len(header)), 10)
-		buf = append(buf, '\n')
-		buf = append(buf, header...)
-	}
-	return append(buf, r.Body...)
+	digest := digestOf(fingerprint)
+	return encodeLayout1(version, &digest, r, large)
 }
 
 // Do runs cmd the way the cache runs its own commands.

@@ -261,11 +261,24 @@ func TestCompressMin(t *testing.T) {
 	require.Greater(t, sizes["plain"], len(cache.CompressibleBody))
 }
 
+// layout1Bytes are the values the release before layout 2 wrote for
+// layout1Cases at version 3 with fp1, taken from its encoder.
+var layout1Bytes = map[string]string{
+	"JSON":             "completed:3:cH$\x1a\x9d\xcb\xffq\x02201\n{\"id\":\"pay_1\"}",
+	"NoContentType":    "completed:3:cH$\x1a\x9d\xcb\xffq\x02200-\nraw",
+	"OtherContentType": "completed:3:cH$\x1a\x9d\xcb\xffq\x02402text/plain; charset=utf-8\ndeclined",
+	"Headers":          "completed:3:hH$\x1a\x9d\xcb\xffq\x02201\n54\nLocation: /v1/payments/pay_1\nX-Multi: a\nX-Multi: b: c\n{\"id\":\"pay_1\"}",
+	"BodyInPostgres":   "completed:3:mH$\x1a\x9d\xcb\xffq\x02201",
+}
+
 // TestWriteLayout1 is the rolling upgrade from a release before layout 2:
 // with Options.WriteLayout1 the cache writes completed values byte for byte
 // as that release did (so its processes replay them), and reads them back.
 func TestWriteLayout1(t *testing.T) {
 	t.Parallel()
+	for _, tc := range layout1Cases {
+		require.Equal(t, layout1Bytes[tc.name], string(cache.EncodeLayout1(3, fp1, tc.r, tc.large)), tc.name)
+	}
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		for _, tc := range layout1Cases {
 			t.Run(tc.name, func(t *testing.T) {
@@ -279,7 +292,7 @@ func TestWriteLayout1(t *testing.T) {
 				require.True(t, applied)
 				stored, err := rdb.Get(ctx, c.Key(ref)).Bytes()
 				require.NoError(t, err)
-				require.Equal(t, string(cache.EncodeLayout1(3, fp1, tc.r, tc.large)), string(stored))
+				require.Equal(t, layout1Bytes[tc.name], string(stored))
 
 				res, err := c.Check(ctx, ref, fp1, ownerB, time.Minute)
 				require.NoError(t, err)
