@@ -22,53 +22,57 @@ import (
 // where each goes on its own).
 func TestAutoPipelineHammer(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, rdb)
-		const keys, callers, each = 64, 32, 200
-		name := func(i int) string { return fmt.Sprintf("%spipe:%d", b.cache.Prefix(), i) }
-		for i := range keys {
-			require.NoError(t, rdb.Set(b.ctx, name(i), fmt.Sprintf("value %d", i), time.Minute).Err())
-		}
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		cancelled := 0
-		for range callers {
-			wg.Go(func() {
-				for range each {
-					i := rand.IntN(keys)
-					ctx, cancel := b.ctx, context.CancelFunc(func() {})
-					if rand.IntN(8) == 0 { // ends while waiting, or sooner
-						ctx, cancel = context.WithTimeout(b.ctx, time.Duration(rand.IntN(200))*time.Microsecond)
-					}
-					cmd := redis.NewStringCmd(ctx, "getrange", name(i), 0, -1)
-					err := cache.Do(ctx, b.cache, cmd)
-					cancel()
-					if err != nil {
-						if ctx.Err() == nil {
-							t.Errorf("key %d: %v", i, err)
-						}
-						mu.Lock()
-						cancelled++
-						mu.Unlock()
-						continue
-					}
-					if got, want := cmd.Val(), fmt.Sprintf("value %d", i); got != want {
-						t.Errorf("key %d got %q, want %q", i, got, want)
-					}
+	testenv.OnEachRedis(t, hammerPipeline)
+	t.Run("sentinel", func(t *testing.T) { hammerPipeline(t, testenv.SentinelClient(t, testenv.SentinelURL(t))) })
+}
+
+// hammerPipeline is TestAutoPipelineHammer on rdb.
+func hammerPipeline(t *testing.T, rdb redis.UniversalClient) {
+	b := setup(t, rdb)
+	const keys, callers, each = 64, 32, 200
+	name := func(i int) string { return fmt.Sprintf("%spipe:%d", b.cache.Prefix(), i) }
+	for i := range keys {
+		require.NoError(t, rdb.Set(b.ctx, name(i), fmt.Sprintf("value %d", i), time.Minute).Err())
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	cancelled := 0
+	for range callers {
+		wg.Go(func() {
+			for range each {
+				i := rand.IntN(keys)
+				ctx, cancel := b.ctx, context.CancelFunc(func() {})
+				if rand.IntN(8) == 0 { // ends while waiting, or sooner
+					ctx, cancel = context.WithTimeout(b.ctx, time.Duration(rand.IntN(200))*time.Microsecond)
 				}
-			})
-		}
-		wg.Wait()
-		roundTrips, commands := cache.PipelineStats(b.cache)
-		t.Logf("%d commands (%d given up) in %d round trips", callers*each, cancelled, roundTrips)
-		if _, cluster := rdb.(*redis.ClusterClient); cluster {
-			require.Zero(t, roundTrips, "a cluster client sends each command on its own")
-			return
-		}
-		require.LessOrEqual(t, commands, int64(callers*each))
-		require.GreaterOrEqual(t, commands, int64(callers*each-cancelled))
-		require.Less(t, roundTrips, commands/2, "concurrent commands should share round trips")
-	})
+				cmd := redis.NewStringCmd(ctx, "getrange", name(i), 0, -1)
+				err := cache.Do(ctx, b.cache, cmd)
+				cancel()
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("key %d: %v", i, err)
+					}
+					mu.Lock()
+					cancelled++
+					mu.Unlock()
+					continue
+				}
+				if got, want := cmd.Val(), fmt.Sprintf("value %d", i); got != want {
+					t.Errorf("key %d got %q, want %q", i, got, want)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	roundTrips, commands := cache.PipelineStats(b.cache)
+	t.Logf("%d commands (%d given up) in %d round trips", callers*each, cancelled, roundTrips)
+	if _, cluster := rdb.(*redis.ClusterClient); cluster {
+		require.Zero(t, roundTrips, "a cluster client sends each command on its own")
+		return
+	}
+	require.LessOrEqual(t, commands, int64(callers*each))
+	require.GreaterOrEqual(t, commands, int64(callers*each-cancelled))
+	require.Less(t, roundTrips, commands/2, "concurrent commands should share round trips")
 }
 
 // TestNoAutoPipeline: with the option, every command makes its own round
