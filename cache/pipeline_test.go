@@ -23,7 +23,10 @@ import (
 func TestAutoPipelineHammer(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, hammerPipeline)
-	t.Run("sentinel", func(t *testing.T) { hammerPipeline(t, testenv.SentinelClient(t, testenv.SentinelURL(t))) })
+	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel()
+		hammerPipeline(t, testenv.SentinelClient(t, testenv.SentinelURL(t)))
+	})
 }
 
 // hammerPipeline is TestAutoPipelineHammer on rdb.
