@@ -3,13 +3,14 @@
 #
 # Unless TEST_DATABASE_URL and TEST_REDIS_URL are set, it installs what is
 # missing (Debian packages), starts a Postgres 15 and a Redis of its own under
-# .data/test on ports 55432 and 56379 (TEST_PG_PORT, TEST_REDIS_PORT), and
+# .data/test on ports 61532 and 61579 (TEST_PG_PORT, TEST_REDIS_PORT), and
 # stops them afterwards. Unless TEST_REDIS_CLUSTER_URL is set, it does the
-# same for a three-master Redis Cluster on ports 56380-56382
+# same for a three-master Redis Cluster on ports 61580-61582
 # (TEST_REDIS_CLUSTER_PORT). Unless TEST_REDIS_SENTINEL_URL is set, it starts
 # a Redis primary, its replica and three Sentinels on ports 61390-61394
-# (TEST_REDIS_SENTINEL_PORT; above the kernel's ephemeral range, where no
-# outgoing connection can hold them). Unless TEST_PGBOUNCER_URL is set, it starts
+# (TEST_REDIS_SENTINEL_PORT). Every default port lies above the kernel's
+# ephemeral range (32768-60999), where no outgoing connection of another
+# process can hold it when the server binds. Unless TEST_PGBOUNCER_URL is set, it starts
 # PgBouncer (installed when missing) in transaction mode on port 61432
 # (TEST_PGBOUNCER_PORT) in front of the test Postgres. Extra arguments go to
 # `go test`.
@@ -22,15 +23,15 @@ started=
 cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
 trap cleanup EXIT
 if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
-	pg_port=${TEST_PG_PORT:-55432}
-	redis_port=${TEST_REDIS_PORT:-56379}
+	pg_port=${TEST_PG_PORT:-61532}
+	redis_port=${TEST_REDIS_PORT:-61579}
 	started=1
 	scripts/services.sh start .data/test "$pg_port" "$redis_port" test
 	export TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/postgres?sslmode=disable"
 	export TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0"
 fi
 if [ -z "${TEST_REDIS_CLUSTER_URL:-}" ]; then
-	p=${TEST_REDIS_CLUSTER_PORT:-56380}
+	p=${TEST_REDIS_CLUSTER_PORT:-61580}
 	started=1
 	scripts/services.sh cluster .data/test "$p" test
 	export TEST_REDIS_CLUSTER_URL="redis://127.0.0.1:$p?addr=127.0.0.1:$((p + 1))&addr=127.0.0.1:$((p + 2))"
