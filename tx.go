@@ -28,8 +28,9 @@ var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution'
 type execTx struct {
 	engine *Engine
 
-	// prepare, when set, runs on the connection before the BEGIN, once
-	// per acquired connection (the single-commit mode's keepalives).
+	// prepare, when set, runs on the connection before the BEGIN (the
+	// single-commit mode's keepalives, which do their work once per
+	// connection).
 	prepare func(ctx context.Context, conn *pgx.Conn) error
 
 	mu     sync.Mutex
