@@ -9,6 +9,9 @@
 #   (f) onceonly with SingleCommit (the key written once, one commit)
 #   (g) onceonly with RedisNoAutoPipeline (each Redis command on its own
 #       round trip, as the bare GET handler sends it)
+# and, for first executions, the SQL alone (bench/sqlceiling.sh: pgbench of
+# the bare INSERT, the engine's default and SingleCommit statements, and the
+# floors of any two-commit and any one-commit design).
 # A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
 # duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
 # memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
@@ -120,6 +123,12 @@ measure "(e) onceonly" 29005 first.lua
 measure "(e) onceonly, NOTIFY in tx" 29006 first.lua
 measure "(f) onceonly, SingleCommit" 29007 first.lua
 measure "(g) onceonly, no auto-pipelining" 29008 first.lua
+echo "== first executions, the SQL alone (pgbench of the engine's statements, no Go, no HTTP, no Redis: bench/sqlceiling.sh)"
+sql_rates=$(bench/sqlceiling.sh 127.0.0.1 "$pg_port" bench_compare)
+while read -r name tps; do
+	rate[sql-$name]=$tps
+	printf '%-34s %10s tps\n' "$name" "$tps"
+done <<<"$sql_rates"
 
 # Latency under a constant rate (open loop: measured from when each request
 # was due, so queueing shows; wrk's closed loop above hides it).
@@ -150,3 +159,7 @@ echo "first executions, onceonly NOTIFY in tx / bare INSERT:  $(ratio 29006-firs
 echo "first executions, onceonly SingleCommit / bare INSERT:  $(ratio 29007-first.lua 29002-first.lua)"
 echo "first executions, onceonly no auto-pipelining / bare:   $(ratio 29008-first.lua 29002-first.lua)"
 echo "first executions, Redis-only pattern / bare INSERT:     $(ratio 29003-first.lua 29002-first.lua)"
+echo "first executions, SQL alone: default / bare INSERT:     $(ratio sql-default sql-bare)"
+echo "first executions, SQL alone: SingleCommit / bare:       $(ratio sql-single sql-bare)"
+echo "first executions, SQL alone: floor of two commits:      $(ratio sql-floor_2phase sql-bare)"
+echo "first executions, SQL alone: floor of one commit:       $(ratio sql-floor_1commit sql-bare)"
