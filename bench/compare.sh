@@ -11,7 +11,8 @@
 #       round trip, as the bare GET handler sends it)
 # and, for first executions, the SQL alone (bench/sqlceiling.sh: pgbench of
 # the bare INSERT, the engine's default and SingleCommit statements, and the
-# floors of any two-commit and any one-commit design).
+# floors of any two-commit and any one-commit design; SQLCEILING_LADDER=1 adds
+# the default statements on leaner schemas).
 # A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
 # duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
 # memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
@@ -161,5 +162,9 @@ echo "first executions, onceonly no auto-pipelining / bare:   $(ratio 29008-firs
 echo "first executions, Redis-only pattern / bare INSERT:     $(ratio 29003-first.lua 29002-first.lua)"
 echo "first executions, SQL alone: default / bare INSERT:     $(ratio sql-default sql-bare)"
 echo "first executions, SQL alone: SingleCommit / bare:       $(ratio sql-single sql-bare)"
+if [ -n "${rate[sql-default_lean]:-}" ]; then
+	echo "first executions, SQL alone: default, HOT completion: $(ratio sql-default_hot sql-bare)"
+	echo "first executions, SQL alone: same, no CHECKs:         $(ratio sql-default_lean sql-bare)"
+fi
 echo "first executions, SQL alone: floor of two commits:      $(ratio sql-floor_2phase sql-bare)"
 echo "first executions, SQL alone: floor of one commit:       $(ratio sql-floor_1commit sql-bare)"

@@ -15,8 +15,14 @@
 #                no outbox, no version floor, no checks, no advisory lock
 #   floor_1commit any design that writes the key once, with the handler's
 #                commit: the payment, then the completed key row, COMMIT
+# With SQLCEILING_LADDER=1, what the engine's default statements would gain
+# from a leaner schema, each on a copy of DATABASE's schema:
+#   default_hot  the completion keeps expires_at and the table has no lease
+#                index (fillfactor 80): the completion is a HOT update
+#   default_lean the same without the six CHECK constraints of idempotency_keys
 # Usage: bench/sqlceiling.sh HOST PORT DATABASE (migrated by `api migrate
-# up`); BENCH_SECONDS (10), BENCH_CONNS (32). Prints "NAME TPS" lines.
+# up`); BENCH_SECONDS (10), BENCH_CONNS (32), SQLCEILING_ROUNDS (1): the
+# scripts run one after the other, round after round. Prints "NAME TPS" lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host=$1 port=$2 db=$3
@@ -67,16 +73,42 @@ printf '%s\n' "$new_key" \
 	'\startpipeline' "INSERT INTO ceiling_keys (scope, key, status, version, response) VALUES (:scope, :k, 'completed', 1, :body) ON CONFLICT DO NOTHING RETURNING version;" 'COMMIT;' '\endpipeline' \
 	>"$dir/floor_1commit.sql"
 
-psql -h "$host" -p "$port" -U postgres -d "$db" -qX -v ON_ERROR_STOP=1 -c \
-	"SET client_min_messages = warning; CREATE TABLE IF NOT EXISTS ceiling_keys (scope text, key text, status text NOT NULL, owner uuid, version bigint NOT NULL, response bytea, PRIMARY KEY (scope, key))" >/dev/null
+sql() { psql -h "$host" -p "$port" -U postgres -qX -v ON_ERROR_STOP=1 "$@" >/dev/null; }
+sql -d "$db" -c "SET client_min_messages = warning; CREATE TABLE IF NOT EXISTS ceiling_keys (scope text, key text, status text NOT NULL, owner uuid, version bigint NOT NULL, response bytea, PRIMARY KEY (scope, key))"
 
-for name in bare default single floor_2phase floor_1commit; do
+names="bare default single floor_2phase floor_1commit"
+declare -A database=([bare]=$db [default]=$db [single]=$db [floor_2phase]=$db [floor_1commit]=$db)
+if [ "${SQLCEILING_LADDER:-}" = 1 ]; then
+	names="bare default default_hot default_lean single floor_2phase floor_1commit"
+	hot_finish=$(sed 's/expires_at = now() + :ttl::interval, updated_at = now()/updated_at = now()/' "$dir/default.sql")
+	[ "$hot_finish" != "$(cat "$dir/default.sql")" ] || { echo "sqlceiling: finish.sql no longer sets expires_at as the ladder expects" >&2; exit 1; }
+	echo "$hot_finish" >"$dir/default_hot.sql"
+	cp "$dir/default_hot.sql" "$dir/default_lean.sql"
+	lean_schema="DROP INDEX idempotency_keys_lease_idx; ALTER TABLE idempotency_keys SET (fillfactor = 80);"
+	no_checks="ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_check, DROP CONSTRAINT idempotency_keys_check1,
+		DROP CONSTRAINT idempotency_keys_key_check, DROP CONSTRAINT idempotency_keys_scope_check,
+		DROP CONSTRAINT idempotency_keys_status_check, DROP CONSTRAINT idempotency_keys_version_check;"
+	for copy in hot lean; do
+		database[default_$copy]=${db}_$copy
+		sql -d postgres -c "DROP DATABASE IF EXISTS ${db}_$copy" -c "CREATE DATABASE ${db}_$copy"
+		pg_dump -h "$host" -p "$port" -U postgres -s "$db" | sql -d "${db}_$copy"
+	done
+	sql -d "${db}_hot" -c "$lean_schema"
+	sql -d "${db}_lean" -c "$lean_schema $no_checks"
+fi
+
+for round in $(seq "${SQLCEILING_ROUNDS:-1}"); do
+for name in $names; do
 	out=$(pgbench -h "$host" -p "$port" -U postgres -n -M prepared -c "$conns" -j 2 -T "$secs" -f "$dir/$name.sql" \
 		-D scope=acct_bench -D fp=v1:bench -D owner=00000000-0000-0000-0000-0000000000b1 \
 		-D lease='30 seconds' -D lease_ms=30000 -D ttl='24 hours' -D no=false -D yes=true \
 		-D completed=completed -D status=201 -D ctype=application/json -D 'body=\x7b7d' -D headers=- \
-		"$db" 2>&1) || { echo "$out" >&2; exit 1; }
+		"${database[$name]}" 2>&1) || { echo "$out" >&2; exit 1; }
 	failed=$(echo "$out" | awk '/number of failed transactions/ {print $5}')
 	[ "${failed:-0}" = 0 ] || { echo "sqlceiling: $name: $failed transactions failed" >&2; echo "$out" >&2; exit 1; }
 	echo "$name $(echo "$out" | awk '/^tps =/ {printf "%.0f", $3}')"
 done
+done # rounds
+if [ "${SQLCEILING_LADDER:-}" = 1 ]; then
+	sql -d postgres -c "DROP DATABASE ${db}_hot" -c "DROP DATABASE ${db}_lean"
+fi
