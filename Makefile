@@ -45,8 +45,10 @@ bench-reconcile:
 
 # The side-by-side benchmark: bare Redis GET, bare INSERT, Redis-only and
 # Postgres-only idempotency and onceonly under one load generator, duplicate
-# effects under a cache flush, and Redis memory per key (BENCH_SECONDS,
-# BENCH_CONNS, BENCH_PROFILE; see docs/BENCHMARKS.md).
+# effects under a cache flush, Redis memory per key, and the SQL ceiling of a
+# first execution (bench/sqlceiling.sh: pgbench of the engine's statements;
+# SQLCEILING_LADDER=1 adds leaner schemas) (BENCH_SECONDS, BENCH_CONNS,
+# BENCH_PROFILE; see docs/BENCHMARKS.md).
 bench-compare:
 	bench/compare.sh
 

@@ -90,7 +90,7 @@ if [ "${SQLCEILING_LADDER:-}" = 1 ]; then
 		DROP CONSTRAINT idempotency_keys_status_check, DROP CONSTRAINT idempotency_keys_version_check;"
 	for copy in hot lean; do
 		database[default_$copy]=${db}_$copy
-		sql -d postgres -c "DROP DATABASE IF EXISTS ${db}_$copy" -c "CREATE DATABASE ${db}_$copy"
+		sql -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS ${db}_$copy" -c "CREATE DATABASE ${db}_$copy"
 		pg_dump -h "$host" -p "$port" -U postgres -s "$db" | sql -d "${db}_$copy"
 	done
 	sql -d "${db}_hot" -c "$lean_schema"
