@@ -68,8 +68,10 @@ ticks() {
 postmaster=$(head -1 .data/bench/pg/postmaster.pid)
 redis_pid=$(pgrep -f "redis-server 127.0.0.1:$redis_port" | head -1)
 cpu_now() {
+	# The postmaster is read last: a backend that ends after pgrep listed it
+	# is counted there (in its reaped children's time) if not in its own.
 	# shellcheck disable=SC2046 # a list of pids
-	echo "$(ticks "$postmaster" $(pgrep -P "$postmaster")) $(ticks "$harness_pid") $(ticks "$redis_pid") $(ticks "$relay_pid")"
+	echo "$(ticks $(pgrep -P "$postmaster") "$postmaster") $(ticks "$harness_pid") $(ticks "$redis_pid") $(ticks "$relay_pid")"
 }
 # cpu_per_request BEFORE AFTER REQUESTS: microseconds of CPU per request.
 cpu_per_request() {
