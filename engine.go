@@ -57,6 +57,12 @@ type Config struct {
 	// while others are on the wire go together in the next pipeline
 	// (cache.Options.NoAutoPipeline).
 	RedisNoAutoPipeline bool
+	// NoClaimBatching sends every claim in a statement and a commit of its
+	// own. By default, claims that executions make while another batch of
+	// claims is in flight go together in the next statement (group commit):
+	// the claim is a third of a first execution's Postgres work, and most
+	// of it is the statement's, not the key's.
+	NoClaimBatching bool
 	// RedisWriteLayout1 writes completed values in the layout releases
 	// before 2026-11-24 read (cache.Options.WriteLayout1): for a rolling
 	// upgrade from one, on every process, until none of them runs.
@@ -137,6 +143,7 @@ type Engine struct {
 	leases  *leaseKeeper
 	owners  *ownerSource
 	wake    *relayWaker
+	claims  *claimGroup // nil with NoClaimBatching
 
 	mu    sync.Mutex
 	funcs map[string]Func // registered handlers, by name
@@ -174,6 +181,9 @@ func New(cfg Config) (*Engine, error) {
 	e.leases = &leaseKeeper{
 		store: e.store, config: cfg.Pool.Config().ConnConfig.Copy(), lease: cfg.LeaseTimeout,
 		log: e.log.Warn, leases: map[keystate.Owner]*lease{},
+	}
+	if !cfg.NoClaimBatching {
+		e.claims = &claimGroup{store: e.store, db: cfg.Pool, lease: cfg.LeaseTimeout, sizes: m.claimBatches}
 	}
 	e.wake = newRelayWaker(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
 	if cfg.Redis != nil {
@@ -305,6 +315,9 @@ func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner k
 		endSpan(span, err)
 	}()
 	return onLiveConnection(ctx, e, func() (outbox.ClaimResult, error) {
+		if e.claims != nil {
+			return e.claims.claim(cctx, outbox.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
+		}
 		return e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
 	})
 }

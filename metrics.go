@@ -34,6 +34,7 @@ type metrics struct {
 	redisFallback *prometheus.CounterVec
 	resumptions   *prometheus.CounterVec
 	waits         prometheus.Counter
+	claimBatches  prometheus.Histogram
 }
 
 // labelOutcome is the label of the per-outcome metrics.
@@ -62,8 +63,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceonly_waits_total",
 			Help: "Requests that found their key in flight and waited for its answer (MiddlewareOptions.Wait).",
 		}),
+		claimBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "onceonly_claim_batch_size",
+			Help:    "Claims per batch sent to Postgres (Config.NoClaimBatching turns batching off).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 	}
-	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.waits); err != nil {
+	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.waits, m.claimBatches); err != nil {
 		return nil, err
 	}
 	return m, nil

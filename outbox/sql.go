@@ -7,6 +7,8 @@ import _ "embed" // the statements below are embedded from sql/
 var (
 	//go:embed sql/claim_insert.sql
 	claimInsertSQL string
+	//go:embed sql/claim_batch.sql
+	claimBatchSQL string
 	//go:embed sql/claim_peek.sql
 	claimPeekSQL string
 	//go:embed sql/claim_takeover.sql

@@ -143,19 +143,35 @@ const maxClaimRounds = 16
 // failure that follows it flushes it first, and a duplicate it turned away
 // retries.
 func (s *Store) Claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
+	return s.claim(ctx, db, ref, fingerprint, owner, lease, true)
+}
+
+// ClaimHeld is Claim for a key that ClaimNew found a row for: it starts
+// by reading that row.
+func (s *Store) ClaimHeld(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
+	return s.claim(ctx, db, ref, fingerprint, owner, lease, false)
+}
+
+// claim is Claim; insert false skips its first insert.
+func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
 	_, inTx := db.(pgx.Tx)
 	args := []any{ref.Scope, ref.Key, fingerprint, owner.String(), lease, s.cfg.CompletedTTL, !s.cfg.DeferNotify, !inTx}
 	var notified bool
 	var durability string
 	var steps []byte
 	for range maxClaimRounds {
-		k, err := scanKey(db.QueryRow(ctx, claimInsertSQL, args...), &notified, &durability, &steps)
-		if err == nil {
-			return ClaimResult{Claimed: true, Key: k}, nil
+		var k keystate.Key
+		var err error
+		if insert {
+			k, err = scanKey(db.QueryRow(ctx, claimInsertSQL, args...), &notified, &durability, &steps)
+			if err == nil {
+				return ClaimResult{Claimed: true, Key: k}, nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return ClaimResult{}, fmt.Errorf("claim key: %w", err)
+			}
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return ClaimResult{}, fmt.Errorf("claim key: %w", err)
-		}
+		insert = true
 		var takeable bool
 		k, err = scanKey(db.QueryRow(ctx, claimPeekSQL, ref.Scope, ref.Key, fingerprint), &takeable)
 		switch {
@@ -176,6 +192,54 @@ func (s *Store) Claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 		// Another claim took it first, or retention deleted it: look again.
 	}
 	return ClaimResult{}, fmt.Errorf("claim key: the row changed under %d attempts in a row", maxClaimRounds)
+}
+
+// ClaimRequest is one key of ClaimNew.
+type ClaimRequest struct {
+	Ref         keystate.Ref
+	Fingerprint string
+	Owner       keystate.Owner
+}
+
+// ClaimNew claims, in one statement and one commit (not waited for), each
+// key of reqs that has no row, under its request's owner. The results come
+// in the order of reqs: Claimed with the key's row, or, for a key that has a
+// row (or appears twice in reqs), a zero ClaimResult: finish its claim with
+// ClaimHeld. A wait longer than lockTimeout for another transaction that
+// inserted one of the keys fails the whole statement (SQLSTATE 55P03), so
+// that one key does not hold up the others; db must not be a transaction.
+func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease, lockTimeout time.Duration) ([]ClaimResult, error) {
+	scopes, keys, fingerprints, owners := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
+	for i, r := range reqs {
+		scopes[i], keys[i], fingerprints[i], owners[i] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()
+	}
+	rows, err := db.Query(ctx, claimBatchSQL, scopes, keys, fingerprints, owners, lease, s.cfg.CompletedTTL,
+		!s.cfg.DeferNotify, fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1)))
+	if err != nil {
+		return nil, fmt.Errorf("claim keys: %w", err)
+	}
+	defer rows.Close()
+	claimed := make(map[keystate.Owner]keystate.Key, len(reqs))
+	var notified bool
+	var durability string
+	var steps []byte
+	for rows.Next() {
+		k, err := scanKey(rows, &notified, &durability, &steps)
+		if err != nil {
+			return nil, fmt.Errorf("claim keys: %w", err)
+		}
+		claimed[k.Owner] = k
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim keys: %w", err)
+	}
+	results := make([]ClaimResult, len(reqs))
+	for i, r := range reqs {
+		if k, ok := claimed[r.Owner]; ok {
+			results[i] = ClaimResult{Claimed: true, Key: k}
+		}
+	}
+	return results, nil
 }
 
 // Get reads the row of ref.
