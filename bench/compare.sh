@@ -9,6 +9,7 @@
 #   (f) onceonly with SingleCommit (the key written once, one commit)
 #   (g) onceonly with RedisNoAutoPipeline (each Redis command on its own
 #       round trip, as the bare GET handler sends it)
+#   (h) onceonly with NoClaimBatching (each claim in a statement of its own)
 # and, for first executions, the SQL alone (bench/sqlceiling.sh: pgbench of
 # the bare INSERT, the engine's default and SingleCommit statements, and the
 # floors of any two-commit and any one-commit design; SQLCEILING_LADDER=1 adds
@@ -16,7 +17,7 @@
 # A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
 # duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
 # memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
-# variants listen on 29001-29008 (below the ephemeral range). BENCH_PROFILE=DIR
+# variants listen on 29001-29009 (below the ephemeral range). BENCH_PROFILE=DIR
 # saves CPU profiles of the onceonly runs there (go tool pprof -top FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -126,6 +127,7 @@ measure "(e) onceonly" 29005 first.lua
 measure "(e) onceonly, NOTIFY in tx" 29006 first.lua
 measure "(f) onceonly, SingleCommit" 29007 first.lua
 measure "(g) onceonly, no auto-pipelining" 29008 first.lua
+measure "(h) onceonly, no claim batching" 29009 first.lua
 echo "== first executions, the SQL alone (pgbench of the engine's statements, no Go, no HTTP, no Redis: bench/sqlceiling.sh)"
 sql_rates=$(bench/sqlceiling.sh 127.0.0.1 "$pg_port" bench_compare)
 while read -r name tps; do
@@ -161,6 +163,7 @@ echo "first executions, onceonly / bare INSERT:               $(ratio 29005-firs
 echo "first executions, onceonly NOTIFY in tx / bare INSERT:  $(ratio 29006-first.lua 29002-first.lua)"
 echo "first executions, onceonly SingleCommit / bare INSERT:  $(ratio 29007-first.lua 29002-first.lua)"
 echo "first executions, onceonly no auto-pipelining / bare:   $(ratio 29008-first.lua 29002-first.lua)"
+echo "first executions, onceonly no claim batching / bare:    $(ratio 29009-first.lua 29002-first.lua)"
 echo "first executions, Redis-only pattern / bare INSERT:     $(ratio 29003-first.lua 29002-first.lua)"
 echo "first executions, SQL alone: default / bare INSERT:     $(ratio sql-default sql-bare)"
 echo "first executions, SQL alone: SingleCommit / bare:       $(ratio sql-single sql-bare)"

@@ -10,6 +10,7 @@
 //	base+5  (e) onceonly with NotifyInTransaction (DEFER_NOTIFY=false)
 //	base+6  (f) onceonly with SingleCommit (one transaction per execution)
 //	base+7  (g) onceonly with RedisNoAutoPipeline (a round trip per command)
+//	base+8  (h) onceonly with NoClaimBatching (a statement per claim)
 //	base+9  net/http/pprof
 //
 //	harness serve   [-base 29001]   serve until SIGTERM
@@ -111,6 +112,7 @@ type harness struct {
 	inTx      *onceonly.Engine
 	single    *onceonly.Engine
 	unpiped   *onceonly.Engine
+	unbatched *onceonly.Engine
 	lockCheck *redis.Script
 }
 
@@ -156,8 +158,12 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
+	unbatched, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, NoClaimBatching: true})
+	if err != nil {
+		return nil, err
+	}
 	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, single: single, unpiped: unpiped,
-		lockCheck: redis.NewScript(lockCheckLua)}, nil
+		unbatched: unbatched, lockCheck: redis.NewScript(lockCheckLua)}, nil
 }
 
 // handlers returns the variants in port order.
@@ -176,6 +182,7 @@ func (h *harness) handlers() []http.Handler {
 		mw(h.inTx, "notify-in-tx"),
 		mw(h.single, "single"),
 		mw(h.unpiped, "unpiped"),
+		mw(h.unbatched, "unbatched"),
 	}
 }
 
