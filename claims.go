@@ -16,9 +16,12 @@ import (
 const maxClaimBatch = 64
 
 // claimLockTimeout bounds how long a batch of claims waits for another
-// transaction that inserted one of its keys (see claim_batch.sql); past it
-// the batch's claims are sent one by one.
-const claimLockTimeout = 100 * time.Millisecond
+// transaction that inserted one of its keys and has not ended (see
+// claim_batch.sql); past it the batch's claims are sent one by one. The
+// claims of other batches commit without waiting for a flush, and a
+// SingleCommit execution inserts its key just before its COMMIT, so their
+// waits are short; the claims queued behind a batch wait as long as it.
+const claimLockTimeout = 50 * time.Millisecond
 
 // errClaimBatchPanicked is the error of the claims of a batch that
 // panicked; they are then sent alone.
@@ -37,10 +40,11 @@ var errClaimBatchPanicked = errors.New("onceonly: the batch of claims panicked")
 // that failed (Postgres unreachable, a lock wait past claimLockTimeout):
 // one bad batch costs its claims a round trip, never their answer.
 type claimGroup struct {
-	store *outbox.Store
-	db    outbox.DB
-	lease time.Duration
-	sizes prometheus.Observer // claims per batch
+	store  *outbox.Store
+	db     outbox.DB
+	lease  time.Duration
+	sizes  prometheus.Observer // claims per batch
+	failed prometheus.Counter  // batches that failed
 
 	mu      sync.Mutex
 	queue   []*claimCall // claims waiting for a batch
@@ -86,7 +90,7 @@ func (g *claimGroup) send(ctx context.Context) {
 	batch := slices.Clone(g.queue[:n])
 	g.queue = slices.Delete(g.queue, 0, n)
 	g.mu.Unlock()
-	self := batch[0]
+	self := batch[0] // the sender's own claim: it was first in the queue
 
 	defer func() {
 		g.mu.Lock()
@@ -101,13 +105,12 @@ func (g *claimGroup) send(ctx context.Context) {
 	}()
 	answered := false
 	defer func() {
-		if !answered { // the batch panicked: its claims are sent alone
-			for _, c := range batch {
+		if !answered { // the batch panicked before answering: its claims are sent alone
+			for _, c := range batch[1:] {
 				c.err = errClaimBatchPanicked
-				if c != self {
-					c.next <- false
-				}
+				c.next <- false
 			}
+			self.err = errClaimBatchPanicked
 		}
 	}()
 
@@ -117,15 +120,18 @@ func (g *claimGroup) send(ctx context.Context) {
 		reqs[i] = c.req
 	}
 	results, err := g.store.ClaimNew(ctx, g.db, reqs, g.lease, claimLockTimeout)
+	if err != nil {
+		g.failed.Inc()
+	}
 	for i, c := range batch {
 		if err != nil {
 			c.err = err
 		} else {
 			c.res = results[i]
 		}
-		if c != self {
-			c.next <- false
-		}
 	}
-	answered = true
+	answered = true // every call has its answer: waking them cannot panic
+	for _, c := range batch[1:] {
+		c.next <- false
+	}
 }

@@ -183,7 +183,7 @@ func New(cfg Config) (*Engine, error) {
 		log: e.log.Warn, leases: map[keystate.Owner]*lease{},
 	}
 	if !cfg.NoClaimBatching {
-		e.claims = &claimGroup{store: e.store, db: cfg.Pool, lease: cfg.LeaseTimeout, sizes: m.claimBatches}
+		e.claims = &claimGroup{store: e.store, db: cfg.Pool, lease: cfg.LeaseTimeout, sizes: m.claimBatches, failed: m.claimFailures}
 	}
 	e.wake = newRelayWaker(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
 	if cfg.Redis != nil {

@@ -35,6 +35,7 @@ type metrics struct {
 	resumptions   *prometheus.CounterVec
 	waits         prometheus.Counter
 	claimBatches  prometheus.Histogram
+	claimFailures prometheus.Counter
 }
 
 // labelOutcome is the label of the per-outcome metrics.
@@ -68,8 +69,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Claims per batch sent to Postgres (Config.NoClaimBatching turns batching off).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
+		claimFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "onceonly_claim_batch_failures_total",
+			Help: "Batches of claims that failed (Postgres unreachable, or a wait for another transaction's key past 50ms); their claims were sent one by one.",
+		}),
 	}
-	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.waits, m.claimBatches); err != nil {
+	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.waits, m.claimBatches, m.claimFailures); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -43,6 +43,12 @@ func TestClaimNew(t *testing.T) {
 	}
 	require.Equal(t, []int64{1, 1, 1}, b.events(t, b.pool), "one event per claimed key")
 
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = b.store.ClaimNew(b.ctx, tx, reqs[:1], time.Minute, time.Second)
+	require.Error(t, err, "a batch runs its own transaction")
+	require.NoError(t, tx.Rollback(b.ctx))
+
 	// The keys left out finish their claims alone, from their rows.
 	res, err := b.store.ClaimHeld(b.ctx, b.pool, held, "fp", keystate.Owner{11}, time.Minute)
 	require.NoError(t, err)
@@ -102,6 +108,7 @@ func TestClaimNewNeverDeadlocks(t *testing.T) {
 func TestClaimNewGivesUpWaiting(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	b.store = outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute, DeferNotify: true})
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
@@ -117,4 +124,24 @@ func TestClaimNewGivesUpWaiting(t *testing.T) {
 	require.ErrorContains(t, err, "55P03")
 	require.Less(t, time.Since(began), 5*time.Second)
 	require.Empty(t, b.events(t, b.pool), "the failed batch claimed nothing")
+}
+
+// A claim whose earlier try committed but lost its answer (a connection
+// that died after the commit, a batch that failed after it) finds its own
+// row: it holds the key, instead of waiting a lease for itself.
+func TestClaimFindsItsOwnRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ref := keystate.Ref{Scope: "s", Key: "own"}
+	results, err := b.store.ClaimNew(b.ctx, b.pool, []outbox.ClaimRequest{{Ref: ref, Fingerprint: "fp", Owner: ownerA}}, time.Minute, time.Second)
+	require.NoError(t, err)
+	require.True(t, results[0].Claimed)
+
+	res, err := b.store.Claim(b.ctx, b.pool, ref, "fp", ownerA, time.Minute) // the try again
+	require.NoError(t, err)
+	require.True(t, res.Claimed)
+	require.Equal(t, results[0].Key.Version, res.Key.Version, "the same claim, not a new one")
+	res, err = b.store.Claim(b.ctx, b.pool, ref, "fp", ownerB, time.Minute)
+	require.NoError(t, err)
+	require.False(t, res.Claimed, "another owner is still turned away")
 }

@@ -86,6 +86,21 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.False(t, res.Claimed)
 	require.Equal(t, ownerA, res.Key.Owner, "the holder is read back")
 
+	// claim_batch, then claim_peek from ClaimHeld.
+	batched := keystate.Ref{Scope: "s", Key: "batched"}
+	claims, err := store.ClaimNew(ctx, pool, []outbox.ClaimRequest{
+		{Ref: batched, Fingerprint: "v1:fp", Owner: ownerB},
+		{Ref: a, Fingerprint: "v1:fp", Owner: ownerC},
+	}, time.Minute, time.Second)
+	require.NoError(t, err)
+	require.True(t, claims[0].Claimed)
+	require.Equal(t, ownerB, claims[0].Key.Owner)
+	require.False(t, claims[1].Claimed, "a has a row")
+	res, err = store.ClaimHeld(ctx, pool, a, "v1:fp", ownerC, time.Minute)
+	require.NoError(t, err)
+	require.False(t, res.Claimed)
+	require.Equal(t, ownerA, res.Key.Owner)
+
 	// heartbeat, record_step, renew_leases, hand_off, resume_claim.
 	require.NoError(t, store.Heartbeat(ctx, pool, a, ownerA, 2*time.Minute))
 	require.ErrorIs(t, store.Heartbeat(ctx, pool, a, ownerB, time.Minute), outbox.ErrLeaseLost)
@@ -159,7 +174,7 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 		})
 	})
 	require.NoError(t, err)
-	require.ElementsMatch(t, []keystate.Ref{a, c}, scanned)
+	require.ElementsMatch(t, []keystate.Ref{a, c, batched}, scanned)
 	live, err := store.Live(ctx, pool, []keystate.Ref{a, b, c})
 	require.NoError(t, err)
 	require.Equal(t, map[keystate.Ref]bool{a: true, c: true}, live)
@@ -167,7 +182,7 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	// take_batch, current_keys, requeue_events, count_events.
 	tx, batch, err := store.TakeBatch(ctx, pool, 1000, 4)
 	require.NoError(t, err)
-	require.Len(t, batch.Events, 10)
+	require.Len(t, batch.Events, 11)
 	current, err := store.CurrentKeys(ctx, tx, []keystate.Ref{a, b, c}, 4)
 	require.NoError(t, err)
 	require.Len(t, current, 2)

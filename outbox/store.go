@@ -130,7 +130,9 @@ type ClaimResult struct {
 const maxClaimRounds = 16
 
 // Claim takes the lease of (scope, key) for owner, or reports the row that
-// holds it. It tries claim_insert; on a row it reads it (claim_peek) and,
+// holds it. A row in progress under owner itself (an earlier try of this
+// claim committed, and its answer was lost) is the claim: it comes back
+// Claimed. It tries claim_insert; on a row it reads it (claim_peek) and,
 // if the row is takeable (failed, lease run out, or expired), takes it over
 // (claim_takeover). Only a row that changes between those statements sends
 // it round again.
@@ -173,12 +175,17 @@ func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 		}
 		insert = true
 		var takeable bool
-		k, err = scanKey(db.QueryRow(ctx, claimPeekSQL, ref.Scope, ref.Key, fingerprint), &takeable)
+		k, err = scanKey(db.QueryRow(ctx, claimPeekSQL, ref.Scope, ref.Key, fingerprint), &takeable, &steps)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // deleted by retention since: insert again
 		case err != nil:
 			return ClaimResult{}, fmt.Errorf("claim key: %w", err)
+		case k.Status == keystate.InProgress && k.Owner == owner:
+			// This owner's own claim, committed by an earlier try whose
+			// answer was lost (a connection that died after the commit, a
+			// batch that failed after it): it holds the key.
+			return ClaimResult{Claimed: true, Key: k, Steps: steps}, nil
 		case !takeable:
 			return ClaimResult{Key: k}, nil
 		}
@@ -209,6 +216,11 @@ type ClaimRequest struct {
 // inserted one of the keys fails the whole statement (SQLSTATE 55P03), so
 // that one key does not hold up the others; db must not be a transaction.
 func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease, lockTimeout time.Duration) ([]ClaimResult, error) {
+	if _, inTx := db.(pgx.Tx); inTx {
+		// Its settings (no flush wait, lock_timeout) would hold for the
+		// caller's whole transaction.
+		return nil, errors.New("claim keys: ClaimNew runs its own transaction; use Claim inside one")
+	}
 	scopes, keys, fingerprints, owners := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
 	for i, r := range reqs {
 		scopes[i], keys[i], fingerprints[i], owners[i] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()

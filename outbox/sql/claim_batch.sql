@@ -11,6 +11,9 @@
 -- has not ended yet (a DoTx claim inside a caller's transaction may stay
 -- open long); lock_timeout ends such a wait, and the batch with it, so one
 -- key cannot hold up the others: the engine then claims each key alone.
+-- With $7 it is left as it is: the NOTIFY's commit waits for a
+-- database-wide lock, which a lock_timeout would turn into failed batches
+-- under load.
 --
 -- $1 scopes   $2 keys   $3 fingerprints   $4 owners (uuid text), one per key
 -- $5 lease (interval)   $6 how long the rows live (interval)
@@ -19,7 +22,7 @@
 -- The batch commits without waiting for the WAL flush, as claim_insert does
 -- outside a transaction.
 WITH settings AS MATERIALIZED (
-	SELECT set_config('lock_timeout', $8, true),
+	SELECT set_config('lock_timeout', CASE WHEN $7 THEN current_setting('lock_timeout') ELSE $8 END, true),
 		set_config('synchronous_commit', 'off', true) AS durability
 ), input AS MATERIALIZED (
 	SELECT i.scope, i.key, i.fingerprint, i.owner

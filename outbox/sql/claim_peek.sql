@@ -2,7 +2,9 @@
 -- over (claim_takeover): the row failed or its lease ran out (same
 -- fingerprint), or it is past its expiry (any fingerprint: a new lifecycle
 -- that keeps counting versions). Reading instead of locking keeps replays
--- and conflicts answered from Postgres free of writes.
+-- and conflicts answered from Postgres free of writes. The recorded steps
+-- come back for a claim that finds its own row: an earlier try of it
+-- committed, and its answer was lost.
 --
 -- $1 scope   $2 key   $3 fingerprint
 SELECT k.scope, k.key, k.status, k.version, k.fingerprint,
@@ -12,6 +14,7 @@ SELECT k.scope, k.key, k.status, k.version, k.fingerprint,
 	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
 	(k.expires_at <= now()
 		OR (k.fingerprint = $3 AND (k.status = 'failed'
-			OR (k.status = 'in_progress' AND k.lease_expires_at <= now())))) AS takeable
+			OR (k.status = 'in_progress' AND k.lease_expires_at <= now())))) AS takeable,
+	k.steps
 FROM idempotency_keys k
 WHERE k.scope = $1 AND k.key = $2
