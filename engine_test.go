@@ -410,7 +410,9 @@ func TestTakenOverWorkerCannotCommit(t *testing.T) {
 func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		const lease = 300 * time.Millisecond
+		// A renewal has a third of the lease to land; under a loaded CI
+		// (race detector, packages in parallel) 100 ms was too little.
+		const lease = time.Second
 		b := setup(t, setupOpts{rdb: rdb, lease: lease})
 		inside, release := make(chan struct{}), make(chan struct{})
 		done := make(chan error)
