@@ -16,13 +16,14 @@
 # the default statements on leaner schemas).
 # A relay runs throughout, as it would in production. Replays for (a), (c), (d), (e); first executions for (b), (c), (d), (e);
 # duplicate effects under retries and a FLUSHALL for (c), (d), (e); Redis
-# memory per key. Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379); the
+# memory per key. Ports: BENCH_PG_PORT (61732), BENCH_REDIS_PORT (61779), above
+# the kernel's ephemeral range, where no outgoing connection can hold them; the
 # variants listen on 29001-29009 (below the ephemeral range). BENCH_PROFILE=DIR
 # saves CPU profiles of the onceonly runs there (go tool pprof -top FILE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pg_port=${BENCH_PG_PORT:-45432}
-redis_port=${BENCH_REDIS_PORT:-46379}
+pg_port=${BENCH_PG_PORT:-61732}
+redis_port=${BENCH_REDIS_PORT:-61779}
 secs=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNS:-32}
 

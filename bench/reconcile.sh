@@ -7,17 +7,17 @@
 # another reconciler binary (one built from an older commit), every steady
 # pass of bin/reconciler is run beside one of it on the same data, so the two
 # are compared in one run. BENCH_REDIS=cluster runs it on a three-master
-# Redis Cluster (BENCH_CLUSTER_PORT, 47380-47382) instead of a single Redis.
-# Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379).
+# Redis Cluster (BENCH_CLUSTER_PORT, 61780-61782) instead of a single Redis.
+# Ports: BENCH_PG_PORT (61732), BENCH_REDIS_PORT (61779).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${BENCH_DIR:-.data/bench}
-pg_port=${BENCH_PG_PORT:-45432}
-redis_port=${BENCH_REDIS_PORT:-46379}
+pg_port=${BENCH_PG_PORT:-61732}
+redis_port=${BENCH_REDIS_PORT:-61779}
 sizes=${BENCH_SIZES:-100000 1000000}
 repeat=${BENCH_REPEAT:-2}
 old_bin=${BENCH_OLD_BIN:-}
-cluster_port=${BENCH_CLUSTER_PORT:-47380}
+cluster_port=${BENCH_CLUSTER_PORT:-61780}
 redis_ports=("$redis_port")
 
 scripts/services.sh start "$dir" "$pg_port" "$redis_port"

@@ -17,12 +17,12 @@
 # BENCH_OLD_TEST (the relay package's test binary, `go test -c ./relay`),
 # both built from an older commit, run steps 3 and 4-5 beside the new ones,
 # alternating, BENCH_COUNT (1) times.
-# Ports: BENCH_PG_PORT (45432), BENCH_REDIS_PORT (46379).
+# Ports: BENCH_PG_PORT (61732), BENCH_REDIS_PORT (61779).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${BENCH_DIR:-.data/bench}
-pg_port=${BENCH_PG_PORT:-45432}
-redis_port=${BENCH_REDIS_PORT:-46379}
+pg_port=${BENCH_PG_PORT:-61732}
+redis_port=${BENCH_REDIS_PORT:-61779}
 events=${BENCH_EVENTS:-200000}
 rate=${BENCH_RATE:-1000}
 count=${BENCH_COUNT:-1}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Scale-out figures (issue 7), one command, one run, on durable local servers
-# under .data/bench: a single Redis (BENCH_REDIS_PORT, 46379) and a
-# three-master Redis Cluster (BENCH_CLUSTER_PORT, 47380-47382), Postgres on
-# BENCH_PG_PORT (45432).
+# under .data/bench: a single Redis (BENCH_REDIS_PORT, 61779) and a
+# three-master Redis Cluster (BENCH_CLUSTER_PORT, 61780-61782), Postgres on
+# BENCH_PG_PORT (61732).
 #   1. relay drain: one relay vs two, into the single Redis and the cluster
 #      (BenchmarkDrain, BENCH_EVENTS events, default 200k)
 #   2. api throughput: one api process vs two, replays and first executions,
@@ -12,9 +12,9 @@
 #      (all cores) per api. The apis listen on 29021-29022.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pg_port=${BENCH_PG_PORT:-45432}
-redis_port=${BENCH_REDIS_PORT:-46379}
-cluster_port=${BENCH_CLUSTER_PORT:-47380}
+pg_port=${BENCH_PG_PORT:-61732}
+redis_port=${BENCH_REDIS_PORT:-61779}
+cluster_port=${BENCH_CLUSTER_PORT:-61780}
 secs=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNS:-32}
 events=${BENCH_EVENTS:-200000}

@@ -49,8 +49,8 @@ func benchReconciler(b *testing.B) *Reconciler {
 // the reconciler, Redis and Postgres spent per pass. Run it with
 // -benchtime=1x, and -cpuprofile to see where the reconciler's CPU goes:
 //
-//	RECONCILE_BENCH_DATABASE_URL=postgres://postgres@127.0.0.1:45432/bench_reconcile \
-//	RECONCILE_BENCH_REDIS_URL=redis://127.0.0.1:46379/0 \
+//	RECONCILE_BENCH_DATABASE_URL=postgres://postgres@127.0.0.1:61732/bench_reconcile \
+//	RECONCILE_BENCH_REDIS_URL=redis://127.0.0.1:61779/0 \
 //	RECONCILE_BENCH_PG_PID=$(head -1 .data/bench/pg/postmaster.pid) \
 //	go test -run '^$' -bench Pass -benchtime 1x ./reconcile/
 func BenchmarkPass(b *testing.B) {
