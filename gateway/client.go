@@ -20,6 +20,10 @@ import (
 // Idempotency-Key, or a Lookup of the reference, tells.
 var ErrUnknownOutcome = errors.New("gateway: outcome unknown")
 
+// ErrUnavailable means the gateway answered 503: it is unavailable for now
+// (its database, say). A charge call's error wraps ErrUnknownOutcome too.
+var ErrUnavailable = errors.New("gateway: unavailable")
+
 // ErrKeyReused means the Idempotency-Key was used before with other
 // parameters (422): nothing was charged for this call.
 var ErrKeyReused = errors.New("gateway: idempotency key reused with other parameters")
@@ -132,6 +136,8 @@ func (c *Client) Charge(ctx context.Context, idempotencyKey string, req ChargeRe
 		return Charge{}, fmt.Errorf("%w: charge %q: %s", ErrKeyReused, idempotencyKey, message(body))
 	case code >= 400 && code < 500:
 		return Charge{}, fmt.Errorf("gateway: charge %q refused with %d: %s", idempotencyKey, code, message(body))
+	case code == http.StatusServiceUnavailable:
+		return Charge{}, fmt.Errorf("%w: charge %q: %w: %s", ErrUnknownOutcome, idempotencyKey, ErrUnavailable, message(body))
 	default:
 		return Charge{}, fmt.Errorf("%w: charge %q answered %d: %s", ErrUnknownOutcome, idempotencyKey, code, message(body))
 	}
@@ -161,6 +167,9 @@ func (c *Client) Lookup(ctx context.Context, reference string) (Charges, error) 
 	body, err := io.ReadAll(io.LimitReader(res.Body, maxAnswer))
 	if err != nil {
 		return Charges{}, fmt.Errorf("gateway: look up %q: read the answer: %w", reference, err)
+	}
+	if res.StatusCode == http.StatusServiceUnavailable {
+		return Charges{}, fmt.Errorf("gateway: look up %q: %w: %s", reference, ErrUnavailable, message(body))
 	}
 	if res.StatusCode != http.StatusOK {
 		return Charges{}, fmt.Errorf("gateway: look up %q answered %d: %s", reference, res.StatusCode, message(body))

@@ -81,3 +81,55 @@ func TestStaleCallDoesNotCharge(t *testing.T) {
 	require.Equal(t, fresh, stale, "the stale call answers the charge that was made")
 	require.Equal(t, 1, countRows(t, pool))
 }
+
+// TestLiveCallKeepsItsShortLease: a tok_slow call that works for many times
+// its lease keeps its key (it renews its hold) — every other call with the
+// key meanwhile gets 409 — and charges once; its hold ends when it charged.
+func TestLiveCallKeepsItsShortLease(t *testing.T) {
+	t.Parallel()
+	pool := migratedDB(t)
+	const lease, delay = 300 * time.Millisecond, 2 * time.Second
+	g := serve(t, pool, gateway.Config{SlowDelay: delay, Lease: lease})
+	ctx := testenv.Context(t)
+	req := gateway.ChargeRequest{Amount: 300, Currency: "usd", Source: "tok_slow", Reference: "acct/held"}
+
+	type result struct {
+		ch  gateway.Charge
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ch, err := g.Client.Charge(ctx, "held", req)
+		done <- result{ch, err}
+	}()
+	testenv.Eventually(t, 5*time.Second, "the slow call owns its key", func() bool {
+		return readRow(t, pool, "held").Status == "processing"
+	})
+	// Duplicates until the slow call answers: each must find it in flight,
+	// however many leases have passed.
+	duplicates := 0
+	for {
+		select {
+		case r := <-done:
+			require.NoError(t, r.err)
+			require.Equal(t, "succeeded", r.ch.Status)
+			require.GreaterOrEqual(t, duplicates, 5, "duplicates were sent over several leases")
+			replay, err := g.Client.Charge(ctx, "held", req)
+			require.NoError(t, err)
+			require.Equal(t, r.ch, replay)
+			require.EqualValues(t, 1, counter(t, g.Reg, "gateway_charges_total", map[string]string{"status": "succeeded"}))
+			return
+		default:
+		}
+		dup := post(t, g.URL, "held", chargeBody(300, "tok_slow", "acct/held"))
+		if dup.Code == http.StatusCreated {
+			// The slow call may have charged between the select and the
+			// post: a replay is then right, anything else is a takeover.
+			require.Equal(t, "true", dup.Header.Get("Idempotent-Replayed"), "a live call's key was taken over")
+			continue
+		}
+		require.Equal(t, http.StatusConflict, dup.Code, dup.Body)
+		duplicates++
+		time.Sleep(100 * time.Millisecond) // the pace of the duplicates, not a wait for an event
+	}
+}

@@ -19,13 +19,15 @@
 //
 // Charges live in Postgres, in schema gateway (see Migrate), so several
 // gateway processes on one database agree: a call owns its key by inserting
-// a processing row (INSERT … ON CONFLICT DO NOTHING) that carries a lease and
-// charges by turning it final in one statement fenced by its lease token. A
-// process that died mid-call blocks the key until its lease runs out
-// (Config.SlowDelay plus 10 s); the next call then takes it over. No
-// transaction is open while a call waits. A call whose client goes away (or
-// whose server shuts down) while tok_slow waits gives its key up uncharged;
-// once it charges, it finishes even without a client.
+// a processing row (INSERT … ON CONFLICT DO NOTHING) that carries a short
+// lease (Config.Lease), renews it every third of the lease while it works,
+// and charges by turning the row final in one statement fenced by its lease
+// token. A process that died mid-call (a gateway, or an api whose
+// in-process gateway died with it) blocks the key no longer than that lease;
+// the next call then takes it over. No transaction is open while a call
+// waits. A call whose client goes away (or whose server shuts down) while
+// tok_slow waits gives its key up uncharged at once; once it charges, it
+// finishes even without a client.
 //
 // Faults can be injected for chaos tests (see Faults). Metrics:
 // gateway_charges_total{status}, gateway_requests_total{code} and
@@ -79,13 +81,15 @@ const (
 	DefaultSlowDelay = 2 * time.Second
 	// DefaultHang is how long charge_then_hang holds its answer (GATEWAY_HANG).
 	DefaultHang = 30 * time.Second
+	// DefaultLease is how long a call's hold on its key lasts without a
+	// renewal: the longest a call whose process died blocks its key.
+	DefaultLease = 2 * time.Second
+	// MinLease is the shortest lease a call takes: a renewal, every third
+	// of it, must have time to land.
+	MinLease = 30 * time.Millisecond
 )
 
 const (
-	// leaseMargin is added to the slow delay to make a call's lease on its
-	// key: the longest a live call works on a key before it charges is the
-	// slow delay and two short statements.
-	leaseMargin = 10 * time.Second
 	// finishTimeout bounds the statements of a call that is charging, which
 	// run without the client's context.
 	finishTimeout = 10 * time.Second
@@ -115,6 +119,13 @@ type Config struct {
 	// means DefaultHang). The hang also ends when the client goes away or
 	// the request's context ends (the server shutting down).
 	Hang time.Duration
+	// Lease is how long a call holds its key without a renewal (zero means
+	// DefaultLease); a live call renews it every third of it. It bounds how
+	// long a call whose process died blocks its key, so it must be shorter
+	// than the lease of any caller that retries through this gateway (the
+	// api gives its in-process gateway half of LEASE_TIMEOUT at most). A
+	// lease below MinLease is raised to it.
+	Lease time.Duration
 	// Logger receives the gateway's logs (nil: slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the gateway's metrics (nil: not registered).
@@ -138,14 +149,16 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("gateway: no Postgres pool")
 	}
-	if cfg.Latency < 0 || cfg.SlowDelay < 0 || cfg.Hang < 0 {
-		return nil, errors.New("gateway: latency, slow delay and hang must not be negative")
+	if cfg.Latency < 0 || cfg.SlowDelay < 0 || cfg.Hang < 0 || cfg.Lease < 0 {
+		return nil, errors.New("gateway: latency, slow delay, hang and lease must not be negative")
 	}
 	if err := cfg.Faults.validate(); err != nil {
 		return nil, fmt.Errorf("gateway: faults: %w", err)
 	}
 	defaults.Positive(&cfg.SlowDelay, DefaultSlowDelay)
 	defaults.Positive(&cfg.Hang, DefaultHang)
+	defaults.Positive(&cfg.Lease, DefaultLease)
+	cfg.Lease = max(cfg.Lease, MinLease)
 	defaults.Logger(&cfg.Logger)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -153,7 +166,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	}
 	h := &handler{
 		store: store{pool: cfg.Pool}, latency: cfg.Latency, slow: cfg.SlowDelay, hang: cfg.Hang,
-		lease: cfg.SlowDelay + leaseMargin, faults: cfg.Faults, log: cfg.Logger, m: m,
+		lease: cfg.Lease, faults: cfg.Faults, log: cfg.Logger, m: m,
 		mux: http.NewServeMux(),
 	}
 	h.mux.HandleFunc("POST /v1/charges", h.postCharge)
@@ -446,9 +459,21 @@ func final(row existing) outcome {
 	return outcome{status: status, body: []byte(row.body), replay: true}
 }
 
-// process charges for a call that owns its key under token.
+// errHoldLost is the cause that ends a call whose key was taken over.
+var errHoldLost = errors.New("gateway: the call's hold on its key was taken over")
+
+// process charges for a call that owns its key under token. It renews its
+// hold on the key while it works, so a process that dies mid-call blocks
+// the key for one lease at most.
 func (h *handler) process(ctx context.Context, key, token string, req ChargeRequest) (outcome, error) {
+	ctx, stop := h.keepHold(ctx, key, token)
+	defer stop()
 	if req.Source == SourceSlow && backoff.Sleep(ctx, h.slow) != nil {
+		if errors.Is(context.Cause(ctx), errHoldLost) {
+			// Another call holds the key now (this one stalled past its
+			// lease): it is in flight there.
+			return outcome{status: http.StatusConflict}, nil
+		}
 		// Cut short before the charge: give the key up, so a retry runs now
 		// rather than after the lease.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
@@ -496,6 +521,45 @@ func (h *handler) process(ctx context.Context, key, token string, req ChargeRequ
 	h.m.charges.WithLabelValues(status).Inc()
 	h.log.Debug("gateway charged", "key", key, "charge", c.ID, "status", status, "amount", c.Amount, "currency", c.Currency)
 	return outcome{status: code, body: body}, nil
+}
+
+// keepHold renews the call's hold on key every third of the lease until
+// stop is called. A renewal that finds the key no longer held under token
+// (taken over after a stall) ends the returned context with errHoldLost;
+// one that fails is tried again at the next tick (the charge is fenced by
+// the token whatever happens).
+func (h *handler) keepHold(ctx context.Context, key, token string) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	quit, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(h.lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), h.lease/3)
+			held, err := h.store.renew(rctx, key, token, h.lease)
+			rcancel()
+			switch {
+			case err != nil:
+				h.log.Warn("gateway could not renew a call's hold on its key; it is tried again", "key", key, "err", err)
+			case !held:
+				cancel(errHoldLost)
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		close(quit)
+		<-stopped
+		cancel(nil)
+	}
 }
 
 func (h *handler) listCharges(w http.ResponseWriter, r *http.Request) {

@@ -72,6 +72,19 @@ WHERE idempotency_key = $1 AND status = 'processing' AND lease_until <= now()`,
 	return tag.RowsAffected() == 1, nil
 }
 
+// renew extends the hold of the call holding key under token by lease from
+// now; false when the call no longer holds it (taken over, or final).
+func (s store) renew(ctx context.Context, key, token string, lease time.Duration) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `
+UPDATE gateway.charges SET lease_until = now() + $3 * interval '1 millisecond'
+WHERE idempotency_key = $1 AND lease_token = $2 AND status = 'processing'`,
+		key, token, lease.Milliseconds())
+	if err != nil {
+		return false, fmt.Errorf("renew the hold on key: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
 // now returns the database's clock: charges are dated by Postgres, whatever
 // the gateway process's clock says.
 func (s store) now(ctx context.Context) (time.Time, error) {
