@@ -35,6 +35,10 @@ type Config struct {
 	APIKeys map[string]string
 	// Gateway charges the payments (required).
 	Gateway *gateway.Client
+	// GatewayOnOwnDatabase says the gateway keeps its charges on this api's
+	// Postgres (the in-process gateway): its 503 answers mean Postgres is
+	// down, answered 503 rather than 502.
+	GatewayOnOwnDatabase bool
 	// GatewayAttempts is how many calls one request makes to the gateway
 	// while its answer is unknown, before it looks the charge up (default 3).
 	GatewayAttempts int
@@ -182,11 +186,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		})
 	})
 	if err != nil {
-		// The answer is unknown: the engine settles the key later (same
-		// downstream key, or the look-up); until then a retry gets 409.
-		a.cfg.Logger.Warn("gateway outcome unknown", "merchant", merchantID, "key", x.Key(), "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway did not answer; retry with the same Idempotency-Key.", "")
+		a.answerUnsettled(ctx, w, merchantID, x.Key(), err)
 		return
 	}
 	if charge.ID == "" {
@@ -209,6 +209,39 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	a.cfg.Logger.Error("insert payment", "err", err)
 	w.Header().Set("Retry-After", "1")
 	writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The payment could not be recorded; retry.", "")
+}
+
+// answerUnsettled answers a payment whose charge has no known outcome. The
+// key is handed off: the engine settles it (the same downstream key again,
+// or the look-up) and a retry meanwhile gets 409. The answer names what
+// failed, so the client knows how to wait: Postgres (503: the api's own
+// statements, or those of the gateway on the api's database), the gateway
+// still working on the charge (409), or the gateway (502).
+func (a *api) answerUnsettled(ctx context.Context, w http.ResponseWriter, merchantID, key string, err error) {
+	w.Header().Set("Retry-After", "1")
+	switch {
+	case a.postgresFailed(ctx, err):
+		a.cfg.Logger.Warn("charge outcome unknown: Postgres unavailable", "merchant", merchantID, "key", key, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The service is temporarily unavailable; retry with the same Idempotency-Key.", "")
+	case errors.As(err, new(*gateway.InFlightError)):
+		a.cfg.Logger.Info("charge in flight at the gateway", "merchant", merchantID, "key", key)
+		writeError(w, http.StatusConflict, "idempotency_key_in_use", "The charge for this Idempotency-Key is in flight at the payment gateway; retry later.", "")
+	default:
+		a.cfg.Logger.Warn("gateway outcome unknown", "merchant", merchantID, "key", key, "err", err)
+		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway did not answer; retry with the same Idempotency-Key.", "")
+	}
+}
+
+// postgresFailed reports whether Postgres is what failed a charge step: the
+// engine could not record it, the gateway on the api's own database (in
+// process) could not reach it, or it does not answer the api now.
+func (a *api) postgresFailed(ctx context.Context, err error) bool {
+	if errors.Is(err, onceonly.ErrUnavailable) || (a.cfg.GatewayOnOwnDatabase && errors.Is(err, gateway.ErrUnavailable)) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	return a.cfg.Pool.Ping(ctx) != nil
 }
 
 // writePayment answers a recorded payment: 201 with its Location, or 402

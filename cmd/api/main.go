@@ -302,6 +302,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	daemon.OpsHandler(mux, reg, map[string]daemon.Check{"postgres": pool.Ping}, optional)
 	mux.Handle("/", payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
+		GatewayOnOwnDatabase: *s.gatewayURL == "",
 	}))
 	srv := &http.Server{
 		Addr:              *s.HTTPAddr,
@@ -329,8 +330,12 @@ func openGateway(ctx context.Context, s *settings, pool *pgxpool.Pool, log *slog
 	if *s.gatewayURL != "" {
 		return &gateway.Client{BaseURL: strings.TrimRight(*s.gatewayURL, "/"), HTTP: httpClient}, func() {}, nil
 	}
+	// A call's hold on its downstream key ends with this process within
+	// half a lease, so a retry that takes the payment over after the lease
+	// finds the key free.
 	base, stop, err := gateway.StartInProcess(ctx, gateway.Config{
 		Pool: pool, Latency: *s.gatewayLatency, SlowDelay: *s.slowGatewayDelay, Logger: log,
+		Lease: min(gateway.DefaultLease, *s.leaseTimeout/2),
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("start the in-process gateway: %w", err)
