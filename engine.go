@@ -147,6 +147,12 @@ type Engine struct {
 
 	mu    sync.Mutex
 	funcs map[string]Func // registered handlers, by name
+
+	// releases are the releases retried in the background (see abandon);
+	// Close ends them with stopReleases.
+	releases     sync.WaitGroup
+	releaseCtx   context.Context //nolint:containedctx // the background releases' lifetime, ended by Close
+	stopReleases context.CancelFunc
 }
 
 // New returns an Engine.
@@ -178,6 +184,7 @@ func New(cfg Config) (*Engine, error) {
 		owners:  newOwnerSource(),
 		funcs:   map[string]Func{},
 	}
+	e.releaseCtx, e.stopReleases = context.WithCancel(context.Background())
 	e.leases = &leaseKeeper{
 		store: e.store, config: cfg.Pool.Config().ConnConfig.Copy(), lease: cfg.LeaseTimeout,
 		log: e.log.Warn, leases: map[keystate.Owner]*lease{},
@@ -200,6 +207,8 @@ func New(cfg Config) (*Engine, error) {
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
+	e.stopReleases()
+	e.releases.Wait()
 	e.leases.close(context.Background())
 	e.wake.close()
 }
@@ -501,13 +510,54 @@ func (e *Engine) recordError(err error) error {
 // abandon ends an execution that has no stored result: the key is handed
 // off for a resumption when handOff (a step may have had an effect), else
 // failed, so a retry runs again. Both outlive ctx: a request canceled by
-// its client must not leave the key claimed.
+// its client must not leave the key claimed. When Postgres does not answer
+// (it is what failed), the release is tried again in the background until
+// it lands or the lease is over, so the key is free for the next retry as
+// soon as Postgres is back rather than only when its lease ends.
 func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
+	err := e.release(ctx, x, handOff)
+	if err == nil || x.single {
+		// A single-commit execution has no row to release: its
+		// transaction ended with Postgres.
+		return
+	}
+	e.log.Warn("release key failed; trying again until Postgres answers or the lease ends",
+		"scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
+	deadline := time.Now().Add(e.cfg.LeaseTimeout)
+	e.releases.Go(func() { e.releaseLater(x, handOff, deadline) })
+}
+
+// releaseLater retries the release of x every releaseRetry until it lands,
+// the lease it held is over (deadline: the key is takeable then anyway) or
+// the engine closes.
+func (e *Engine) releaseLater(x *Execution, handOff bool, deadline time.Time) {
+	ctx, cancel := context.WithDeadline(e.releaseCtx, deadline)
+	defer cancel()
+	t := time.NewTicker(releaseRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := e.release(ctx, x, handOff); err == nil {
+			e.log.Info("key released once Postgres answered again", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff)
+			return
+		}
+	}
+}
+
+// releaseRetry is how often a release Postgres did not take is tried again.
+const releaseRetry = 250 * time.Millisecond
+
+// release hands x's key off or fails it, and writes the new state through
+// to Redis. It returns nil also when the key is no longer x's (nothing is
+// left to release), and the error when Postgres did not answer.
+func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	var k keystate.Key
-	var err error
-	k, err = onLiveConnection(ctx, e, func() (keystate.Key, error) {
+	k, err := onLiveConnection(ctx, e, func() (keystate.Key, error) {
 		if x.single {
 			failed, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
 			if err == nil && !written {
@@ -520,13 +570,14 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 		}
 		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
 	})
-	if err != nil {
-		if !errors.Is(err, outbox.ErrLeaseLost) {
-			e.log.Error("release key; it stays claimed until its lease ends", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
-		}
-		return
+	switch {
+	case errors.Is(err, outbox.ErrLeaseLost):
+		return nil
+	case err != nil:
+		return err
 	}
 	e.writeThrough(ctx, k)
+	return nil
 }
 
 // writeThrough copies a transition this engine committed into Redis. A
