@@ -25,9 +25,11 @@
 // token. A process that died mid-call (a gateway, or an api whose
 // in-process gateway died with it) blocks the key no longer than that lease;
 // the next call then takes it over. No transaction is open while a call
-// waits. A call whose client goes away (or whose server shuts down) while
-// tok_slow waits gives its key up uncharged at once; once it charges, it
-// finishes even without a client.
+// waits. A call finishes even when its client goes away, as a real
+// gateway's does: it charges at its time and keeps the answer for the key,
+// so the client's retry (or its successor's, if the client died) gets it
+// replayed. Only a shutdown (Config.Stopping) cuts a tok_slow call short:
+// it gives its key up uncharged at once.
 //
 // Faults can be injected for chaos tests (see Faults). Metrics:
 // gateway_charges_total{status}, gateway_requests_total{code} and
@@ -126,6 +128,10 @@ type Config struct {
 	// api gives its in-process gateway half of LEASE_TIMEOUT at most). A
 	// lease below MinLease is raised to it.
 	Lease time.Duration
+	// Stopping, once closed, cuts short the tok_slow calls that have not
+	// charged yet, as a shutdown does: each gives its key up uncharged, so
+	// the next call runs at once (nil: calls always finish).
+	Stopping <-chan struct{}
 	// Logger receives the gateway's logs (nil: slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the gateway's metrics (nil: not registered).
@@ -136,6 +142,7 @@ type Config struct {
 type handler struct {
 	store                      store
 	latency, slow, hang, lease time.Duration
+	stopping                   <-chan struct{}
 	faults                     Faults
 	log                        *slog.Logger
 	m                          *metrics
@@ -166,7 +173,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	}
 	h := &handler{
 		store: store{pool: cfg.Pool}, latency: cfg.Latency, slow: cfg.SlowDelay, hang: cfg.Hang,
-		lease: cfg.Lease, faults: cfg.Faults, log: cfg.Logger, m: m,
+		lease: cfg.Lease, stopping: cfg.Stopping, faults: cfg.Faults, log: cfg.Logger, m: m,
 		mux: http.NewServeMux(),
 	}
 	h.mux.HandleFunc("POST /v1/charges", h.postCharge)
@@ -194,18 +201,21 @@ func StartInProcess(ctx context.Context, cfg Config) (baseURL string, stop func(
 	if err := Migrate(ctx, cfg.Pool); err != nil {
 		return "", nil, err
 	}
+	// The server's calls carry ctx's values, not its end: stop ends them.
+	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	cfg.Stopping = base.Done()
 	h, err := NewHandler(cfg)
 	if err != nil {
+		cancel()
 		return "", nil, err
 	}
 	log := cfg.Logger
 	defaults.Logger(&log)
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
+		cancel()
 		return "", nil, fmt.Errorf("gateway: listen: %w", err)
 	}
-	// The server's calls carry ctx's values, not its end: stop ends them.
-	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -462,28 +472,35 @@ func final(row existing) outcome {
 // errHoldLost is the cause that ends a call whose key was taken over.
 var errHoldLost = errors.New("gateway: the call's hold on its key was taken over")
 
-// process charges for a call that owns its key under token. It renews its
+// process charges for a call that owns its key under token. The call goes
+// on when its client goes away, as a real gateway's does; it renews its
 // hold on the key while it works, so a process that dies mid-call blocks
 // the key for one lease at most.
 func (h *handler) process(ctx context.Context, key, token string, req ChargeRequest) (outcome, error) {
-	ctx, stop := h.keepHold(ctx, key, token)
+	ctx, stop := h.keepHold(context.WithoutCancel(ctx), key, token)
 	defer stop()
-	if req.Source == SourceSlow && backoff.Sleep(ctx, h.slow) != nil {
-		if errors.Is(context.Cause(ctx), errHoldLost) {
+	if req.Source == SourceSlow {
+		timer := time.NewTimer(h.slow)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
 			// Another call holds the key now (this one stalled past its
 			// lease): it is in flight there.
 			return outcome{status: http.StatusConflict}, nil
+		case <-h.stopping:
+			// Cut short by a shutdown before the charge: give the key up,
+			// so a retry runs now rather than after the lease.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+			defer cancel()
+			if err := h.store.release(rctx, key, token); err != nil {
+				h.log.Warn("gateway could not give a key up; it frees itself when its lease runs out", "key", key, "err", err)
+			}
+			return outcome{}, nil
 		}
-		// Cut short before the charge: give the key up, so a retry runs now
-		// rather than after the lease.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-		defer cancel()
-		if err := h.store.release(rctx, key, token); err != nil {
-			h.log.Warn("gateway could not give a key up; it frees itself when its lease runs out", "key", key, "err", err)
-		}
-		return outcome{}, nil
 	}
-	// From here the call charges even if its client goes away.
+	// The charge's statements run to their end: they are fenced by the
+	// token, should the hold be lost meanwhile.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	status, code := statusSucceeded, http.StatusCreated

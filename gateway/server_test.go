@@ -273,25 +273,53 @@ func TestSlowChargeAndInFlight(t *testing.T) {
 	require.Equal(t, r.ch, replayed)
 }
 
-// TestSlowCallCutShort: a tok_slow call whose client gives up before the
-// delay charges nothing and gives its key up at once.
-func TestSlowCallCutShort(t *testing.T) {
+// TestSlowCallFinishesWithoutItsClient: a tok_slow call whose client gives
+// up before the delay still charges, once, at its time, as a real gateway's
+// call does: a retry meanwhile finds it in flight, a retry after gets the
+// charge replayed.
+func TestSlowCallFinishesWithoutItsClient(t *testing.T) {
 	t.Parallel()
 	pool := migratedDB(t)
 	g := serve(t, pool, gateway.Config{SlowDelay: 700 * time.Millisecond})
-	req := gateway.ChargeRequest{Amount: 300, Currency: "usd", Source: "tok_slow", Reference: "acct/cut"}
+	req := gateway.ChargeRequest{Amount: 300, Currency: "usd", Source: "tok_slow", Reference: "acct/gone"}
 
 	ctx, cancel := context.WithTimeout(testenv.Context(t), 100*time.Millisecond)
 	defer cancel()
-	_, err := g.Client.Charge(ctx, "cut", req)
+	_, err := g.Client.Charge(ctx, "gone", req)
 	require.ErrorIs(t, err, gateway.ErrUnknownOutcome)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	testenv.Eventually(t, 5*time.Second, "the key given up", func() bool { return !readRow(t, pool, "cut").Found })
-	require.Zero(t, counter(t, g.Reg, "gateway_charges_total", map[string]string{"status": "succeeded"}))
+	_, err = g.Client.Charge(testenv.Context(t), "gone", req)
+	var inFlight *gateway.InFlightError
+	require.ErrorAs(t, err, &inFlight, "the call goes on without its client")
 
-	ch, err := g.Client.Charge(testenv.Context(t), "cut", req)
-	require.NoError(t, err, "the retry runs at once, not after a lease")
-	require.Equal(t, "succeeded", ch.Status)
+	testenv.Eventually(t, 5*time.Second, "the call charged", func() bool { return readRow(t, pool, "gone").Status == "succeeded" })
+	ch, err := g.Client.Charge(testenv.Context(t), "gone", req)
+	require.NoError(t, err)
+	require.Equal(t, readRow(t, pool, "gone").ChargeID, ch.ID, "the retry gets the charge the call made")
+	require.EqualValues(t, 1, counter(t, g.Reg, "gateway_charges_total", map[string]string{"status": "succeeded"}))
+}
+
+// TestStoppingCutsSlowCallsShort: a shutdown (Config.Stopping) cuts a
+// tok_slow call short before its charge: it charges nothing and gives its
+// key up at once, so the next call runs at once.
+func TestStoppingCutsSlowCallsShort(t *testing.T) {
+	t.Parallel()
+	pool := migratedDB(t)
+	stopping := make(chan struct{})
+	g := serve(t, pool, gateway.Config{SlowDelay: time.Minute, Stopping: stopping})
+	req := gateway.ChargeRequest{Amount: 300, Currency: "usd", Source: "tok_slow", Reference: "acct/cut"}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Client.Charge(testenv.Context(t), "cut", req)
+		done <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, "the slow call owns its key", func() bool { return readRow(t, pool, "cut").Found })
+	close(stopping)
+	err := <-done
+	require.ErrorIs(t, err, gateway.ErrUnavailable, "cut short: 503")
+	require.False(t, readRow(t, pool, "cut").Found, "the key given up")
+	require.Zero(t, counter(t, g.Reg, "gateway_charges_total", map[string]string{"status": "succeeded"}))
 }
 
 func TestLatency(t *testing.T) {
@@ -311,7 +339,9 @@ func TestLatency(t *testing.T) {
 func TestLookup(t *testing.T) {
 	t.Parallel()
 	pool := migratedDB(t)
-	g := serve(t, pool, gateway.Config{SlowDelay: 30 * time.Second})
+	stopping := make(chan struct{})
+	g := serve(t, pool, gateway.Config{SlowDelay: 30 * time.Second, Stopping: stopping})
+	t.Cleanup(func() { close(stopping) }) // cuts the slow call short before the server closes
 	ctx := testenv.Context(t)
 	const ref = "acct_9/key with spaces&x=1/é"
 

@@ -16,9 +16,10 @@ import (
 // gateway. A client retrying at another api gets 409 with Retry-After while
 // the dead call's lease lasts, then 201 from one execution — within
 // LEASE_TIMEOUT plus the gateway's delay and a reconciler interval of the
-// kill — whether the gateway is a process of its own (the dead call's
-// connection closes and the gateway gives the key up) or served inside each
-// api (the dead api's hold on the key ends with its short lease).
+// kill — whether the gateway is a process of its own (the dead api's call
+// finishes there without its client, and the retry gets its charge
+// replayed) or served inside each api (the dead api's hold on the
+// downstream key ends with its short lease, and the retry charges).
 func TestKilledMidSlowPaymentRecoversWithinTheLease(t *testing.T) {
 	api := testenv.BuildBinary(t, ".")
 	gw := testenv.BuildBinary(t, "../gateway")

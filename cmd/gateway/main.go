@@ -155,7 +155,7 @@ func serve(ctx context.Context, addr string, su setup) error {
 
 	reg := daemon.Registry()
 	cfg := su.gateway
-	cfg.Pool, cfg.Registerer = pool, reg
+	cfg.Pool, cfg.Registerer, cfg.Stopping = pool, reg, ctx.Done()
 	api, err := gateway.NewHandler(cfg)
 	if err != nil {
 		return err
@@ -166,7 +166,8 @@ func serve(ctx context.Context, addr string, su setup) error {
 	srv := &http.Server{
 		Addr: addr, Handler: daemon.TraceHTTP(mux, "gateway"), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
 		// Calls end with ctx (SIGTERM): a hanging call is cut and a tok_slow
-		// call gives its key up, so the shutdown is quick.
+		// call that has not charged gives its key up (Config.Stopping), so
+		// the shutdown is quick.
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	log.Info("gateway started", "addr", addr, "latency", cfg.Latency.String(), "slow_delay", cfg.SlowDelay.String(),
