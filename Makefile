@@ -68,7 +68,8 @@ tour:
 	mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/gateway ./examples/tour
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:$${PG_PORT:-5432}/onceonly?sslmode=disable}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:$${REDIS_PORT:-6379}/0}" \
-	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" bin/tour
+	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" \
+	TOUR_GATEWAY_URL="$${TOUR_GATEWAY_URL:-http://127.0.0.1:$$(gw=$${GATEWAY_HTTP_ADDR:-:8083}; echo $${gw##*:})}" bin/tour
 
 # The chaos suite at length: CHAOS_DURATION (default 5m) of load and faults
 # on a private stack, once on a single Redis and once on a Redis Cluster

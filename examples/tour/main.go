@@ -35,6 +35,7 @@ func main() {
 
 type tour struct {
 	api, apiKey string
+	gatewayURL  string // the gateway the running api charges through ("": none known)
 	http        *http.Client
 	retrying    *client.Client
 	run         string // makes this run's keys unique
@@ -46,10 +47,12 @@ func run() error {
 	apiKey := flag.String("api-key", envOr("TOUR_API_KEY", "sk_test_demo"), "API key")
 	apiBin := flag.String("api-bin", "bin/api", "api binary, started and killed for the crash steps")
 	gatewayBin := flag.String("gateway-bin", "bin/gateway", "gateway binary, started with faults for the charged-then-killed step")
+	gatewayURL := flag.String("gateway-url", envOr("TOUR_GATEWAY_URL", ""),
+		"the gateway the running api charges through; the crash step's second api charges there too (empty: its own in-process gateway)")
 	flag.Parse()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	t := &tour{
-		api: strings.TrimSuffix(*api, "/"), apiKey: *apiKey, http: hc,
+		api: strings.TrimSuffix(*api, "/"), apiKey: *apiKey, gatewayURL: *gatewayURL, http: hc,
 		retrying: &client.Client{HTTP: hc, MaxAttempts: 20, MinDelay: 100 * time.Millisecond, MaxDelay: time.Second},
 		run:      fmt.Sprintf("tour-%d", time.Now().Unix()),
 	}
@@ -198,7 +201,13 @@ func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
 	if err != nil {
 		return err
 	}
-	victim, err := t.start(ctx, apiBin, addr, "LEASE_TIMEOUT=3s")
+	env := []string{"LEASE_TIMEOUT=3s"}
+	if t.gatewayURL != "" {
+		// The second api charges through the stack's gateway, as a second
+		// replica would: the dead api's call finishes there.
+		env = append(env, "GATEWAY_URL="+t.gatewayURL)
+	}
+	victim, err := t.start(ctx, apiBin, addr, env...)
 	if err != nil {
 		return err
 	}
