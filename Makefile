@@ -1,10 +1,15 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos
+.PHONY: test lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
 test:
 	scripts/test.sh
+
+# go vet, golangci-lint (pinned; built once into ~/.cache/onceonly/tools) and
+# gofmt. Not part of `make test`; CI runs both.
+lint:
+	scripts/lint.sh
 
 # Runs the whole system on local Postgres and Redis: migrations, then the api
 # on :8080 (and the relay and reconciler, once built).

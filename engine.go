@@ -524,7 +524,7 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	e.log.Warn("release key failed; trying again until Postgres answers or the lease ends",
 		"scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
 	deadline := time.Now().Add(e.cfg.LeaseTimeout)
-	e.releases.Go(func() { e.releaseLater(x, handOff, deadline) })
+	e.releases.Go(func() { e.releaseLater(x, handOff, deadline) }) //nolint:contextcheck // the retries outlive the request; Close ends them (releaseCtx)
 }
 
 // releaseLater retries the release of x every releaseRetry until it lands,

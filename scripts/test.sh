@@ -52,20 +52,6 @@ if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
 	export TEST_PGBOUNCER_URL="postgres://postgres@127.0.0.1:$p/postgres?sslmode=disable"
 fi
 
-go vet ./...
-# golangci-lint (.golangci.yaml) at a pinned version, installed into
-# .data/tools once per version and Go toolchain.
-lint_version=v2.15.0
-lint=.data/tools/golangci-lint
-if ! "$lint" version 2>/dev/null | grep -F "version ${lint_version#v} built with $(go env GOVERSION) " >/dev/null; then
-	GOBIN="$PWD/.data/tools" go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$lint_version"
-fi
-"$lint" run ./...
-unformatted=$(gofmt -l .)
-if [ -n "$unformatted" ]; then
-	echo "gofmt needed on: $unformatted" >&2
-	exit 1
-fi
 go test -race -count=1 -timeout 15m "$@" ./...
 if [ $# -eq 0 ]; then
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
