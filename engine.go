@@ -286,7 +286,12 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 		return Outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if !claim.Claimed {
-		e.applyCache(ctx, claim.Key) // read-repair: the cache learns what Postgres holds
+		// Read-repair: the cache learns what Postgres holds. Should Redis
+		// not take it, this request's provisional claim must not outlive
+		// it: it would answer 409 for a whole lease.
+		if !e.applyCache(ctx, claim.Key) {
+			e.releaseCache(ctx, ref, owner)
+		}
 		if legacy := fp.legacyFor(claim.Key.Fingerprint); legacy != "" {
 			outcome = outcomeAskedAgain
 			return e.execute(ctx, scope, key, fingerprint{value: legacy}, handler, request, fn)
