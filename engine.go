@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/backoff"
 	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
@@ -422,6 +423,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 			e.writeThrough(ctx, stored)
 			return Outcome{Result: res}, outcomeExecuted, nil
 		case e.leaseLost(hctx, err):
+			e.releaseLost(x)
 			return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 		}
 		// The commit (or begin) failed; whether a commit that lost its
@@ -436,6 +438,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 	x.rollback(ctx)
 	switch {
 	case e.leaseLost(hctx, handleErr):
+		e.releaseLost(x)
 		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 	case handleErr == nil:
 		// A deliberate answer that is not stored: retryable, unless a step
@@ -516,9 +519,9 @@ func (e *Engine) recordError(err error) error {
 // off for a resumption when handOff (a step may have had an effect), else
 // failed, so a retry runs again. Both outlive ctx: a request canceled by
 // its client must not leave the key claimed. When Postgres does not answer
-// (it is what failed), the release is tried again in the background until
-// it lands or the lease is over, so the key is free for the next retry as
-// soon as Postgres is back rather than only when its lease ends.
+// (it is what failed), the release goes on in the background until it
+// lands or the lease is over (releaseLater), so the key is free for the
+// next retry as soon as Postgres is back rather than when its lease ends.
 func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	err := e.release(ctx, x, handOff)
 	if err == nil || x.single {
@@ -528,33 +531,49 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	}
 	e.log.Warn("release key failed; trying again until Postgres answers or the lease ends",
 		"scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
-	deadline := time.Now().Add(e.cfg.LeaseTimeout)
-	e.releases.Go(func() { e.releaseLater(x, handOff, deadline) }) //nolint:contextcheck // the retries outlive the request; Close ends them (releaseCtx)
+	e.releaseLater(x, handOff, e.cfg.LeaseTimeout)
 }
 
-// releaseLater retries the release of x every releaseRetry until it lands,
-// the lease it held is over (deadline: the key is takeable then anyway) or
-// the engine closes.
-func (e *Engine) releaseLater(x *Execution, handOff bool, deadline time.Time) {
-	ctx, cancel := context.WithDeadline(e.releaseCtx, deadline)
-	defer cancel()
-	t := time.NewTicker(releaseRetry)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := e.release(ctx, x, handOff); err == nil {
-			e.log.Info("key released once Postgres answered again", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff)
-			return
-		}
+// releaseLost releases, in the background, the key of an execution that
+// stopped because its lease was lost. When the lease was taken over, the
+// release finds nothing of x's and ends at once. When x stopped because
+// its renewals did not land (Postgres out of reach), its lease may still
+// run in Postgres — a renewal sent before a partition can land after it,
+// and extend it by a whole lease — and the release frees the key as soon
+// as Postgres answers. The execution has stopped: it can no longer write.
+func (e *Engine) releaseLost(x *Execution) {
+	if x.single {
+		return
 	}
+	e.releaseLater(x, x.anyStep(), 2*e.cfg.LeaseTimeout)
 }
 
-// releaseRetry is how often a release Postgres did not take is tried again.
-const releaseRetry = 250 * time.Millisecond
+// releaseLater releases x's key in the background: at once, then on a
+// backoff (releaseRetryFirst doubling to releaseRetryMax) until it lands,
+// within `within` of now (past it the key is takeable anyway), or until
+// the engine closes.
+func (e *Engine) releaseLater(x *Execution, handOff bool, within time.Duration) {
+	deadline := time.Now().Add(within)
+	e.releases.Go(func() { //nolint:contextcheck // the retries outlive the request; Close ends them (releaseCtx)
+		ctx, cancel := context.WithDeadline(e.releaseCtx, deadline)
+		defer cancel()
+		for pause := releaseRetryFirst; ; pause = min(2*pause, releaseRetryMax) {
+			if err := e.release(ctx, x, handOff); err == nil {
+				e.log.Info("key released in the background", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff)
+				return
+			}
+			if backoff.Sleep(ctx, pause) != nil {
+				return
+			}
+		}
+	})
+}
+
+// Pauses between two tries of a release Postgres did not take.
+const (
+	releaseRetryFirst = 250 * time.Millisecond
+	releaseRetryMax   = 2 * time.Second
+)
 
 // release hands x's key off or fails it, and writes the new state through
 // to Redis. It returns nil also when the key is no longer x's (nothing is

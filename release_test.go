@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
@@ -73,4 +74,57 @@ func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 	out, err = engine.Run(ctx, "charge", "acct_1", "k1", []byte(`{}`))
 	require.NoError(t, err, "the retry takes the key over at once")
 	require.Equal(t, http.StatusCreated, out.Status)
+}
+
+// TestLeaseLostInAPartitionIsReleasedWhenItHeals: an execution cut off from
+// Postgres (a blackhole) stops when its lease runs out by its own clock. A
+// renewal it sent into the partition lands when the network heals, while
+// Postgres's lease still runs, and would extend the dead holder's lease by
+// a whole lease; the engine releases the key in the background instead, so
+// it is free soon after the heal, not a lease later.
+func TestLeaseLostInAPartitionIsReleasedWhenItHeals(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.DatabaseURL(t)
+	proxy, proxied := testenv.NewFaultProxyFor(t, dbURL)
+	const lease = 3 * time.Second
+	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(engine.Close)
+	ctx := testenv.Context(t)
+	check := testenv.Pool(t, dbURL)
+	leaseLeft := func() time.Duration {
+		var ms int64
+		require.NoError(t, check.QueryRow(ctx, `SELECT (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint
+			FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'cut'`).Scan(&ms))
+		return time.Duration(ms) * time.Millisecond
+	}
+
+	claimed := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := engine.Do(ctx, "acct_1", "cut", []byte(`{}`), func(ctx context.Context, _ pgx.Tx) (onceonly.Result, error) {
+			close(claimed)
+			<-ctx.Done() // a long handler: it ends when its lease is lost
+			return onceonly.Result{}, context.Cause(ctx)
+		})
+		done <- err
+	}()
+	<-claimed
+	// Cut Postgres off once a renewal has landed, so the lease Postgres
+	// holds outlasts the holder's own view of it.
+	before := leaseLeft()
+	testenv.Eventually(t, lease, "a renewal landed", func() bool { return leaseLeft() > before })
+	proxy.SetMode(testenv.Blackhole)
+	err = <-done
+	require.ErrorIs(t, err, onceonly.ErrLeaseLost)
+	proxy.SetMode(testenv.Pass)
+	healed := time.Now()
+
+	testenv.Eventually(t, lease/2, "the key released after the heal", func() bool {
+		var takeable bool
+		err := check.QueryRow(ctx, `SELECT status = 'failed' OR lease_expires_at <= now()
+			FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'cut'`).Scan(&takeable)
+		return err == nil && takeable
+	})
+	t.Logf("released %s after the heal", time.Since(healed).Round(10*time.Millisecond))
 }
