@@ -220,6 +220,9 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 func (a *api) answerUnsettled(ctx context.Context, w http.ResponseWriter, merchantID, key string, err error) {
 	w.Header().Set("Retry-After", "1")
 	switch {
+	case errors.Is(err, onceonly.ErrLeaseLost) || errors.Is(context.Cause(ctx), onceonly.ErrLeaseLost):
+		// The engine answers for an execution that lost its key.
+		writeError(w, http.StatusConflict, "idempotency_key_in_use", "Another request holds this Idempotency-Key now; retry later.", "")
 	case a.postgresFailed(ctx, err):
 		a.cfg.Logger.Warn("charge outcome unknown: Postgres unavailable", "merchant", merchantID, "key", key, "err", err)
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The service is temporarily unavailable; retry with the same Idempotency-Key.", "")
