@@ -149,11 +149,11 @@ type Engine struct {
 	mu    sync.Mutex
 	funcs map[string]Func // registered handlers, by name
 
-	// releases are the releases retried in the background (see abandon);
-	// Close ends them with stopReleases.
-	releases     sync.WaitGroup
-	releaseCtx   context.Context //nolint:containedctx // the background releases' lifetime, ended by Close
-	stopReleases context.CancelFunc
+	// releases are the releases retried in the background (see
+	// releaseLater); Close ends them by closing closing.
+	releases  sync.WaitGroup
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // New returns an Engine.
@@ -185,7 +185,7 @@ func New(cfg Config) (*Engine, error) {
 		owners:  newOwnerSource(),
 		funcs:   map[string]Func{},
 	}
-	e.releaseCtx, e.stopReleases = context.WithCancel(context.Background())
+	e.closing = make(chan struct{})
 	e.leases = &leaseKeeper{
 		store: e.store, config: cfg.Pool.Config().ConnConfig.Copy(), lease: cfg.LeaseTimeout,
 		log: e.log.Warn, leases: map[keystate.Owner]*lease{},
@@ -208,7 +208,7 @@ func New(cfg Config) (*Engine, error) {
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
-	e.stopReleases()
+	e.closeOnce.Do(func() { close(e.closing) })
 	e.releases.Wait()
 	e.leases.close(context.Background())
 	e.wake.close()
@@ -423,7 +423,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 			e.writeThrough(ctx, stored)
 			return Outcome{Result: res}, outcomeExecuted, nil
 		case e.leaseLost(hctx, err):
-			e.releaseLost(x)
+			e.releaseLost(ctx, x)
 			return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 		}
 		// The commit (or begin) failed; whether a commit that lost its
@@ -438,7 +438,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 	x.rollback(ctx)
 	switch {
 	case e.leaseLost(hctx, handleErr):
-		e.releaseLost(x)
+		e.releaseLost(ctx, x)
 		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 	case handleErr == nil:
 		// A deliberate answer that is not stored: retryable, unless a step
@@ -531,7 +531,7 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	}
 	e.log.Warn("release key failed; trying again until Postgres answers or the lease ends",
 		"scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
-	e.releaseLater(x, handOff, e.cfg.LeaseTimeout)
+	e.releaseLater(ctx, x, handOff, e.cfg.LeaseTimeout)
 }
 
 // releaseLost releases, in the background, the key of an execution that
@@ -541,22 +541,28 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 // run in Postgres — a renewal sent before a partition can land after it,
 // and extend it by a whole lease — and the release frees the key as soon
 // as Postgres answers. The execution has stopped: it can no longer write.
-func (e *Engine) releaseLost(x *Execution) {
+func (e *Engine) releaseLost(ctx context.Context, x *Execution) {
 	if x.single {
 		return
 	}
-	e.releaseLater(x, x.anyStep(), 2*e.cfg.LeaseTimeout)
+	e.releaseLater(ctx, x, x.anyStep(), 2*e.cfg.LeaseTimeout)
 }
 
 // releaseLater releases x's key in the background: at once, then on a
 // backoff (releaseRetryFirst doubling to releaseRetryMax) until it lands,
 // within `within` of now (past it the key is takeable anyway), or until
-// the engine closes.
-func (e *Engine) releaseLater(x *Execution, handOff bool, within time.Duration) {
-	deadline := time.Now().Add(within)
-	e.releases.Go(func() { //nolint:contextcheck // the retries outlive the request; Close ends them (releaseCtx)
-		ctx, cancel := context.WithDeadline(e.releaseCtx, deadline)
+// the engine closes. The tries keep ctx's values, not its end.
+func (e *Engine) releaseLater(ctx context.Context, x *Execution, handOff bool, within time.Duration) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), within)
+	e.releases.Go(func() {
 		defer cancel()
+		go func() { // Close ends the tries
+			select {
+			case <-e.closing:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
 		for pause := releaseRetryFirst; ; pause = min(2*pause, releaseRetryMax) {
 			if err := e.release(ctx, x, handOff); err == nil {
 				e.log.Info("key released in the background", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff)
