@@ -91,7 +91,7 @@ func (r *nfRun) api(i int) string {
 	return r.apis[i%len(r.apis)]
 }
 
-func (r *nfRun) violate(format string, args ...any) {
+func (r *nfRun) violatef(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.violations = append(r.violations, fmt.Sprintf(format, args...))
@@ -188,13 +188,13 @@ func TestNetworkFaults(t *testing.T) {
 	for _, p := range done {
 		if strings.HasPrefix(p.name, "redis_") && p.statuses["503"] > 0 {
 			// I6: without Redis the api serves from Postgres.
-			run.violate("%s: %d answers were 503 while only Redis was down", p.name, p.statuses["503"])
+			run.violatef("%s: %d answers were 503 while only Redis was down", p.name, p.statuses["503"])
 		}
 	}
 	for i, d := range daemons {
 		if logs := d.Logs.String(); strings.Contains(logs, "DATA RACE") {
 			at := strings.Index(logs, "WARNING: DATA RACE")
-			run.violate("api %d (%s) reported a data race:\n%s", i, d.Addr, logs[max(0, at):min(len(logs), max(0, at)+3000)])
+			run.violatef("api %d (%s) reported a data race:\n%s", i, d.Addr, logs[max(0, at):min(len(logs), max(0, at)+3000)])
 		}
 	}
 	report(t, run, done)
@@ -226,7 +226,7 @@ func (r *nfRun) runPhase(t *testing.T, ctx context.Context, pool *pgxpool.Pool, 
 	start := time.Now()
 	// The slow payments go first, each to the first api (the one killed in
 	// api_kill), a duplicate to the other shortly after.
-	var slowRefs []string
+	slowRefs := make([]string, 0, nfSlowKeys)
 	for i := range nfSlowKeys {
 		key := fmt.Sprintf("nf-%s-slow-%d", name, i)
 		slowRefs = append(slowRefs, "acct_demo/"+key)
@@ -293,24 +293,27 @@ func (r *nfRun) client(ctx context.Context, p *nfPhase, key, source, body string
 		when := time.Now().Format("15:04:05.000")
 		switch {
 		case status == http.StatusCreated:
-			var pay struct{ ID, Charge string }
+			var pay struct {
+				ID     string `json:"id"`
+				Charge string `json:"charge"`
+			}
 			if err := json.Unmarshal([]byte(answer), &pay); err != nil || pay.ID == "" || pay.Charge == "" {
-				r.violate("%s: %s (%s) answered 201 without a payment id and charge at %s: %s", p.name, key, source, when, answer)
+				r.violatef("%s: %s (%s) answered 201 without a payment id and charge at %s: %s", p.name, key, source, when, answer)
 			}
 			final = nfFinal{at: time.Now(), payment: pay.ID, charge: pay.Charge}
 			return
 		case status == http.StatusBadGateway:
-			r.violate("%s: 502 for %s (%s) from %s at %s: %s", p.name, key, source, addr, when, answer)
+			r.violatef("%s: 502 for %s (%s) from %s at %s: %s", p.name, key, source, addr, when, answer)
 		case status == http.StatusConflict || status == http.StatusServiceUnavailable:
 			if _, err := strconv.Atoi(header.Get("Retry-After")); err != nil {
-				r.violate("%s: %d for %s (%s) from %s at %s without a Retry-After in whole seconds (%q): %s",
+				r.violatef("%s: %d for %s (%s) from %s at %s without a Retry-After in whole seconds (%q): %s",
 					p.name, status, key, source, addr, when, header.Get("Retry-After"), answer)
 			}
 		case err != nil:
 		case status >= 500:
-			r.violate("%s: %d for %s (%s) from %s at %s: %s", p.name, status, key, source, addr, when, answer)
+			r.violatef("%s: %d for %s (%s) from %s at %s: %s", p.name, status, key, source, addr, when, answer)
 		default: // a 4xx other than 409 is final: retrying would not help
-			r.violate("%s: %d for %s (%s) from %s at %s: %s", p.name, status, key, source, addr, when, answer)
+			r.violatef("%s: %d for %s (%s) from %s at %s: %s", p.name, status, key, source, addr, when, answer)
 			final.last = label + " " + answer
 			return
 		}
@@ -410,14 +413,14 @@ func (r *nfRun) checkRows(ctx context.Context, pool *pgxpool.Pool, phases []*nfP
 		out := map[string]rowsOf{}
 		rows, err := pool.Query(ctx, query)
 		if err != nil {
-			r.violate("read the rows: %v", err)
+			r.violatef("read the rows: %v", err)
 			return out
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var key, charge string
 			if err := rows.Scan(&key, &charge); err != nil {
-				r.violate("read the rows: %v", err)
+				r.violatef("read the rows: %v", err)
 				return out
 			}
 			o := out[key]
@@ -431,30 +434,30 @@ func (r *nfRun) checkRows(ctx context.Context, pool *pgxpool.Pool, phases []*nfP
 	paid := read(`SELECT idempotency_key, coalesce(charge_id, '') FROM payments WHERE merchant_id = 'acct_demo' AND status = 'succeeded'`)
 	var other int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE status <> 'succeeded'`).Scan(&other); err != nil || other != 0 {
-		r.violate("payments that did not succeed: %d (%v)", other, err)
+		r.violatef("payments that did not succeed: %d (%v)", other, err)
 	}
 	for _, p := range phases {
 		for key, finals := range p.answered {
 			g, row := gateway[key], paid[key]
 			if g.n != 1 || g.charges[0] == "" {
-				r.violate("%s: %s has %d gateway charges, ids %q (want one, with a charge id)", p.name, key, g.n, g.charges)
+				r.violatef("%s: %s has %d gateway charges, ids %q (want one, with a charge id)", p.name, key, g.n, g.charges)
 			}
 			if row.n != 1 || g.n == 1 && row.charges[0] != g.charges[0] {
-				r.violate("%s: %s has %d payment rows, charges %q (the gateway charged %q)", p.name, key, row.n, row.charges, g.charges)
+				r.violatef("%s: %s has %d payment rows, charges %q (the gateway charged %q)", p.name, key, row.n, row.charges, g.charges)
 			}
 			ids := map[string]bool{}
 			for _, f := range finals {
 				if f.at.IsZero() {
-					r.violate("%s: a client of %s had no final answer %s after the fault ended; its last: %s", p.name, key, nfSettleLimit, f.last)
+					r.violatef("%s: a client of %s had no final answer %s after the fault ended; its last: %s", p.name, key, nfSettleLimit, f.last)
 					continue
 				}
 				ids[f.payment+" "+f.charge] = true
 				if g.n == 1 && f.charge != g.charges[0] {
-					r.violate("%s: %s was answered charge %s, the gateway charged %s", p.name, key, f.charge, g.charges[0])
+					r.violatef("%s: %s was answered charge %s, the gateway charged %s", p.name, key, f.charge, g.charges[0])
 				}
 			}
 			if len(ids) > 1 {
-				r.violate("%s: the clients of %s were answered different payments: %v", p.name, key, ids)
+				r.violatef("%s: the clients of %s were answered different payments: %v", p.name, key, ids)
 			}
 		}
 	}

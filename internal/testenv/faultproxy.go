@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"net"
 	"net/url"
 	"sync"
@@ -174,7 +175,8 @@ func (p *FaultProxy) serve(c net.Conn) {
 		rst(c)
 		return
 	}
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	dialer := net.Dialer{Timeout: 5 * time.Second}
+	up, err := dialer.DialContext(context.Background(), "tcp", p.target)
 	if err != nil {
 		rst(c)
 		return
