@@ -114,7 +114,10 @@ func TestMiddlewareFingerprintCoversQuery(t *testing.T) {
 // Postgres, and still refuses another payload, until it expires.
 func TestMiddlewareHonoursLegacyFingerprints(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
+	// A Redis of its own: the test flushes it, and the shared one holds
+	// the keys of the tests running beside it (other packages' too).
+	own := testenv.NewRedisServer(t)
+	b := setup(t, setupOpts{rdb: testenv.RedisClient(t, own.URL())})
 	var runs atomic.Int32
 	srv := httptest.NewServer(b.engine.Middleware(onceonly.MiddlewareOptions{Scope: tenant})(counting(&runs)))
 	t.Cleanup(srv.Close)
