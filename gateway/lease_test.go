@@ -88,7 +88,7 @@ func TestStaleCallDoesNotCharge(t *testing.T) {
 func TestLiveCallKeepsItsShortLease(t *testing.T) {
 	t.Parallel()
 	pool := migratedDB(t)
-	const lease, delay = 300 * time.Millisecond, 2 * time.Second
+	const lease, delay = 900 * time.Millisecond, 3 * time.Second // three leases and more
 	g := serve(t, pool, gateway.Config{SlowDelay: delay, Lease: lease})
 	ctx := testenv.Context(t)
 	req := gateway.ChargeRequest{Amount: 300, Currency: "usd", Source: "tok_slow", Reference: "acct/held"}

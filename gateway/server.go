@@ -25,8 +25,9 @@
 // token. A process that died mid-call (a gateway, or an api whose
 // in-process gateway died with it) blocks the key no longer than that lease;
 // the next call then takes it over. No transaction is open while a call
-// waits. A call finishes even when its client goes away, as a real
-// gateway's does: it charges at its time and keeps the answer for the key,
+// waits. A call that owns its key finishes even when its client goes away,
+// as a real gateway's does: it charges at its time and keeps the answer for
+// the key,
 // so the client's retry (or its successor's, if the client died) gets it
 // replayed. Only a shutdown (Config.Stopping) cuts a tok_slow call short:
 // it gives its key up uncharged at once.
@@ -87,11 +88,13 @@ const (
 	// renewal: the longest a call whose process died blocks its key.
 	DefaultLease = 2 * time.Second
 	// MinLease is the shortest lease a call takes: a renewal, every third
-	// of it, must have time to land.
-	MinLease = 30 * time.Millisecond
+	// of it, must have time to land on a busy machine.
+	MinLease = 300 * time.Millisecond
 )
 
 const (
+	// renewTimeout is the least time a renewal of a call's hold is given.
+	renewTimeout = 250 * time.Millisecond
 	// finishTimeout bounds the statements of a call that is charging, which
 	// run without the client's context.
 	finishTimeout = 10 * time.Second
@@ -560,7 +563,7 @@ func (h *handler) keepHold(ctx context.Context, key, token string) (_ context.Co
 				return
 			case <-t.C:
 			}
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), h.lease/3)
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), max(h.lease/3, renewTimeout))
 			held, err := h.store.renew(rctx, key, token, h.lease)
 			rcancel()
 			switch {

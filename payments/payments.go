@@ -36,8 +36,9 @@ type Config struct {
 	// Gateway charges the payments (required).
 	Gateway *gateway.Client
 	// GatewayOnOwnDatabase says the gateway keeps its charges on this api's
-	// Postgres (the in-process gateway): its 503 answers mean Postgres is
-	// down, answered 503 rather than 502.
+	// Postgres (the in-process gateway): its 503 answers (its statements
+	// failed, or it is shutting down with the api) are answered 503, as the
+	// api's own Postgres failures are, rather than 502.
 	GatewayOnOwnDatabase bool
 	// GatewayAttempts is how many calls one request makes to the gateway
 	// while its answer is unknown, before it looks the charge up (default 3).
@@ -223,12 +224,16 @@ func (a *api) answerUnsettled(ctx context.Context, w http.ResponseWriter, mercha
 	case errors.Is(err, onceonly.ErrLeaseLost) || errors.Is(context.Cause(ctx), onceonly.ErrLeaseLost):
 		// The engine answers for an execution that lost its key.
 		writeError(w, http.StatusConflict, "idempotency_key_in_use", "Another request holds this Idempotency-Key now; retry later.", "")
-	case a.postgresFailed(ctx, err):
-		a.cfg.Logger.Warn("charge outcome unknown: Postgres unavailable", "merchant", merchantID, "key", key, "err", err)
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The service is temporarily unavailable; retry with the same Idempotency-Key.", "")
+	case ctx.Err() != nil:
+		// The client went away: nobody reads this answer.
+		a.cfg.Logger.Info("charge outcome unknown: the client went away", "merchant", merchantID, "key", key)
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The request ended before the charge was known; retry with the same Idempotency-Key.", "")
 	case errors.As(err, new(*gateway.InFlightError)):
 		a.cfg.Logger.Info("charge in flight at the gateway", "merchant", merchantID, "key", key)
 		writeError(w, http.StatusConflict, "idempotency_key_in_use", "The charge for this Idempotency-Key is in flight at the payment gateway; retry later.", "")
+	case a.postgresFailed(ctx, err):
+		a.cfg.Logger.Warn("charge outcome unknown: Postgres unavailable", "merchant", merchantID, "key", key, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The service is temporarily unavailable; retry with the same Idempotency-Key.", "")
 	default:
 		a.cfg.Logger.Warn("gateway outcome unknown", "merchant", merchantID, "key", key, "err", err)
 		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway did not answer; retry with the same Idempotency-Key.", "")
@@ -242,7 +247,7 @@ func (a *api) postgresFailed(ctx context.Context, err error) bool {
 	if errors.Is(err, onceonly.ErrUnavailable) || (a.cfg.GatewayOnOwnDatabase && errors.Is(err, gateway.ErrUnavailable)) {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	return a.cfg.Pool.Ping(ctx) != nil
 }
@@ -298,6 +303,9 @@ func (a *api) charge(ctx context.Context, key string, req gateway.ChargeRequest)
 		return charges.Data[0], nil
 	case answered && charges.InFlight == 0:
 		return gateway.Charge{}, nil
+	case charges.InFlight > 0:
+		// The gateway is still working on the call: it is in flight there.
+		return gateway.Charge{}, fmt.Errorf("outcome unknown (%w): %w", lastErr, &gateway.InFlightError{RetryAfter: time.Second})
 	}
 	return gateway.Charge{}, fmt.Errorf("outcome unknown: %w", lastErr)
 }
