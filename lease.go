@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -11,25 +12,40 @@ import (
 	"github.com/onceonly/onceonly/outbox"
 )
 
-// leaseKeeper renews every lease this engine holds, every third of
-// LeaseTimeout, in one statement on a Postgres connection of its own: a
-// renewal never waits for a pool connection a handler holds. A lease whose
-// renewal has not succeeded in time is given up a margin before it ends
-// (its execution is canceled and can no longer record a step or commit),
-// so a takeover never runs beside a live execution (I4).
+// leaseKeeper renews the leases this engine holds, on a Postgres connection
+// of its own: a renewal never waits for a pool connection a handler holds.
+//
+// Each lease is renewed once a third of it has passed since its claim or
+// its last renewal was sent, so half the lease is left for the renewal to
+// land before the holder is stopped; the leases that fall due within a
+// sixth of the lease go in the same statement. A renewal that fails is sent
+// again at once (after a short pause) on a new connection, and one that has
+// not answered after a sixth of the lease is joined by a second on a new
+// connection (a connection can die without a word, and a slow one may still
+// answer): the first answer counts. A lease no renewal has extended in time
+// is given up a margin before it ends (its execution is canceled and can
+// no longer record a step or commit), so a takeover never runs beside a
+// live execution (I4).
+//
+// The connection stays open while leases are held and for one lease after
+// the last one goes, so a renewal seldom dials; executions shorter than a
+// third of the lease never cause a renewal.
 type leaseKeeper struct {
 	store  *outbox.Store
 	config *pgx.ConnConfig
 	lease  time.Duration
 	log    func(msg string, args ...any)
 
-	mu      sync.Mutex
-	leases  map[keystate.Owner]*lease
-	running bool
-	closed  bool
-	conn    *pgx.Conn
-	stop    chan struct{}
-	done    chan struct{}
+	mu       sync.Mutex
+	leases   map[keystate.Owner]*lease
+	running  bool
+	closed   bool
+	nextWake time.Time     // when the sleeping renewer next looks; zero while it is awake
+	wake     chan struct{} // wakes the renewer: a lease falls due before nextWake
+	stop     chan struct{}
+	done     chan struct{}
+
+	conn *pgx.Conn // only the renewing goroutine, or close once it stopped, uses it
 }
 
 // lease is one execution's hold on its key, as this process sees it.
@@ -41,6 +57,7 @@ type lease struct {
 	mu         sync.Mutex
 	validUntil time.Time // a margin before Postgres's lease_expires_at, by our clock
 	lost       bool
+	released   bool
 	timer      *time.Timer
 }
 
@@ -49,19 +66,56 @@ type lease struct {
 // reach Postgres, never eat it all.
 func (k *leaseKeeper) margin() time.Duration { return k.lease / 6 }
 
+// renewBelow: a lease is due for renewal when no more than this is left of
+// its validity (a third of the lease after the renewal or claim that set
+// it was sent).
+func (k *leaseKeeper) renewBelow() time.Duration { return k.lease / 2 }
+
+// renewAhead: the leases that fall due within this go with the ones due
+// now, in the same statement.
+func (k *leaseKeeper) renewAhead() time.Duration { return k.lease / 6 }
+
+// hedgeAfter: a renewal that has not answered after this is joined by a
+// second on a new connection.
+func (k *leaseKeeper) hedgeAfter() time.Duration { return k.lease / 6 }
+
+// linger: the connection and the goroutine stay this long after the last
+// lease went.
+func (k *leaseKeeper) linger() time.Duration { return k.lease }
+
+// maxPause bounds the pause between failed renewals (Postgres refusing
+// connections must not make the keeper spin).
+func (k *leaseKeeper) maxPause() time.Duration { return k.lease / 12 }
+
+// renewAt is when l falls due for renewal.
+func (k *leaseKeeper) renewAt(validUntil time.Time) time.Time {
+	return validUntil.Add(-k.renewBelow())
+}
+
 // hold registers the lease owner took at claimedAt (the time the claim was
-// sent: Postgres's lease runs from later) and starts renewing it. cancel
-// stops the execution when the lease is lost.
+// sent: Postgres's lease runs from later) and renews it until it is
+// released. cancel stops the execution when the lease is lost.
 func (k *leaseKeeper) hold(ctx context.Context, ref keystate.Ref, owner keystate.Owner, claimedAt time.Time, cancel context.CancelCauseFunc) *lease {
 	l := k.fixed(ref, owner, claimedAt, cancel)
+	due := k.renewAt(claimedAt.Add(k.lease - k.margin()))
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.leases[owner] = l
-	if !k.running && !k.closed {
+	switch {
+	case k.closed:
+	case !k.running:
 		k.running = true
-		k.stop, k.done = make(chan struct{}), make(chan struct{})
+		k.wake, k.stop, k.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		k.nextWake = time.Time{}
 		// The renewals outlive the request that started them.
-		go k.run(context.WithoutCancel(ctx), k.stop, k.done)
+		go k.run(context.WithoutCancel(ctx), k.wake, k.stop, k.done)
+	case k.nextWake.IsZero() || due.Before(k.nextWake):
+		// The renewer is awake (it may have scheduled before this lease
+		// came) or sleeps past this lease's renewal: it looks again.
+		select {
+		case k.wake <- struct{}{}:
+		default:
+		}
 	}
 	return l
 }
@@ -72,13 +126,16 @@ func (k *leaseKeeper) hold(ctx context.Context, ref keystate.Ref, owner keystate
 // Postgres enforces as well); hold renews the others.
 func (k *leaseKeeper) fixed(ref keystate.Ref, owner keystate.Owner, start time.Time, cancel context.CancelCauseFunc) *lease {
 	l := &lease{ref: ref, owner: owner, cancel: cancel, validUntil: start.Add(k.lease - k.margin())}
-	l.timer = time.AfterFunc(time.Until(l.validUntil), func() { l.expire(ErrLeaseLost) })
+	l.timer = time.AfterFunc(time.Until(l.validUntil), l.deadline)
 	return l
 }
 
 // release stops renewing l (its execution is over).
 func (k *leaseKeeper) release(l *lease) {
+	l.mu.Lock()
+	l.released = true
 	l.timer.Stop()
+	l.mu.Unlock()
 	k.mu.Lock()
 	delete(k.leases, l.owner)
 	k.mu.Unlock()
@@ -91,59 +148,135 @@ func (l *lease) valid() bool {
 	return !l.lost && time.Now().Before(l.validUntil)
 }
 
-// extend moves the lease's end after a renewal sent at sentAt.
+// state returns the lease's end and whether it is still held (not lost,
+// not released).
+func (l *lease) state() (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.validUntil, !l.lost && !l.released
+}
+
+// extend moves the lease's end to until, which a renewal set: the time it
+// was sent plus the lease, less the margin. It never moves the end back,
+// nor revives a lease that was lost.
 func (l *lease) extend(until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.lost || !until.After(l.validUntil) {
+	if l.lost || l.released || !until.After(l.validUntil) {
 		return
 	}
 	l.validUntil = until
 	l.timer.Reset(time.Until(until))
 }
 
+// deadline runs when the lease's timer fires: the lease is lost unless a
+// renewal moved its end meanwhile (the timer fired as it was reset).
+func (l *lease) deadline() {
+	l.mu.Lock()
+	extended := time.Now().Before(l.validUntil)
+	l.mu.Unlock()
+	if !extended {
+		l.expire(ErrLeaseLost)
+	}
+}
+
 // expire gives the lease up: the execution is canceled with cause.
 func (l *lease) expire(cause error) {
 	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return
+	}
 	l.lost = true
 	l.mu.Unlock()
 	l.cancel(cause)
 }
 
-// run renews the leases until none is left or the keeper closes.
-func (k *leaseKeeper) run(ctx context.Context, stop, done chan struct{}) {
+// run renews the leases as they fall due until none has been left for
+// linger, or the keeper closes.
+func (k *leaseKeeper) run(ctx context.Context, wake, stop, done chan struct{}) {
 	defer close(done)
-	t := time.NewTicker(k.lease / 3)
-	defer t.Stop()
+	var idleSince time.Time
 	for {
 		select {
 		case <-stop:
 			return
-		case <-t.C:
+		default:
 		}
-		if k.idle() {
+		now := time.Now()
+		due, next, idle := k.schedule(now)
+		if len(due) > 0 {
+			k.renew(ctx, due, stop)
+			continue
+		}
+		switch {
+		case !idle:
+			idleSince = time.Time{}
+			if next.IsZero() { // only lost leases, not released yet
+				next = now.Add(k.renewAhead())
+			}
+		case idleSince.IsZero():
+			idleSince = now
+			next = now.Add(k.linger())
+		case now.Sub(idleSince) >= k.linger():
 			// The goroutine and its connection go; the next lease that
-			// lives to a tick opens a new one (short executions never do).
+			// falls due opens a new one.
 			k.closeConn(ctx)
 			if k.stopIfIdle() {
 				return
 			}
+			idleSince = time.Time{}
 			continue
+		default:
+			next = idleSince.Add(k.linger())
 		}
-		k.mu.Lock()
-		held := make([]*lease, 0, len(k.leases))
-		for _, l := range k.leases {
-			held = append(held, l)
+		if !k.sleep(next, wake, stop) {
+			return
 		}
-		k.mu.Unlock()
-		k.renew(ctx, held)
 	}
 }
 
-func (k *leaseKeeper) idle() bool {
+// sleep waits until next, a wake-up or the stop; it reports false on the
+// stop.
+func (k *leaseKeeper) sleep(next time.Time, wake, stop chan struct{}) bool {
+	k.mu.Lock()
+	k.nextWake = next
+	k.mu.Unlock()
+	t := time.NewTimer(time.Until(next))
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-wake:
+	case <-t.C:
+	}
+	return true
+}
+
+// schedule returns the leases to renew now (due, or due within
+// renewAhead), when the next of the others falls due (zero if none), and
+// whether no lease is held at all.
+func (k *leaseKeeper) schedule(now time.Time) (due []*lease, next time.Time, idle bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return len(k.leases) == 0
+	k.nextWake = time.Time{} // awake: every hold wakes it again
+	if len(k.leases) == 0 {
+		return nil, time.Time{}, true
+	}
+	ahead := now.Add(k.renewAhead())
+	for _, l := range k.leases {
+		until, held := l.state()
+		if !held || !now.Before(until) {
+			continue // lost: its timer stops it, and nothing can renew it
+		}
+		at := k.renewAt(until)
+		if !at.After(ahead) {
+			due = append(due, l)
+		} else if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	return due, next, false
 }
 
 // stopIfIdle marks the keeper stopped if it still holds no lease; a lease
@@ -158,39 +291,149 @@ func (k *leaseKeeper) stopIfIdle() bool {
 	return true
 }
 
+// renewal is the answer to one attempt at renewing leases.
+type renewal struct {
+	conn   *pgx.Conn // the attempt's connection, open after a success
+	sentAt time.Time // when the statement went: Postgres's now() is later
+	still  map[keystate.Owner]bool
+	err    error
+}
+
 // renew extends held in one statement and gives up the leases Postgres no
-// longer has under their owner.
-func (k *leaseKeeper) renew(ctx context.Context, held []*lease) {
-	ctx, cancel := context.WithTimeout(ctx, k.lease/3)
-	defer cancel()
-	sentAt := time.Now()
-	if k.conn == nil || k.conn.IsClosed() {
-		conn, err := pgx.ConnectConfig(ctx, k.config)
-		if err != nil {
-			k.log("lease renewal: connect", "err", err)
-			return
-		}
-		k.conn = conn
-	}
+// longer has under their owner. Until one attempt answers, or the last of
+// held has ended, a failed attempt is made again after a short pause, and
+// an attempt that has not answered after hedgeAfter is joined by a second,
+// each on a connection of its own; the first answer counts.
+func (k *leaseKeeper) renew(ctx context.Context, held []*lease, stop chan struct{}) {
+	var end time.Time // past it, no lease of held can be renewed in time
 	leases := make([]outbox.Lease, len(held))
 	for i, l := range held {
 		leases[i] = outbox.Lease{Ref: l.ref, Owner: l.owner}
-	}
-	still, err := k.store.RenewLeases(ctx, k.conn, leases, k.lease)
-	if err != nil {
-		k.log("lease renewal failed; executions stop before their leases end unless a renewal succeeds", "leases", len(held), "err", err)
-		_ = k.conn.Close(context.WithoutCancel(ctx))
-		k.conn = nil
-		return
-	}
-	until := sentAt.Add(k.lease - k.margin())
-	for _, l := range held {
-		if still[l.owner] {
-			l.extend(until)
-		} else {
-			l.expire(ErrLeaseLost)
+		if until, _ := l.state(); until.After(end) {
+			end = until
 		}
 	}
+	if !time.Now().Before(end) {
+		return // lost already: their timers stop them
+	}
+	ctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+
+	results := make(chan renewal, 2)
+	inFlight := 0
+	hedge := time.NewTimer(k.hedgeAfter())
+	defer hedge.Stop()
+	start := func(conn *pgx.Conn) {
+		inFlight++
+		hedge.Reset(k.hedgeAfter())
+		go func() { results <- k.attempt(ctx, conn, leases) }()
+	}
+	// finish waits for the attempts still under way (ctx is canceled) and
+	// closes their connections.
+	finish := func() {
+		cancel()
+		for ; inFlight > 0; inFlight-- {
+			if r := <-results; r.conn != nil {
+				closeQuietly(ctx, r.conn)
+			}
+		}
+	}
+	conn := k.conn
+	k.conn = nil
+	start(conn)
+
+	var retry <-chan time.Time
+	pause, failures := 10*time.Millisecond, 0
+	for {
+		select {
+		case r := <-results:
+			inFlight--
+			if r.err == nil {
+				finish()
+				k.conn = r.conn
+				until := r.sentAt.Add(k.lease - k.margin())
+				for _, l := range held {
+					if r.still[l.owner] {
+						l.extend(until)
+					} else {
+						l.expire(ErrLeaseLost)
+					}
+				}
+				if failures > 0 {
+					k.log("lease renewal succeeded after failures", "leases", len(held), "failures", failures)
+				}
+				return
+			}
+			failures++
+			if failures == 1 {
+				k.log("lease renewal failed; trying again until the leases end, when their executions stop", "leases", len(held), "err", r.err)
+			}
+			if retry == nil {
+				retry = time.After(pause)
+				pause = min(2*pause, max(k.maxPause(), 10*time.Millisecond))
+			}
+		case <-retry:
+			retry = nil
+			if !anyHeld(held) {
+				finish()
+				return
+			}
+			if inFlight < 2 {
+				start(nil)
+			}
+		case <-hedge.C:
+			if !anyHeld(held) {
+				finish()
+				return
+			}
+			if inFlight == 1 {
+				start(nil)
+			}
+		case <-ctx.Done():
+			finish()
+			k.log("lease renewal failed; executions stopped before their leases end", "leases", len(held), "attempts", failures+inFlight)
+			return
+		case <-stop:
+			finish()
+			return
+		}
+	}
+}
+
+// anyHeld reports whether a lease of held is neither lost nor released.
+func anyHeld(held []*lease) bool {
+	for _, l := range held {
+		if _, ok := l.state(); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// attempt renews leases on conn, or on a new connection when conn is nil
+// or closed. After a failure the connection is closed.
+func (k *leaseKeeper) attempt(ctx context.Context, conn *pgx.Conn, leases []outbox.Lease) renewal {
+	if conn == nil || conn.IsClosed() {
+		c, err := pgx.ConnectConfig(ctx, k.config)
+		if err != nil {
+			return renewal{err: fmt.Errorf("connect: %w", err)}
+		}
+		conn = c
+	}
+	sentAt := time.Now()
+	still, err := k.store.RenewLeases(ctx, conn, leases, k.lease)
+	if err != nil {
+		closeQuietly(ctx, conn)
+		return renewal{err: err}
+	}
+	return renewal{conn: conn, sentAt: sentAt, still: still}
+}
+
+// closeQuietly closes conn, waiting a second at most.
+func closeQuietly(ctx context.Context, conn *pgx.Conn) {
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = conn.Close(closeCtx)
 }
 
 // close stops the keeper and closes its connection.
@@ -213,8 +456,6 @@ func (k *leaseKeeper) closeConn(ctx context.Context) {
 	if k.conn == nil {
 		return
 	}
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	_ = k.conn.Close(closeCtx)
+	closeQuietly(ctx, k.conn)
 	k.conn = nil
 }

@@ -1,0 +1,256 @@
+package onceonly
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+)
+
+// keeperFixture is a leaseKeeper on a database of the test's own, whose
+// renewal connections go through dial.
+type keeperFixture struct {
+	ctx   context.Context
+	pool  *pgxpool.Pool
+	store *outbox.Store
+	k     *leaseKeeper
+}
+
+func newKeeperFixture(t *testing.T, leaseTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *keeperFixture {
+	t.Helper()
+	f := &keeperFixture{ctx: testenv.Context(t), pool: testenv.DB(t), store: outbox.New(outbox.Config{})}
+	config := f.pool.Config().ConnConfig.Copy()
+	if dial != nil {
+		config.DialFunc = dial
+	}
+	config.RuntimeParams["application_name"] = "lease keeper"
+	f.k = &leaseKeeper{store: f.store, config: config, lease: leaseTimeout, log: func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) }, leases: map[keystate.Owner]*lease{}}
+	t.Cleanup(func() { f.k.close(context.Background()) })
+	return f
+}
+
+// claim claims key and holds its lease in the keeper; lost receives the
+// cause when the keeper gives the lease up.
+func (f *keeperFixture) claim(key string) (*lease, <-chan error, error) {
+	ref := keystate.Ref{Scope: "s", Key: key}
+	owner := keystate.NewOwner()
+	claimedAt := time.Now()
+	res, err := f.store.Claim(f.ctx, f.pool, ref, "v1:fp", owner, f.k.lease)
+	if err == nil && !res.Claimed {
+		err = fmt.Errorf("not claimed: %+v", res)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
+	}
+	lost := make(chan error, 1)
+	l := f.k.hold(f.ctx, ref, owner, claimedAt, func(cause error) {
+		select {
+		case lost <- cause:
+		default:
+		}
+	})
+	return l, lost, nil
+}
+
+// until returns the lease's end as the keeper sees it.
+func (l *lease) until() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.validUntil
+}
+
+// requireMargin checks I4 on a lease the keeper holds: its holder stops a
+// margin before Postgres's lease ends, at the latest. It may run outside
+// the test's goroutine.
+func (f *keeperFixture) requireMargin(t testing.TB, l *lease, key string) {
+	var end time.Time
+	if err := f.pool.QueryRow(f.ctx, `SELECT lease_expires_at FROM idempotency_keys WHERE scope = 's' AND key = $1`, key).Scan(&end); err != nil {
+		t.Errorf("lease of %s: %v", key, err)
+		return
+	}
+	if until := l.until(); end.Sub(until) < f.k.margin() {
+		t.Errorf("%s: the holder stops at %s, less than the margin (%s) before Postgres's lease ends at %s",
+			key, until.Format(time.RFC3339Nano), f.k.margin(), end.Format(time.RFC3339Nano))
+	}
+}
+
+// faultyConn is a connection to Postgres that a test can make slow (every
+// answer comes lag after the request that asked for it) or dead (what is
+// written goes nowhere and no answer comes, as on a connection whose peer
+// vanished; a deadline still ends a read).
+type faultyConn struct {
+	net.Conn
+	lag  time.Duration
+	dead atomic.Bool
+
+	mu      sync.Mutex
+	written bool // a request was written since the last read
+}
+
+func (c *faultyConn) Write(p []byte) (int, error) {
+	if c.dead.Load() {
+		return len(p), nil
+	}
+	c.mu.Lock()
+	c.written = true
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (c *faultyConn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	answer := c.written
+	c.written = false
+	c.mu.Unlock()
+	if answer && c.lag > 0 {
+		time.Sleep(c.lag)
+	}
+	return c.Conn.Read(p)
+}
+
+// TestLeaseKeeperOutlivesADeadConnection: the keeper's connection dies
+// without a word after a renewal (its peer vanished: a failover, a NAT
+// that forgot it), and every new connection is slow: each round trip
+// takes lease/12, so a renewal on a new one (connect, prepare, execute)
+// takes a quarter of the lease. The renewal on the dead connection never
+// answers; a second one on a new connection, started a sixth of the lease
+// later, lands with a twelfth of the lease to spare, and the lease is
+// kept. (Renewing on a global tick, each renewal waiting out the last one's
+// timeout of a third of the lease, left a sixth of the lease for the
+// renewal on a new connection, and lost the lease.)
+func TestLeaseKeeperOutlivesADeadConnection(t *testing.T) {
+	t.Parallel()
+	const lease = 3600 * time.Millisecond
+	var (
+		mu    sync.Mutex
+		conns []*faultyConn
+	)
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		fc := &faultyConn{Conn: c}
+		if len(conns) > 0 {
+			fc.lag = lease / 12
+		}
+		conns = append(conns, fc)
+		return fc, nil
+	}
+	f := newKeeperFixture(t, lease, dial)
+	l, lost, err := f.claim("k")
+	require.NoError(t, err)
+	claimed := l.until()
+
+	// The first renewal, on a fast connection.
+	testenv.Eventually(t, lease, "the first renewal", func() bool { return l.until().After(claimed) })
+	f.requireMargin(t, l, "k")
+	first := l.until()
+	mu.Lock()
+	require.Len(t, conns, 1)
+	conns[0].dead.Store(true)
+	mu.Unlock()
+
+	// The next one, through the dead connection and a slow new one.
+	deadline := time.Now().Add(lease)
+	for !l.until().After(first) {
+		select {
+		case cause := <-lost:
+			t.Fatalf("lease lost (%v) %s after the last renewal sent", cause, time.Since(first.Add(-lease+f.k.margin())).Round(time.Millisecond))
+		case <-time.After(10 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "no renewal within a lease")
+	}
+	require.True(t, l.valid())
+	f.requireMargin(t, l, "k")
+	f.k.release(l)
+	select {
+	case cause := <-lost:
+		t.Fatalf("lease lost: %v", cause)
+	default:
+	}
+}
+
+// TestLeaseKeeperHammer holds leases of random lengths (up to two leases)
+// from many goroutines, while the keeper's connection is cut now and then,
+// and checks that none is lost and that every holder would have stopped a
+// margin before Postgres's lease ends (I4). With -race it checks the
+// keeper's locking too. ONCEONLY_LEASE_HAMMER=30s runs it longer (to count
+// losses on a loaded machine), ONCEONLY_LEASE_HAMMER_LEASE sets the lease.
+func TestLeaseKeeperHammer(t *testing.T) {
+	t.Parallel()
+	run, lease := 5*time.Second, 3*time.Second
+	if d, err := time.ParseDuration(os.Getenv("ONCEONLY_LEASE_HAMMER")); err == nil {
+		run = d
+	}
+	if d, err := time.ParseDuration(os.Getenv("ONCEONLY_LEASE_HAMMER_LEASE")); err == nil {
+		lease = d
+	}
+	f := newKeeperFixture(t, lease, nil)
+	const workers = 32
+	var held, renewed, lostLeases, cuts atomic.Int64
+	stop := time.Now().Add(run)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				key := fmt.Sprintf("w%d-%d", w, i)
+				l, lost, err := f.claim(key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				claimed := l.until()
+				held.Add(1)
+				// Mostly short executions, some that need a renewal or more.
+				d := time.Duration(rand.Int64N(int64(lease / 10)))
+				if rand.IntN(4) == 0 {
+					d = time.Duration(rand.Int64N(int64(2 * lease)))
+				}
+				select {
+				case cause := <-lost:
+					lostLeases.Add(1)
+					t.Errorf("%s: lease lost %s after the last renewal or claim was sent (%v)", key,
+						time.Since(l.until().Add(-lease+f.k.margin())).Round(time.Millisecond), cause)
+				case <-time.After(d):
+					f.requireMargin(t, l, key)
+				}
+				if l.until().After(claimed) {
+					renewed.Add(1)
+				}
+				f.k.release(l)
+			}
+		})
+	}
+	wg.Go(func() { // cuts the keeper's connection now and then
+		for time.Now().Before(stop) {
+			time.Sleep(time.Duration(rand.Int64N(int64(lease))))
+			var n int64
+			if err := f.pool.QueryRow(f.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = 'lease keeper'`).Scan(&n); err == nil {
+				cuts.Add(n)
+			}
+		}
+	})
+	wg.Wait()
+	t.Logf("%d leases held, %d renewed at least once, %d lost; %d renewal connections cut", held.Load(), renewed.Load(), lostLeases.Load(), cuts.Load())
+	require.Positive(t, renewed.Load())
+	f.k.mu.Lock()
+	require.Empty(t, f.k.leases, "every lease released")
+	f.k.mu.Unlock()
+}
