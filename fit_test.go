@@ -514,7 +514,9 @@ func TestCacheAnnouncesSettlement(t *testing.T) {
 // renewals update the key row while the handler's transaction is open, and
 // the completion, in that transaction, must see them (the engine's
 // transactions are READ COMMITTED explicitly) instead of failing with
-// 40001 and leaving a failed key.
+// 40001 and leaving a failed key. Each handler waits, its transaction open
+// (its snapshot taken by its first write), until a renewal of its key has
+// committed.
 func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 	t.Parallel()
 	ctx := testenv.Context(t)
@@ -527,17 +529,40 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso))
 	require.Equal(t, "repeatable read", iso)
 
-	const lease = 600 * time.Millisecond // renewed every 200ms
+	// A renewal goes a third of the way into the lease, with half of it
+	// left to land in on a loaded machine.
+	const lease = 3 * time.Second
 	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
+	leaseEnd := func(key string) (time.Time, error) {
+		var end time.Time
+		err := admin.QueryRow(ctx, `SELECT lease_expires_at FROM idempotency_keys WHERE scope = 'tenant' AND key = $1`, key).Scan(&end)
+		return end, err
+	}
+	// renewed waits until a renewal of key's lease has committed.
+	renewed := func(key string) error {
+		claimed, err := leaseEnd(key)
+		if err != nil {
+			return err
+		}
+		for deadline := time.Now().Add(lease); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if end, err := leaseEnd(key); err != nil || end.After(claimed) {
+				return err
+			}
+		}
+		return fmt.Errorf("%s: no renewal committed within a lease", key)
+	}
 	var wg sync.WaitGroup
 	for i := range 4 {
 		wg.Go(func() {
-			out, err := e.Do(ctx, "tenant", fmt.Sprintf("rr-%d", i), []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			key := fmt.Sprintf("rr-%d", i)
+			out, err := e.Do(ctx, "tenant", key, []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 				res, err := ledger(ctx, tx, "rr")
-				time.Sleep(lease) // renewals commit meanwhile
-				return res, err
+				if err != nil {
+					return res, err
+				}
+				return res, renewed(key)
 			})
 			if err != nil || out.Status != http.StatusCreated {
 				t.Errorf("execution %d: %v %v", i, out.Status, err)
