@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
 )
 
 // chargeKey is a handler that records one payment for key and answers with
@@ -113,7 +114,13 @@ func TestClaimBatchDoesNotWaitOnAnOpenTransaction(t *testing.T) {
 		_, err := b.engine.Do(b.ctx, "tenant", "open", []byte("p"), chargeKey("open"))
 		blocked <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // its claim is in flight, waiting
+	testenv.Eventually(t, 10*time.Second, "its claim waiting for the open transaction", func() bool {
+		var waiting int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		require.NoError(t, err)
+		return waiting > 0
+	})
 	began := time.Now()
 	var wg sync.WaitGroup
 	for i := range 10 {

@@ -195,6 +195,9 @@ func TestMiddlewareWait(t *testing.T) {
 			t.Cleanup(waiting.Close)
 			impatient := httptest.NewServer(b.engine.Middleware(onceonly.MiddlewareOptions{Scope: tenant, Wait: 200 * time.Millisecond})(slow))
 			t.Cleanup(impatient.Close)
+			var releaseOnce sync.Once
+			letGo := func() { releaseOnce.Do(func() { close(release) }) }
+			t.Cleanup(letGo) // before the servers close: a failed test leaves no handler waiting
 
 			first := make(chan answer, 1)
 			sendAsync(t, b.ctx, waiting.URL+"/slow", "w-1", `{"n":1}`, first)
@@ -211,8 +214,10 @@ func TestMiddlewareWait(t *testing.T) {
 			for range duplicates {
 				sendAsync(t, b.ctx, waiting.URL+"/slow", "w-1", `{"n":1}`, answers)
 			}
-			time.Sleep(100 * time.Millisecond) // the duplicates are waiting
-			close(release)
+			testenv.Eventually(t, 10*time.Second, "the duplicates waiting", func() bool {
+				return b.sum(t, "onceonly_waits_total") == 1+duplicates // the impatient one, then these
+			})
+			letGo()
 			want := <-first
 			require.Equal(t, http.StatusCreated, want.status)
 			for range duplicates {
