@@ -101,6 +101,19 @@ func (b *bundle) outboxLen(t *testing.T) int {
 
 // requireConverged checks that Redis holds every live Postgres key at its
 // state and version.
+// awaitListening waits until r listens for notifications and its wake-ups
+// at start (Run's own, the one after LISTEN) have been taken: an event
+// written after it is delivered because of its NOTIFY.
+func (b *bundle) awaitListening(t *testing.T, r *Relay) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, "the relay listening", func() bool {
+		var listening int
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&listening))
+		return listening > 0 && len(r.wake) == 0
+	})
+}
+
 func (b *bundle) requireConverged(t *testing.T) {
 	t.Helper()
 	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
@@ -361,7 +374,7 @@ func TestNotificationWakesTheRelayAfterReconnect(t *testing.T) {
 	b := setup(t)
 	r := b.relay(t, Config{PollInterval: time.Hour})
 	run(t, b.Ctx, r)
-	time.Sleep(100 * time.Millisecond) // the first wake-up after LISTEN passes
+	b.awaitListening(t, r)
 
 	b.Complete(t, "s", "first", "{}")
 	testenv.Eventually(t, 5*time.Second, "notified delivery", func() bool { return b.outboxLen(t) == 0 })
@@ -373,12 +386,16 @@ func TestNotificationWakesTheRelayAfterReconnect(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, "relay reconnected", func() bool {
 		return testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageListen)) >= 1
 	})
-	// Keep writing until a notification gets through the new connection.
-	testenv.Eventually(t, 10*time.Second, "notified delivery after reconnect", func() bool {
+	// Keep writing until a notification gets through the new connection:
+	// each write waits a while for its delivery before the next.
+	deadline := time.Now().Add(20 * time.Second)
+	for delivered := false; !delivered; {
+		require.True(t, time.Now().Before(deadline), "no notified delivery after the reconnect")
 		b.Complete(t, "s", "after"+testenv.RandomSuffix(6), "{}")
-		time.Sleep(50 * time.Millisecond)
-		return b.outboxLen(t) == 0
-	})
+		for wait := time.Now().Add(time.Second); !delivered && time.Now().Before(wait); time.Sleep(10 * time.Millisecond) {
+			delivered = b.outboxLen(t) == 0
+		}
+	}
 	b.requireConverged(t)
 }
 
@@ -475,7 +492,7 @@ func TestNotificationDuringABatchIsServedAtOnce(t *testing.T) {
 		return nil
 	}
 	run(t, b.Ctx, r)
-	time.Sleep(100 * time.Millisecond) // the first wake-ups after LISTEN pass
+	b.awaitListening(t, r)
 	first, second := keystate.Ref{Scope: "s", Key: "first"}, keystate.Ref{Scope: "s", Key: "second"}
 	_, err := b.Store.Claim(b.Ctx, b.Pool, first, "v1:fp", owner, time.Minute)
 	require.NoError(t, err)
