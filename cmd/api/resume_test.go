@@ -83,41 +83,60 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 
 // TestPausedPastItsLeaseRecordsNothing (I4): an api is paused (SIGSTOP)
 // during a slow gateway call, past its lease. A retry at another api takes
-// the key over; the gateway turns its call with the same downstream key
-// away while the first is in flight. When the paused api wakes up it can no
-// longer record the step or commit: one charge, one payment row, with that
-// charge.
+// the key over (or that api's own resumption does, first); the gateway
+// turns its call with the same downstream key away while the first is in
+// flight. When the paused api wakes up, the gateway's answer waiting for
+// it, it can no longer record the step or commit (its client gets no 201):
+// one charge, one payment row, with that charge.
 func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
 	api := testenv.BuildBinary(t, ".")
 	gw := testenv.BuildBinary(t, "../gateway")
 	dbURL := testenv.DatabaseURL(t)
-	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=3s")
+	// A's call outlasts the retry's whole request (its takeover, the api's
+	// own calls to the gateway a second apart, the look-up), which starts
+	// as A's lease ends, a second in.
+	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=6s")
 	apiEnv := []string{"DATABASE_URL=" + dbURL, "GATEWAY_URL=http://" + g.Addr, "LEASE_TIMEOUT=1s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=10s"}
 	a := testenv.StartDaemon(t, api, apiEnv...)
 	addrA, addrB := a.Addr, testenv.StartDaemon(t, api, apiEnv...).Addr
 
 	const body = `{"amount":900,"currency":"eur","customer":"cus_p","source":"tok_slow"}`
 	ctx := testenv.Context(t)
+	pool := testenv.Pool(t, dbURL)
 	first := make(chan int, 1)
 	go func() {
 		status, _, _ := payOnce(ctx, addrA, "paused-1", body)
 		first <- status
 	}()
-	time.Sleep(300 * time.Millisecond) // A has claimed the key and called the gateway
+	testenv.Eventually(t, 10*time.Second, "A has claimed the key and called the gateway", func() bool {
+		var n int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/paused-1'`).Scan(&n) == nil && n > 0
+	})
 	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGSTOP))
-	time.Sleep(1500 * time.Millisecond) // past A's lease
+	testenv.Eventually(t, 10*time.Second, "A's lease over in Postgres", func() bool {
+		var over bool
+		return pool.QueryRow(ctx, `SELECT lease_expires_at <= now() FROM idempotency_keys WHERE key = 'paused-1'`).Scan(&over) == nil && over
+	})
 	status, answer, _ := payOnce(ctx, addrB, "paused-1", body)
 	require.Contains(t, []int{http.StatusBadGateway, http.StatusConflict}, status, "the takeover finds the first call still in flight at the gateway: %s", answer)
-	time.Sleep(time.Second)
+	// A wakes up with the gateway's answer to its call waiting for it.
+	testenv.Eventually(t, 20*time.Second, "the gateway charged A's call", func() bool {
+		var n int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/paused-1' AND charge_id IS NOT NULL`).Scan(&n) == nil && n > 0
+	})
 	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGCONT))
-	<-first
+	woken := <-first
+	t.Logf("the paused api answered %d", woken)
+	require.NotEqual(t, http.StatusCreated, woken, "the paused api committed its payment after its lease ended")
+	// A answered its client, so its execution is over; once A has exited,
+	// no late write of it can land after the counts below.
+	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGTERM))
+	_ = a.Cmd.Wait()
 
-	pool := testenv.Pool(t, dbURL)
 	var paymentCharge string
 	testenv.Eventually(t, 20*time.Second, "the payment is finished", func() bool {
 		return pool.QueryRow(ctx, `SELECT charge_id FROM payments WHERE idempotency_key = 'paused-1'`).Scan(&paymentCharge) == nil
 	})
-	time.Sleep(500 * time.Millisecond) // a late write of the paused api would land now
 	var charges, rows int
 	var chargeID string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), max(charge_id) FROM gateway.charges WHERE reference = 'acct_demo/paused-1'`).Scan(&charges, &chargeID))
