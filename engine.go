@@ -150,10 +150,12 @@ type Engine struct {
 	funcs map[string]Func // registered handlers, by name
 
 	// releases are the releases retried in the background (see
-	// releaseLater); Close ends them by closing closing.
-	releases  sync.WaitGroup
-	closing   chan struct{}
-	closeOnce sync.Once
+	// releaseLater); Close ends them by closing closing, and no new one
+	// starts once closed is set (under releasesMu).
+	releases   sync.WaitGroup
+	releasesMu sync.Mutex
+	closed     bool
+	closing    chan struct{}
 }
 
 // New returns an Engine.
@@ -203,12 +205,19 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Close stops the engine's lease renewals and closes their connection.
-// Executions still running lose their leases.
+// Close ends the releases the engine retries in the background (a key
+// left claimed then waits for its lease), stops the engine's lease
+// renewals and closes their connection. Executions still running lose
+// their leases.
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
-	e.closeOnce.Do(func() { close(e.closing) })
+	e.releasesMu.Lock()
+	if !e.closed {
+		e.closed = true
+		close(e.closing)
+	}
+	e.releasesMu.Unlock()
 	e.releases.Wait()
 	e.leases.close(context.Background())
 	e.wake.close()
@@ -523,15 +532,25 @@ func (e *Engine) recordError(err error) error {
 // lands or the lease is over (releaseLater), so the key is free for the
 // next retry as soon as Postgres is back rather than when its lease ends.
 func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
-	err := e.release(ctx, x, handOff)
-	if err == nil || x.single {
-		// A single-commit execution has no row to release: its
-		// transaction ended with Postgres.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	_, err := e.release(ctx, x, handOff)
+	if err == nil {
 		return
 	}
+	if x.single {
+		// A single-commit execution has no row to release: its
+		// transaction ended with Postgres.
+		e.log.Warn("record a failed single-commit execution; a retry runs again", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
+		return
+	}
+	// Postgres is what failed, likely what the handler answered for too: a
+	// step's effect must not be forgotten, so an execution that stepped is
+	// handed off (a resumption finishes it) rather than failed.
+	handOff = handOff || x.anyStep()
 	e.log.Warn("release key failed; trying again until Postgres answers or the lease ends",
 		"scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
-	e.releaseLater(ctx, x, handOff, e.cfg.LeaseTimeout)
+	e.releaseLater(ctx, x, handOff)
 }
 
 // releaseLost releases, in the background, the key of an execution that
@@ -545,18 +564,26 @@ func (e *Engine) releaseLost(ctx context.Context, x *Execution) {
 	if x.single {
 		return
 	}
-	e.releaseLater(ctx, x, x.anyStep(), 2*e.cfg.LeaseTimeout)
+	e.releaseLater(ctx, x, x.anyStep())
 }
 
 // releaseLater releases x's key in the background: at once, then on a
 // backoff (releaseRetryFirst doubling to releaseRetryMax) until it lands,
-// within `within` of now (past it the key is takeable anyway), or until
-// the engine closes. The tries keep ctx's values, not its end.
-func (e *Engine) releaseLater(ctx context.Context, x *Execution, handOff bool, within time.Duration) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), within)
+// for two leases at most (by then a renewal sent before a partition has
+// run out too, and the key is takeable anyway), or until the engine
+// closes. The tries keep ctx's values, not its end. Once the engine is
+// closed it tries nothing.
+func (e *Engine) releaseLater(ctx context.Context, x *Execution, handOff bool) {
+	e.releasesMu.Lock()
+	defer e.releasesMu.Unlock()
+	if e.closed {
+		e.log.Warn("engine closed: the key stays claimed until its lease ends", "scope", x.ref.Scope, "key", x.ref.Key)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*e.cfg.LeaseTimeout)
 	e.releases.Go(func() {
 		defer cancel()
-		go func() { // Close ends the tries
+		go func() { // Close ends the tries, the one under way too
 			select {
 			case <-e.closing:
 				cancel()
@@ -564,29 +591,37 @@ func (e *Engine) releaseLater(ctx context.Context, x *Execution, handOff bool, w
 			}
 		}()
 		for pause := releaseRetryFirst; ; pause = min(2*pause, releaseRetryMax) {
-			if err := e.release(ctx, x, handOff); err == nil {
+			tctx, tcancel := context.WithTimeout(ctx, releaseTimeout)
+			released, err := e.release(tctx, x, handOff)
+			tcancel()
+			switch {
+			case err == nil && released:
 				e.log.Info("key released in the background", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff)
 				return
+			case err == nil:
+				return // another execution holds the key: nothing of x's to release
 			}
 			if backoff.Sleep(ctx, pause) != nil {
+				e.log.Warn("gave up releasing a key; it stays claimed until its lease ends", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
 				return
 			}
 		}
 	})
 }
 
-// Pauses between two tries of a release Postgres did not take.
+// Bounds of a release: one try's time, and the pauses between two tries
+// of a release Postgres did not take.
 const (
+	releaseTimeout    = 5 * time.Second
 	releaseRetryFirst = 250 * time.Millisecond
 	releaseRetryMax   = 2 * time.Second
 )
 
-// release hands x's key off or fails it, and writes the new state through
-// to Redis. It returns nil also when the key is no longer x's (nothing is
-// left to release), and the error when Postgres did not answer.
-func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
+// release hands x's key off or fails it within ctx, and writes the new
+// state through to Redis. It reports whether it released anything: false
+// with a nil error when the key is no longer x's; the error when Postgres
+// did not answer.
+func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool, error) {
 	k, err := onLiveConnection(ctx, e, func() (keystate.Key, error) {
 		if x.single {
 			failed, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
@@ -602,12 +637,12 @@ func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) error 
 	})
 	switch {
 	case errors.Is(err, outbox.ErrLeaseLost):
-		return nil
+		return false, nil
 	case err != nil:
-		return err
+		return false, err
 	}
 	e.writeThrough(ctx, k)
-	return nil
+	return true, nil
 }
 
 // writeThrough copies a transition this engine committed into Redis. A

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,4 +128,56 @@ func TestLeaseLostInAPartitionIsReleasedWhenItHeals(t *testing.T) {
 		return err == nil && takeable
 	})
 	t.Logf("released %s after the heal", time.Since(healed).Round(10*time.Millisecond))
+}
+
+// TestStepTakenThenPostgresLostIsHandedOff (I12): a handler whose step had
+// its effect, and whose final write Postgres refused (it answers 503), is
+// not failed once Postgres is back — a failed key forgets its steps, and
+// with no client retry the effect would stay without its row — but handed
+// off, so a resumption finishes it with the recorded outcome.
+func TestStepTakenThenPostgresLostIsHandedOff(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.DatabaseURL(t)
+	proxy, proxied := testenv.NewFaultProxyFor(t, dbURL)
+	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: 30 * time.Second, Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(engine.Close)
+	ctx := testenv.Context(t)
+	var cut atomic.Bool
+	require.NoError(t, engine.Register("charge", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+		charge, err := onceonly.Step(ctx, "call", func(context.Context, string) (string, error) { return "ch_1", nil })
+		if err != nil {
+			return onceonly.Result{Status: http.StatusBadGateway}, nil //nolint:nilerr // answered, as the demo does
+		}
+		if cut.CompareAndSwap(false, true) {
+			proxy.SetMode(testenv.Reset) // Postgres goes away before the first final write
+		}
+		tx, err := x.Tx(ctx)
+		if err == nil {
+			_, err = tx.Exec(ctx, `SELECT 1`) // the final write
+		}
+		if err != nil {
+			return onceonly.Result{Status: http.StatusServiceUnavailable}, nil //nolint:nilerr // answered, as the demo does
+		}
+		return onceonly.Result{Status: http.StatusCreated, Body: []byte(`{"charge":"` + charge + `"}`)}, nil
+	}))
+
+	out, err := engine.Run(ctx, "charge", "acct_1", "k2", []byte(`{}`))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, out.Status)
+	proxy.SetMode(testenv.Pass)
+
+	check := testenv.Pool(t, dbURL)
+	testenv.Eventually(t, 5*time.Second, "the key handed off, its steps kept", func() bool {
+		var handedOff bool
+		err := check.QueryRow(ctx, `SELECT status = 'in_progress' AND lease_expires_at <= now() AND steps IS NOT NULL
+			FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'k2'`).Scan(&handedOff)
+		return err == nil && handedOff
+	})
+	n, err := engine.ResumeOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "a resumption finishes it")
+	var status string
+	require.NoError(t, check.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'k2'`).Scan(&status))
+	require.Equal(t, "completed", status)
 }
