@@ -410,8 +410,9 @@ func TestTakenOverWorkerCannotCommit(t *testing.T) {
 func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		// A renewal has a third of the lease to land; under a loaded CI
-		// (race detector, packages in parallel) 100 ms was too little.
+		// A renewal is sent a third of the way into the lease and has half
+		// of it to land; under a loaded CI (race detector, packages in
+		// parallel) the 100 ms a 300 ms lease left was too little.
 		const lease = time.Second
 		b := setup(t, setupOpts{rdb: rdb, lease: lease})
 		inside, release := make(chan struct{}), make(chan struct{})
