@@ -109,10 +109,14 @@ func TestFaultProxy(t *testing.T) {
 	if _, err := c.recv(5 * time.Second); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("an open connection survived a reset: %v", err)
 	}
-	refused := dialEcho(t, p.Addr)
-	refused.send(t, "refused") // the write may land before the reset does
-	if _, err := refused.recv(5 * time.Second); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("a new connection was served during a reset: %v", err)
+	var d net.Dialer
+	if rc, err := d.DialContext(t.Context(), "tcp", p.Addr); err == nil { // the reset may already meet the dial
+		refused := &echoConn{Conn: rc, r: bufio.NewReader(rc)}
+		t.Cleanup(func() { _ = rc.Close() })
+		_, _ = refused.Write([]byte("refused\n")) // the write may land before the reset does, or meet it
+		if _, err := refused.recv(5 * time.Second); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a new connection was served during a reset: %v", err)
+		}
 	}
 	Eventually(t, 5*time.Second, "the reset connections are gone", func() bool { return p.Conns() == 0 })
 
