@@ -390,8 +390,9 @@ func (k *leaseKeeper) renew(ctx context.Context, held []*lease, stop chan struct
 				start(nil)
 			}
 		case <-ctx.Done():
+			attempts := failures + inFlight
 			finish()
-			k.log("lease renewal failed; executions stopped before their leases end", "leases", len(held), "attempts", failures+inFlight)
+			k.log("lease renewal failed; executions stopped before their leases end", "leases", len(held), "attempts", attempts)
 			return
 		case <-stop:
 			finish()

@@ -127,16 +127,16 @@ func (c *faultyConn) Read(p []byte) (int, error) {
 // TestLeaseKeeperOutlivesADeadConnection: the keeper's connection dies
 // without a word after a renewal (its peer vanished: a failover, a NAT
 // that forgot it), and every new connection is slow: each round trip
-// takes lease/12, so a renewal on a new one (connect, prepare, execute)
-// takes a quarter of the lease. The renewal on the dead connection never
+// takes lease/16, so a renewal on a new one (connect, prepare, execute)
+// takes 3/16 of the lease. The renewal on the dead connection never
 // answers; a second one on a new connection, started a sixth of the lease
-// later, lands with a twelfth of the lease to spare, and the lease is
-// kept. (Renewing on a global tick, each renewal waiting out the last one's
-// timeout of a third of the lease, left a sixth of the lease for the
-// renewal on a new connection, and lost the lease.)
+// later, has a third of the lease to land, and the lease is kept. (With
+// one global tick, each renewal waiting out the last one's timeout of a
+// third of the lease, the renewal on a new connection had a sixth of the
+// lease, and the lease was lost.)
 func TestLeaseKeeperOutlivesADeadConnection(t *testing.T) {
 	t.Parallel()
-	const lease = 3600 * time.Millisecond
+	const lease = 4800 * time.Millisecond
 	var (
 		mu    sync.Mutex
 		conns []*faultyConn
@@ -151,7 +151,7 @@ func TestLeaseKeeperOutlivesADeadConnection(t *testing.T) {
 		defer mu.Unlock()
 		fc := &faultyConn{Conn: c}
 		if len(conns) > 0 {
-			fc.lag = lease / 12
+			fc.lag = lease / 16
 		}
 		conns = append(conns, fc)
 		return fc, nil
