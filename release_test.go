@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/url"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,23 +22,11 @@ import (
 func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 	t.Parallel()
 	dbURL := testenv.DatabaseURL(t)
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	db := strings.TrimPrefix(u.Path, "/")
-	admin := testenv.Pool(t, testenv.AdminDatabaseURL(t))
+	proxy, proxied := testenv.NewFaultProxyFor(t, dbURL)
 	ctx := testenv.Context(t)
-	setConnections := func(allow bool) {
-		_, err := admin.Exec(context.WithoutCancel(ctx), `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS `+map[bool]string{true: "true", false: "false"}[allow])
-		require.NoError(t, err)
-		if !allow {
-			_, err = admin.Exec(context.WithoutCancel(ctx), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, db)
-			require.NoError(t, err)
-		}
-	}
-	t.Cleanup(func() { setConnections(true) })
 
 	const lease = 30 * time.Second
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, dbURL), LeaseTimeout: lease, Logger: testenv.QuietLogger()})
+	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 	cut := true
@@ -49,7 +35,7 @@ func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 			if cut {
 				// Postgres goes away while the call is out: its answer is
 				// lost, and the hand-off cannot land either.
-				setConnections(false)
+				proxy.SetMode(testenv.Reset)
 				return "", errors.New("connection reset")
 			}
 			return "ch_1", nil
@@ -63,7 +49,7 @@ func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 	out, err := engine.Run(ctx, "charge", "acct_1", "k1", []byte(`{}`))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadGateway, out.Status)
-	setConnections(true)
+	proxy.SetMode(testenv.Pass)
 	cut = false
 
 	check := testenv.Pool(t, dbURL)
