@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/onceonly/onceonly/cache"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // ErrKeyInProgress is returned by Purge for a key whose lease is held,
 // unless forced: purging it would let a duplicate run beside it.
-var ErrKeyInProgress = outbox.ErrKeyInProgress
+var ErrKeyInProgress = keystore.ErrKeyInProgress
 
 // ErrNoSuchKey is returned by Purge for a key that has no row.
 var ErrNoSuchKey = errors.New("no such key")

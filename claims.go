@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // maxClaimBatch bounds how many claims one statement carries.
@@ -36,12 +36,12 @@ var errClaimBatchPanicked = errors.New("onceonly: the batch of claims panicked")
 // of their executions, which sends the next.
 //
 // A key that has a row (a replay, a conflict, a takeover) finishes its
-// claim alone (outbox.Store.ClaimHeld), and so does every claim of a batch
+// claim alone (keystore.Store.ClaimHeld), and so does every claim of a batch
 // that failed (Postgres unreachable, a lock wait past claimLockTimeout):
 // one bad batch costs its claims a round trip, never their answer.
 type claimGroup struct {
-	store  *outbox.Store
-	db     outbox.DB
+	store  *keystore.Store
+	db     keystore.DB
 	lease  time.Duration
 	sizes  prometheus.Observer // claims per batch
 	failed prometheus.Counter  // batches that failed
@@ -53,16 +53,16 @@ type claimGroup struct {
 
 // claimCall is one execution's claim, waiting in a claimGroup.
 type claimCall struct {
-	req outbox.ClaimRequest
-	res outbox.ClaimResult
+	req keystore.ClaimRequest
+	res keystore.ClaimResult
 	err error // the batch's error
 	// next receives false when a batch answered the claim (res, err), or
 	// true when the claim's execution is to send the next batch.
 	next chan bool
 }
 
-// claim claims req.Ref for req.Owner, as outbox.Store.Claim does.
-func (g *claimGroup) claim(ctx context.Context, req outbox.ClaimRequest) (outbox.ClaimResult, error) {
+// claim claims req.Ref for req.Owner, as keystore.Store.Claim does.
+func (g *claimGroup) claim(ctx context.Context, req keystore.ClaimRequest) (keystore.ClaimResult, error) {
 	c := &claimCall{req: req, next: make(chan bool, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
@@ -115,7 +115,7 @@ func (g *claimGroup) send(ctx context.Context) {
 	}()
 
 	g.sizes.Observe(float64(len(batch)))
-	reqs := make([]outbox.ClaimRequest, len(batch))
+	reqs := make([]keystore.ClaimRequest, len(batch))
 	for i, c := range batch {
 		reqs[i] = c.req
 	}

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/reconcile"
 	"github.com/onceonly/onceonly/relay"
 )

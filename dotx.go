@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/cache"
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // DoTx is Do inside a transaction the caller owns: the claim, fn's writes

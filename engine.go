@@ -17,18 +17,18 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/backoff"
+	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // Defaults of Config.
 const (
 	DefaultLeaseTimeout   = 30 * time.Second
-	DefaultCompletedTTL   = outbox.DefaultCompletedTTL
-	DefaultFailedTTL      = outbox.DefaultFailedTTL
+	DefaultCompletedTTL   = keystore.DefaultCompletedTTL
+	DefaultFailedTTL      = keystore.DefaultFailedTTL
 	DefaultRedisTimeout   = 100 * time.Millisecond
 	DefaultResumeInterval = 5 * time.Second
 )
@@ -136,7 +136,7 @@ type Handler func(ctx context.Context, tx pgx.Tx) (Result, error)
 // use; several engines (processes) may share one Postgres and Redis.
 type Engine struct {
 	cfg     Config
-	store   *outbox.Store
+	store   *keystore.Store
 	cache   *cache.Cache // nil without Redis
 	log     *slog.Logger
 	metrics *metrics
@@ -179,7 +179,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg,
-		store: outbox.New(outbox.Config{
+		store: keystore.New(keystore.Config{
 			CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL, DeferNotify: !cfg.NotifyInTransaction,
 		}),
 		log:     cfg.Logger,
@@ -328,7 +328,7 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 // would strand the key for a whole lease; execute finds ctx ended after
 // the claim and gives the key back instead. A claim that met a dead pooled
 // connection (Postgres restarted) is tried once more (onLiveConnection).
-func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim outbox.ClaimResult, err error) {
+func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim keystore.ClaimResult, err error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTimeout)
 	defer cancel()
 	cctx, span := e.startSpan(cctx, spanClaim)
@@ -338,9 +338,9 @@ func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner k
 		}
 		endSpan(span, err)
 	}()
-	return onLiveConnection(ctx, e, func() (outbox.ClaimResult, error) {
+	return onLiveConnection(ctx, e, func() (keystore.ClaimResult, error) {
 		if e.claims != nil {
-			return e.claims.claim(cctx, outbox.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
+			return e.claims.claim(cctx, keystore.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
 		}
 		return e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
 	})
@@ -512,13 +512,13 @@ func (x *Execution) rollback(ctx context.Context) {
 // leaseLost reports whether err, or the cause of ctx, says the execution
 // lost its lease.
 func (e *Engine) leaseLost(ctx context.Context, err error) bool {
-	return errors.Is(err, outbox.ErrLeaseLost) || errors.Is(err, ErrLeaseLost) ||
+	return errors.Is(err, keystore.ErrLeaseLost) || errors.Is(err, ErrLeaseLost) ||
 		errors.Is(context.Cause(ctx), ErrLeaseLost)
 }
 
 // recordError maps a store error of a step record.
 func (e *Engine) recordError(err error) error {
-	if errors.Is(err, outbox.ErrLeaseLost) {
+	if errors.Is(err, keystore.ErrLeaseLost) {
 		return ErrLeaseLost
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -626,7 +626,7 @@ func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool,
 		if x.single {
 			failed, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
 			if err == nil && !written {
-				return failed, outbox.ErrLeaseLost // the key has a row of another execution
+				return failed, keystore.ErrLeaseLost // the key has a row of another execution
 			}
 			return failed, err
 		}
@@ -636,7 +636,7 @@ func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool,
 		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
 	})
 	switch {
-	case errors.Is(err, outbox.ErrLeaseLost):
+	case errors.Is(err, keystore.ErrLeaseLost):
 		return false, nil
 	case err != nil:
 		return false, err

@@ -16,10 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 type testBundle struct {
@@ -482,7 +482,7 @@ func (b *testBundle) listen(t *testing.T) func(wait time.Duration) bool {
 	conn, err := b.pool.Acquire(b.ctx)
 	require.NoError(t, err)
 	t.Cleanup(conn.Release)
-	_, err = conn.Exec(b.ctx, "LISTEN "+outbox.NotifyChannel)
+	_, err = conn.Exec(b.ctx, "LISTEN "+keystore.NotifyChannel)
 	require.NoError(t, err)
 	return func(wait time.Duration) bool {
 		ctx, cancel := context.WithTimeout(b.ctx, wait)

@@ -21,11 +21,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/migrations"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // answer is what a client read.
@@ -127,7 +127,7 @@ func TestMiddlewareHonoursLegacyFingerprints(t *testing.T) {
 	require.NoError(t, err)
 	v1 := onceonly.LegacyFingerprint(http.MethodPost, "/x", canonical)
 	require.True(t, strings.HasPrefix(v1, "v1:"))
-	store := outbox.New(outbox.Config{})
+	store := keystore.New(keystore.Config{})
 	ref := keystate.Ref{Scope: "tenant", Key: "old"}
 	claim, err := store.Claim(b.ctx, b.pool, ref, v1, keystate.NewOwner(), time.Minute)
 	require.NoError(t, err)

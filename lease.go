@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // leaseKeeper renews the leases this engine holds, on a Postgres connection
@@ -31,7 +31,7 @@ import (
 // the last one goes, so a renewal seldom dials; executions shorter than a
 // third of the lease never cause a renewal.
 type leaseKeeper struct {
-	store  *outbox.Store
+	store  *keystore.Store
 	config *pgx.ConnConfig
 	lease  time.Duration
 	log    func(msg string, args ...any)
@@ -306,9 +306,9 @@ type renewal struct {
 // each on a connection of its own; the first answer counts.
 func (k *leaseKeeper) renew(ctx context.Context, held []*lease, stop chan struct{}) {
 	var end time.Time // past it, no lease of held can be renewed in time
-	leases := make([]outbox.Lease, len(held))
+	leases := make([]keystore.Lease, len(held))
 	for i, l := range held {
-		leases[i] = outbox.Lease{Ref: l.ref, Owner: l.owner}
+		leases[i] = keystore.Lease{Ref: l.ref, Owner: l.owner}
 		if until, _ := l.state(); until.After(end) {
 			end = until
 		}
@@ -413,7 +413,7 @@ func anyHeld(held []*lease) bool {
 
 // attempt renews leases on conn, or on a new connection when conn is nil
 // or closed. After a failure the connection is closed.
-func (k *leaseKeeper) attempt(ctx context.Context, conn *pgx.Conn, leases []outbox.Lease) renewal {
+func (k *leaseKeeper) attempt(ctx context.Context, conn *pgx.Conn, leases []keystore.Lease) renewal {
 	if conn == nil || conn.IsClosed() {
 		c, err := pgx.ConnectConfig(ctx, k.config)
 		if err != nil {

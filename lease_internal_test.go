@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // keeperFixture is a leaseKeeper on a database of the test's own, whose
@@ -24,13 +24,13 @@ import (
 type keeperFixture struct {
 	ctx   context.Context
 	pool  *pgxpool.Pool
-	store *outbox.Store
+	store *keystore.Store
 	k     *leaseKeeper
 }
 
 func newKeeperFixture(t *testing.T, leaseTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *keeperFixture {
 	t.Helper()
-	f := &keeperFixture{ctx: testenv.Context(t), pool: testenv.DB(t), store: outbox.New(outbox.Config{})}
+	f := &keeperFixture{ctx: testenv.Context(t), pool: testenv.DB(t), store: keystore.New(keystore.Config{})}
 	config := f.pool.Config().ConnConfig.Copy()
 	if dial != nil {
 		config.DialFunc = dial

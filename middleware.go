@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // HeaderKey is the request header carrying the idempotency key.

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"sync/atomic"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // ownerSource hands out the owner tokens of an engine's claims: a random

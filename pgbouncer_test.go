@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/gateway"
+	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/migrations"
 	"github.com/onceonly/onceonly/reconcile"

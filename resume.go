@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // Register names fn so this engine can resume its executions: one whose
@@ -88,7 +88,7 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		owners[i] = e.owners.next()
 	}
 	claimedAt := time.Now()
-	due, err := onLiveConnection(ctx, e, func() ([]outbox.Resumable, error) {
+	due, err := onLiveConnection(ctx, e, func() ([]keystore.Resumable, error) {
 		return e.store.ResumeClaim(ctx, e.cfg.Pool, names, owners, e.cfg.LeaseTimeout)
 	})
 	if err != nil {

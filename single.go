@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // single runs fn as a single-commit execution of ref (Config.SingleCommit):
@@ -21,7 +21,7 @@ func (e *Engine) single(ctx context.Context, ref keystate.Ref, fp string, owner 
 	x := e.newExecution(keystate.Key{Ref: ref, Owner: owner}, "", request)
 	x.single, x.fingerprint = true, fp
 	startedAt := time.Now()
-	var opened outbox.SingleBegin
+	var opened keystore.SingleBegin
 	x.transaction().prepare = e.store.SetKeepalives
 	err = x.transaction().beginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, ref, e.cfg.LeaseTimeout, &opened) })
 	switch {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
 )
 
 // BenchmarkWait measures what MiddlewareOptions.Wait costs, side by side:

@@ -32,8 +32,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/client"
+	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/reconcile"
 )

@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // setupBouncer returns a stack whose pool reaches the test's database
@@ -25,7 +25,7 @@ func setupBouncer(t *testing.T, mode string) *bundle {
 		Pool:  testenv.Pool(t, testenv.PgBouncerURL(t, testenv.DatabaseURL(t), mode)),
 		Redis: rdb,
 		Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
-		Store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
+		Store: keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
 	}}
 }
 

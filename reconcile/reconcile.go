@@ -34,10 +34,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // Defaults of Config.
@@ -126,7 +126,7 @@ func (r *Report) Drift() int64 {
 // Reconciler runs passes.
 type Reconciler struct {
 	cfg     Config
-	store   *outbox.Store
+	store   *keystore.Store
 	log     *slog.Logger
 	metrics *metrics
 	// inPass, when set (tests), runs at the start of every pass, under the
@@ -159,7 +159,7 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	return &Reconciler{
 		cfg:      cfg,
-		store:    outbox.New(outbox.Config{FailedTTL: cfg.FailedTTL}),
+		store:    keystore.New(keystore.Config{FailedTTL: cfg.FailedTTL}),
 		log:      cfg.Logger,
 		metrics:  m,
 		checkers: defaultCheckers,

@@ -14,10 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // bundle is a test's stack.
@@ -199,7 +199,7 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 		// The dead worker can no longer complete.
 		_, err = b.Store.Complete(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, owner, keystate.Response{Status: 201})
-		require.ErrorIs(t, err, outbox.ErrLeaseLost)
+		require.ErrorIs(t, err, keystore.ErrLeaseLost)
 		alive, _, err := b.Store.Get(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "alive"})
 		require.NoError(t, err)
 		require.Equal(t, keystate.InProgress, alive.Status)

@@ -30,11 +30,11 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/backoff"
+	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // Defaults of Config.
@@ -100,7 +100,7 @@ type Config struct {
 // Relay delivers outbox events to Redis.
 type Relay struct {
 	cfg     Config
-	store   *outbox.Store
+	store   *keystore.Store
 	log     *slog.Logger
 	metrics *metrics
 	wake    chan struct{}
@@ -111,7 +111,7 @@ type Relay struct {
 	// at that point would.
 	afterPush func() error
 	// delivered, when set (benchmarks), sees every committed batch.
-	delivered func(events []outbox.Event, failed []outbox.FailedEvent, at batchTimes)
+	delivered func(events []keystore.Event, failed []keystore.FailedEvent, at batchTimes)
 }
 
 // New returns a Relay.
@@ -137,7 +137,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	return &Relay{
 		cfg:     cfg,
-		store:   outbox.New(outbox.Config{}),
+		store:   keystore.New(keystore.Config{}),
 		log:     cfg.Logger,
 		metrics: m,
 		wake:    make(chan struct{}, 1),
@@ -293,8 +293,8 @@ func (r *Relay) deliverBatch(ctx context.Context, full func()) (batchResult, err
 
 	var (
 		res            batchResult
-		batch          outbox.Batch
-		failed         []outbox.FailedEvent
+		batch          keystore.Batch
+		failed         []keystore.FailedEvent
 		taken, ackedAt time.Time
 		span           = noSpan
 	)
@@ -356,7 +356,7 @@ type batchTimes struct{ began, taken, acked time.Time }
 // the deletion of the events; on a failure it rolls tx back, which puts
 // every event back. It returns the refused events and when Redis
 // acknowledged the batch.
-func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch outbox.Batch, res *batchResult) (failed []outbox.FailedEvent, ackedAt time.Time, err error) {
+func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch keystore.Batch, res *batchResult) (failed []keystore.FailedEvent, ackedAt time.Time, err error) {
 	committed := false
 	defer func() {
 		if !committed {
@@ -393,7 +393,7 @@ func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch outbox.Batch, res *ba
 
 // firstUnavailable returns the error of the first event deferred for want
 // of Redis.
-func firstUnavailable(failed []outbox.FailedEvent) error {
+func firstUnavailable(failed []keystore.FailedEvent) error {
 	for _, f := range failed {
 		if f.Unavailable {
 			return f.Err
@@ -404,7 +404,7 @@ func firstUnavailable(failed []outbox.FailedEvent) error {
 
 // failedEvents returns the events whose key's update Redis refused, and
 // logs each.
-func (r *Relay) failedEvents(batch outbox.Batch, results []cache.ApplyResult) []outbox.FailedEvent {
+func (r *Relay) failedEvents(batch keystore.Batch, results []cache.ApplyResult) []keystore.FailedEvent {
 	var refused map[keystate.Ref]error
 	for i, res := range results {
 		if res.Err != nil {
@@ -417,14 +417,14 @@ func (r *Relay) failedEvents(batch outbox.Batch, results []cache.ApplyResult) []
 	if len(refused) == 0 {
 		return nil
 	}
-	var failed []outbox.FailedEvent
+	var failed []keystore.FailedEvent
 	for _, e := range batch.Events {
 		err, ok := refused[e.Ref()]
 		if !ok {
 			continue
 		}
 		unavailable := errors.Is(err, cache.ErrUnavailable)
-		failed = append(failed, outbox.FailedEvent{Event: e, Err: err, Unavailable: unavailable})
+		failed = append(failed, keystore.FailedEvent{Event: e, Err: err, Unavailable: unavailable})
 		if unavailable {
 			continue // counted and logged once for the batch
 		}
@@ -443,7 +443,7 @@ func (r *Relay) failedEvents(batch outbox.Batch, results []cache.ApplyResult) []
 // observe records a committed batch in the metrics. The lag of an event runs
 // from its write in Postgres (the Postgres clock) to Redis acknowledging it
 // (this process's clock).
-func (r *Relay) observe(res batchResult, events []outbox.Event, failed []outbox.FailedEvent, ackedAt time.Time) {
+func (r *Relay) observe(res batchResult, events []keystore.Event, failed []keystore.FailedEvent, ackedAt time.Time) {
 	if res.taken == 0 {
 		return
 	}
@@ -489,7 +489,7 @@ func (r *Relay) listenOnce(ctx context.Context, connected func()) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+keystore.NotifyChannel); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	connected()

@@ -16,10 +16,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // bundle is a test's stack.
@@ -84,7 +84,7 @@ func (b *bundle) churn(ctx context.Context, scope, key string) error {
 	}
 	if k.Status == keystate.InProgress {
 		// Another writer may have failed it first.
-		if _, err = b.Store.Fail(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, owner); errors.Is(err, outbox.ErrLeaseLost) {
+		if _, err = b.Store.Fail(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, owner); errors.Is(err, keystore.ErrLeaseLost) {
 			return nil
 		}
 		return err

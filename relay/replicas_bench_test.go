@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // BenchmarkDrainReplicated measures what the replica guard costs the drain
@@ -129,7 +129,7 @@ type lagParts struct{ wait, take, push []time.Duration }
 func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, seconds int) (lags []time.Duration, parts lagParts, achieved float64) {
 	b.Helper()
 	var mu sync.Mutex
-	r.delivered = func(events []outbox.Event, _ []outbox.FailedEvent, at batchTimes) {
+	r.delivered = func(events []keystore.Event, _ []keystore.FailedEvent, at batchTimes) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, e := range events {
@@ -152,7 +152,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, secon
 		sep = "&"
 	}
 	pool := testenv.Pool(b, url+sep+"pool_max_conns=16")
-	store := outbox.New(outbox.Config{CompletedTTL: time.Hour, DeferNotify: mode == notifyAfterCommit})
+	store := keystore.New(keystore.Config{CompletedTTL: time.Hour, DeferNotify: mode == notifyAfterCommit})
 	kick := func() {}
 	if mode == notifyAfterCommit {
 		w := newNotifier(bd.Ctx, func(ctx context.Context) error { return store.Notify(ctx, pool) })

@@ -14,7 +14,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/daemon"
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // keyView is what `api keys show` prints: the Postgres row and the Redis

@@ -17,9 +17,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 func runAPI(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
@@ -171,7 +171,7 @@ func TestKeysShowAndPurge(t *testing.T) {
 		code, _, stderr = runAPI(t, env, "keys", "purge", "--force", "acct_k", "order-1")
 		require.Equal(t, 0, code, stderr)
 		_, err = st.Store.Complete(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"}, keystate.Owner{5}, keystate.Response{Status: 201})
-		require.ErrorIs(t, err, outbox.ErrLeaseLost, "the purged execution cannot complete")
+		require.ErrorIs(t, err, keystore.ErrLeaseLost, "the purged execution cannot complete")
 
 		code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k", "nothing")
 		require.Equal(t, 0, code, stderr)

@@ -12,10 +12,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 func TestBadConfiguration(t *testing.T) {
@@ -45,7 +45,7 @@ func seed(t *testing.T, dbURL string, n int) {
 	t.Helper()
 	ctx := testenv.Context(t)
 	pool := testenv.Pool(t, dbURL)
-	store := outbox.New(outbox.Config{})
+	store := keystore.New(keystore.Config{})
 	owner := keystate.Owner{3}
 	for i := range n {
 		key := "k" + string(rune('a'+i))

@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 	"github.com/onceonly/onceonly/reconcile"
 )
 
@@ -22,7 +22,7 @@ func TestOnceThroughPgBouncer(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := testenv.Context(t)
 	pool := testenv.Pool(t, dbURL)
-	store := outbox.New(outbox.Config{})
+	store := keystore.New(keystore.Config{})
 	for _, key := range []string{"a", "b", "c"} {
 		_, err := store.Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", keystate.Owner{1}, time.Minute)
 		require.NoError(t, err)

@@ -18,10 +18,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 func TestBadConfiguration(t *testing.T) {
@@ -56,7 +56,7 @@ func TestOncePrintsASummary(t *testing.T) {
 		prefix := testenv.KeyPrefix(t, rdb)
 		pool := testenv.Pool(t, dbURL)
 		ctx := testenv.Context(t)
-		store := outbox.New(outbox.Config{})
+		store := keystore.New(keystore.Config{})
 		owner := keystate.Owner{1}
 		for _, key := range []string{"a", "b", "c"} {
 			_, err := store.Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", owner, time.Minute)
@@ -92,7 +92,7 @@ func TestWriteLayout1(t *testing.T) {
 	dbURL := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, dbURL)
 	ctx := testenv.Context(t)
-	store := outbox.New(outbox.Config{})
+	store := keystore.New(keystore.Config{})
 	for _, layout1 := range []bool{false, true} {
 		ref := keystate.Ref{Scope: "s", Key: fmt.Sprintf("layout1-%v", layout1)}
 		owner := keystate.Owner{2}
@@ -131,7 +131,7 @@ func TestDaemon(t *testing.T) {
 
 	ctx := testenv.Context(t)
 	pool := testenv.Pool(t, dbURL)
-	_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: "k"}, "v1:fp", keystate.Owner{1}, time.Minute)
+	_, err := keystore.New(keystore.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: "k"}, "v1:fp", keystate.Owner{1}, time.Minute)
 	require.NoError(t, err)
 	c := cache.New(rdb, cache.Options{Prefix: prefix})
 	testenv.Eventually(t, 5*time.Second, "event delivered", func() bool {

@@ -7,10 +7,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // TestThroughPgBouncer runs the relay with DATABASE_URL on PgBouncer in
@@ -44,7 +44,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			if tc.session {
 				testenv.Eventually(t, 5*time.Second, "LISTEN on the session URL", func() bool { return listeners() == 1 })
 			}
-			_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: "k"}, "v1:fp", keystate.Owner{1}, time.Minute)
+			_, err := keystore.New(keystore.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: "k"}, "v1:fp", keystate.Owner{1}, time.Minute)
 			require.NoError(t, err)
 			c := cache.New(rdb, cache.Options{Prefix: prefix})
 			testenv.Eventually(t, 5*time.Second, "event delivered", func() bool {
@@ -64,7 +64,7 @@ func TestThroughPgBouncer(t *testing.T) {
 		ctx := testenv.Context(t)
 		pool := testenv.Pool(t, dbURL)
 		for _, key := range []string{"a", "b"} {
-			_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", keystate.Owner{1}, time.Minute)
+			_, err := keystore.New(keystore.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", keystate.Owner{1}, time.Minute)
 			require.NoError(t, err)
 		}
 		env := map[string]string{"DATABASE_URL": testenv.PgBouncerURL(t, dbURL, "simple_protocol"),

@@ -26,7 +26,7 @@ import (
 	"github.com/redis/go-redis/v9/logging"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/tracing"
 	"github.com/onceonly/onceonly/migrations"

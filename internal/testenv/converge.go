@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceonly/onceonly/cache"
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // Drift lists every live Postgres key whose key matches the SQL LIKE

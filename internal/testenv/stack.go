@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/cache"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // Stack is what the daemon packages' tests run on: a database of the test's
@@ -24,7 +24,7 @@ type Stack struct {
 	Redis redis.UniversalClient
 	Cache *cache.Cache
 	// Store keeps completed keys an hour and failed ones a minute.
-	Store *outbox.Store
+	Store *keystore.Store
 }
 
 // NewStack returns a Stack on the shared test servers.
@@ -43,7 +43,7 @@ func NewStackOn(tb testing.TB, rdb redis.UniversalClient, prefix string) *Stack 
 		Pool:  DB(tb),
 		Redis: rdb,
 		Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
-		Store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
+		Store: keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
 	}
 }
 

@@ -1,6 +1,6 @@
 // Package cache is the Redis side of onceonly: a cache of the idempotency
-// keys' Postgres state, written only through the Lua scripts in package
-// lua, each touching one key. A check answers a completed key from one
+// keys' Postgres state, written only through the Lua scripts in lua/
+// (scripts.go), each touching one key. A check answers a completed key from one
 // plain read; anything else it decides in one script.
 //
 // The cache may be lost at any moment. It answers replays, conflicts and
@@ -15,8 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/lua"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // DefaultMaxBody is the largest response body the cache keeps (8 KiB);
@@ -130,9 +129,9 @@ func New(rdb redis.UniversalClient, opts Options) *Cache {
 		rdb:         rdb,
 		prefix:      opts.Prefix,
 		maxBody:     opts.MaxBody,
-		check:       redis.NewScript(lua.Check),
-		apply:       redis.NewScript(lua.Apply),
-		release:     redis.NewScript(lua.Release),
+		check:       redis.NewScript(checkScript),
+		apply:       redis.NewScript(applyScript),
+		release:     redis.NewScript(releaseScript),
 		readFirst:   !readsReplicas(rdb),
 		compressMin: opts.CompressMin,
 		layout1:     opts.WriteLayout1,

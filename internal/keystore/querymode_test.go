@@ -1,4 +1,4 @@
-package outbox_test
+package keystore_test
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 // withQueryMode returns dbURL with pgx's default_query_exec_mode set.
@@ -69,7 +69,7 @@ func inEveryQueryMode(t *testing.T, exercise func(t *testing.T, ctx context.Cont
 // returns.
 func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	t.Helper()
-	store := outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute})
+	store := keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute})
 	ownerC := keystate.NewOwner()
 	a, b, c := keystate.Ref{Scope: "s", Key: "a"}, keystate.Ref{Scope: "s", Key: "b"}, keystate.Ref{Scope: "s", Key: "c"}
 
@@ -88,7 +88,7 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 
 	// claim_batch, then claim_peek from ClaimHeld.
 	batched := keystate.Ref{Scope: "s", Key: "batched"}
-	claims, err := store.ClaimNew(ctx, pool, []outbox.ClaimRequest{
+	claims, err := store.ClaimNew(ctx, pool, []keystore.ClaimRequest{
 		{Ref: batched, Fingerprint: "v1:fp", Owner: ownerB},
 		{Ref: a, Fingerprint: "v1:fp", Owner: ownerC},
 	}, time.Minute, time.Second)
@@ -103,10 +103,10 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 
 	// heartbeat, record_step, renew_leases, hand_off, resume_claim.
 	require.NoError(t, store.Heartbeat(ctx, pool, a, ownerA, 2*time.Minute))
-	require.ErrorIs(t, store.Heartbeat(ctx, pool, a, ownerB, time.Minute), outbox.ErrLeaseLost)
+	require.ErrorIs(t, store.Heartbeat(ctx, pool, a, ownerB, time.Minute), keystore.ErrLeaseLost)
 	require.NoError(t, store.RecordStep(ctx, pool, a, ownerA, "charge", []byte(`{}`), "h", []byte("request\x00body"), false))
 	require.NoError(t, store.RecordStep(ctx, pool, a, ownerA, "charge", []byte(`{"outcome":{"id":"ch_1"}}`), "h", nil, true))
-	held, err := store.RenewLeases(ctx, pool, []outbox.Lease{{Ref: a, Owner: ownerA}, {Ref: a, Owner: ownerB}}, time.Minute)
+	held, err := store.RenewLeases(ctx, pool, []keystore.Lease{{Ref: a, Owner: ownerA}, {Ref: a, Owner: ownerB}}, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, map[keystate.Owner]bool{ownerA: true}, held)
 	k, err := store.HandOff(ctx, pool, a, ownerA)
@@ -156,7 +156,7 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 
 	// purge, count_expired, delete_expired, scan_live, live_keys.
 	_, _, err = store.Purge(ctx, pool, b, false)
-	require.ErrorIs(t, err, outbox.ErrKeyInProgress)
+	require.ErrorIs(t, err, keystore.ErrKeyInProgress)
 	_, purged, err := store.Purge(ctx, pool, b, true)
 	require.NoError(t, err)
 	require.True(t, purged)
@@ -188,7 +188,7 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.Len(t, current, 2)
 	require.True(t, current[a].BodyOmitted, "a body over the limit is left out")
 	require.Equal(t, keystate.Failed, current[c].Status)
-	requeued, err := store.Requeue(ctx, tx, []outbox.FailedEvent{{Event: batch.Events[0], Err: errors.New("refused")}}, 1)
+	requeued, err := store.Requeue(ctx, tx, []keystore.FailedEvent{{Event: batch.Events[0], Err: errors.New("refused")}}, 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, requeued)
 	require.NoError(t, tx.Commit(ctx))

@@ -1,4 +1,4 @@
-package outbox_test
+package keystore_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // TestVersionsNeverRepeat: a key that retention deleted and a request

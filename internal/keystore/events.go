@@ -1,4 +1,4 @@
-package outbox
+package keystore
 
 import (
 	"cmp"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // Event is one outbox row: the key (Scope, Key) reached Version.

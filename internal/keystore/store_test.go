@@ -1,4 +1,4 @@
-package outbox_test
+package keystore_test
 
 import (
 	"context"
@@ -10,15 +10,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
 )
 
 type testBundle struct {
 	ctx   context.Context
 	pool  *pgxpool.Pool
-	store *outbox.Store
+	store *keystore.Store
 }
 
 func setup(t *testing.T) *testBundle {
@@ -26,7 +26,7 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{
 		ctx:   testenv.Context(t),
 		pool:  testenv.DB(t),
-		store: outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
+		store: keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
 	}
 }
 
@@ -36,7 +36,7 @@ var (
 )
 
 // events returns the versions of the outbox events db sees, oldest first.
-func (b *testBundle) events(t *testing.T, db outbox.DB) []int64 {
+func (b *testBundle) events(t *testing.T, db keystore.DB) []int64 {
 	t.Helper()
 	rows, err := db.Query(b.ctx, `SELECT version FROM outbox ORDER BY id`)
 	require.NoError(t, err)
@@ -46,7 +46,7 @@ func (b *testBundle) events(t *testing.T, db outbox.DB) []int64 {
 }
 
 // expireLease moves the lease of a key into the past, through db.
-func (b *testBundle) expireLease(t *testing.T, db outbox.DB, key string) {
+func (b *testBundle) expireLease(t *testing.T, db keystore.DB, key string) {
 	t.Helper()
 	_, err := db.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s' WHERE key = $1`, key)
 	require.NoError(t, err)
@@ -164,7 +164,7 @@ func TestClaim(t *testing.T) {
 func TestClaimKeepsCallerTransactionDurable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	syncCommit := func(db outbox.DB) string {
+	syncCommit := func(db keystore.DB) string {
 		var v string
 		require.NoError(t, db.QueryRow(b.ctx, `SHOW synchronous_commit`).Scan(&v))
 		return v
@@ -236,10 +236,10 @@ func TestCompleteIsFencedByOwner(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
-	require.ErrorIs(t, err, outbox.ErrLeaseLost)
+	require.ErrorIs(t, err, keystore.ErrLeaseLost)
 	_, err = b.store.Fail(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
-	require.ErrorIs(t, err, outbox.ErrLeaseLost)
-	require.ErrorIs(t, b.store.Heartbeat(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Minute), outbox.ErrLeaseLost)
+	require.ErrorIs(t, err, keystore.ErrLeaseLost)
+	require.ErrorIs(t, b.store.Heartbeat(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Minute), keystore.ErrLeaseLost)
 
 	k, err := b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerB, keystate.Response{Status: 200, Body: []byte("ok")})
 	require.NoError(t, err)
@@ -261,7 +261,7 @@ func TestTakeoverRacesComplete(t *testing.T) {
 
 		var wg sync.WaitGroup
 		var completeErr, takeoverErr error
-		var takeover outbox.ClaimResult
+		var takeover keystore.ClaimResult
 		wg.Go(func() {
 			completeErr = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 				_, err := b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: key}, ownerA, keystate.Response{Status: 200})
@@ -274,7 +274,7 @@ func TestTakeoverRacesComplete(t *testing.T) {
 		wg.Wait()
 		require.NoError(t, takeoverErr)
 		if takeover.Claimed {
-			require.ErrorIs(t, completeErr, outbox.ErrLeaseLost)
+			require.ErrorIs(t, completeErr, keystore.ErrLeaseLost)
 		} else {
 			require.NoError(t, completeErr)
 			require.Equal(t, keystate.Completed, takeover.Key.Status)

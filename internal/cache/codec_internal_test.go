@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // incompressible is 1 KiB of noise.

@@ -1,4 +1,4 @@
-package outbox_test
+package keystore_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // TestScanLiveReadsEachRowOnce: rows updated while the scan streams move to

@@ -1,4 +1,4 @@
-// Package outbox is the Postgres side of onceonly: the idempotency_keys
+// Package keystore is the Postgres side of onceonly: the idempotency_keys
 // table, where every key's state is decided, and the outbox table that
 // carries each state change to the Redis cache.
 //
@@ -14,7 +14,7 @@
 // arguments are values all three encode without a described type: an owner
 // goes as its uuid text, JSON as a string (a []byte would go as bytea), and
 // nothing relies on the session between statements.
-package outbox
+package keystore
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // NotifyChannel is the LISTEN/NOTIFY channel woken by outbox writes.

@@ -1,4 +1,4 @@
-package outbox
+package keystore
 
 import _ "embed" // the statements below are embedded from sql/
 

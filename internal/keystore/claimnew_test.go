@@ -1,4 +1,4 @@
-package outbox_test
+package keystore_test
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 func TestClaimNew(t *testing.T) {
@@ -20,7 +20,7 @@ func TestClaimNew(t *testing.T) {
 	_, err := b.store.Claim(b.ctx, b.pool, held, "fp", ownerA, time.Minute)
 	require.NoError(t, err)
 
-	reqs := []outbox.ClaimRequest{
+	reqs := []keystore.ClaimRequest{
 		{Ref: keystate.Ref{Scope: "s", Key: "b"}, Fingerprint: "fp-b", Owner: keystate.Owner{10}},
 		{Ref: held, Fingerprint: "fp", Owner: keystate.Owner{11}},
 		{Ref: keystate.Ref{Scope: "s", Key: "a"}, Fingerprint: "fp-a", Owner: keystate.Owner{12}},
@@ -74,9 +74,9 @@ func TestClaimNewNeverDeadlocks(t *testing.T) {
 		claimed := make([]int, senders)
 		var wg sync.WaitGroup
 		for s := range senders {
-			reqs := make([]outbox.ClaimRequest, keys)
+			reqs := make([]keystore.ClaimRequest, keys)
 			for i, k := range rand.Perm(keys) {
-				reqs[i] = outbox.ClaimRequest{
+				reqs[i] = keystore.ClaimRequest{
 					Ref:         keystate.Ref{Scope: "s", Key: fmt.Sprintf("r%d-k%d", round, k)},
 					Fingerprint: "fp", Owner: keystate.NewOwner(),
 				}
@@ -108,7 +108,7 @@ func TestClaimNewNeverDeadlocks(t *testing.T) {
 func TestClaimNewGivesUpWaiting(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.store = outbox.New(outbox.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute, DeferNotify: true})
+	b.store = keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute, DeferNotify: true})
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
@@ -117,7 +117,7 @@ func TestClaimNewGivesUpWaiting(t *testing.T) {
 	require.NoError(t, err)
 
 	began := time.Now()
-	_, err = b.store.ClaimNew(b.ctx, b.pool, []outbox.ClaimRequest{
+	_, err = b.store.ClaimNew(b.ctx, b.pool, []keystore.ClaimRequest{
 		{Ref: keystate.Ref{Scope: "s", Key: "free"}, Fingerprint: "fp", Owner: ownerB},
 		{Ref: open, Fingerprint: "fp", Owner: keystate.Owner{3}},
 	}, time.Minute, 100*time.Millisecond)
@@ -133,7 +133,7 @@ func TestClaimFindsItsOwnRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ref := keystate.Ref{Scope: "s", Key: "own"}
-	results, err := b.store.ClaimNew(b.ctx, b.pool, []outbox.ClaimRequest{{Ref: ref, Fingerprint: "fp", Owner: ownerA}}, time.Minute, time.Second)
+	results, err := b.store.ClaimNew(b.ctx, b.pool, []keystore.ClaimRequest{{Ref: ref, Fingerprint: "fp", Owner: ownerA}}, time.Minute, time.Second)
 	require.NoError(t, err)
 	require.True(t, results[0].Claimed)
 

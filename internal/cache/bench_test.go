@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/keystate"
 )
 
 // The keys, bodies and headers of bench/harness memory (the figure

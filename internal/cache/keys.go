@@ -1,6 +1,6 @@
 package cache
 
-import "github.com/onceonly/onceonly/keystate"
+import "github.com/onceonly/onceonly/internal/keystate"
 
 // Key names. This is the only place that builds a Redis key: every key is
 // <prefix><scope>:<key>, and scopes never contain ':' so the split is unique.

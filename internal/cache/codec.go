@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // The value layouts are documented in lua/decode.lua, which reads them in

@@ -1,4 +1,4 @@
-package outbox
+package keystore
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // TryLock takes the advisory lock key for tx, a transaction, unless another

@@ -1,4 +1,4 @@
-package outbox_test
+package keystore_test
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/keystate"
-	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // TestTakeBatchInEveryQueryMode runs the relay's take (its BEGIN sent with
@@ -25,7 +25,7 @@ func TestTakeBatchInEveryQueryMode(t *testing.T) {
 // flush, and that two open takes never share an event.
 func exerciseTakeBatch(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	t.Helper()
-	store := outbox.New(outbox.Config{})
+	store := keystore.New(keystore.Config{})
 	// a: completed with a body over the limit; b: gone from Postgres (a
 	// deletion at the highest version its events carry); c: failed.
 	_, err := pool.Exec(ctx, `
