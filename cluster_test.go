@@ -35,7 +35,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	rdb := cluster.Client(t)
 	b := setup(t, setupOpts{rdb: rdb, lease: 5 * time.Second})
 	c := cache.New(rdb, cache.Options{Prefix: b.prefix, MaxBody: 1024})
-	rl, err := relay.New(relay.Config{Pool: b.pool, Cache: c, MaxCachedBody: 1024, PollInterval: 50 * time.Millisecond,
+	rl, err := relay.New(relay.Config{Pool: b.pool, Redis: rdb, RedisPrefix: b.prefix, MaxCachedBody: 1024, PollInterval: 50 * time.Millisecond,
 		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	relayCtx, stopRelay := context.WithCancel(b.ctx)
@@ -83,7 +83,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 		cluster.WaitHealthy()
 	})
 	b.awaitOutboxDrained(t)
-	rc, err := reconcile.New(reconcile.Config{Pool: b.pool, Cache: c, MaxCachedBody: 1024, FailedTTL: time.Minute,
+	rc, err := reconcile.New(reconcile.Config{Pool: b.pool, Redis: rdb, RedisPrefix: b.prefix, MaxCachedBody: 1024, FailedTTL: time.Minute,
 		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	_, err = rc.Pass(b.ctx, false)

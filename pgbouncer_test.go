@@ -100,7 +100,7 @@ func TestThroughPgBouncer(t *testing.T) {
 
 			// Reconciler passes, one after the other: none is skipped.
 			c := cache.New(rdb, cache.Options{Prefix: prefix})
-			r, err := reconcile.New(reconcile.Config{Pool: pool, Cache: c, Logger: testenv.QuietLogger(),
+			r, err := reconcile.New(reconcile.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: testenv.QuietLogger(),
 				Registerer: prometheus.NewRegistry()})
 			require.NoError(t, err)
 			for i := range 3 {
@@ -114,7 +114,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			require.NoError(t, rdb.Del(ctx, prefix+"m:k1", prefix+"m:k2", prefix+"m:k3").Err())
 			_, err = pool.Exec(ctx, `INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM idempotency_keys`)
 			require.NoError(t, err)
-			rl, err := relay.New(relay.Config{Pool: pool, Cache: c, PollInterval: 50 * time.Millisecond,
+			rl, err := relay.New(relay.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, PollInterval: 50 * time.Millisecond,
 				Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
 			require.NoError(t, err)
 			rctx, stop := context.WithCancel(ctx)

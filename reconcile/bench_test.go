@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
@@ -37,7 +36,7 @@ func benchReconciler(b *testing.B) *Reconciler {
 	rdb := redis.NewClient(opts)
 	b.Cleanup(func() { _ = rdb.Close() })
 	r, err := New(Config{
-		Pool: pool, Cache: cache.New(rdb, cache.Options{Prefix: cache.DefaultPrefix}),
+		Pool: pool, Redis: rdb,
 		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry(),
 	})
 	require.NoError(b, err)
@@ -103,7 +102,7 @@ func cpuNow(b *testing.B, r *Reconciler) cpuTimes {
 	var ru syscall.Rusage
 	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	c.goSec = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
-	info := r.cfg.Cache.Client().Info(context.Background(), "cpu").Val()
+	info := r.cfg.Redis.Info(context.Background(), "cpu").Val()
 	for line := range strings.SplitSeq(info, "\r\n") {
 		for _, f := range []string{"used_cpu_sys:", "used_cpu_user:"} {
 			if v, ok := strings.CutPrefix(line, f); ok {

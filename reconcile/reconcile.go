@@ -59,8 +59,16 @@ const lockKey = 0x6f6e63656f6e6c79 // "onceonly"
 type Config struct {
 	// Pool is the Postgres pool (required).
 	Pool *pgxpool.Pool
-	// Cache is the Redis cache (required).
-	Cache *cache.Cache
+	// Redis is the cache's Redis (required): a client, a cluster client or
+	// a Sentinel failover client.
+	Redis redis.UniversalClient
+	// RedisPrefix prefixes every Redis key; it must be the engine's
+	// Config.RedisPrefix (cache.DefaultPrefix, "idem:", when empty).
+	RedisPrefix string
+	// RedisWriteLayout1 is the rolling-upgrade switch of the engine's
+	// Tuning.RedisWriteLayout1 (REDIS_WRITE_LAYOUT1): set it on every
+	// process alike, and unset it once no release before 2026-11-24 runs.
+	RedisWriteLayout1 bool
 	// Schedule says when Run starts passes: a cron spec (5 fields) or
 	// "@every <duration>" (RECONCILE_SCHEDULE; DefaultSchedule when empty).
 	Schedule string
@@ -127,6 +135,7 @@ func (r *Report) Drift() int64 {
 type Reconciler struct {
 	cfg     Config
 	store   *keystore.Store
+	cache   *cache.Cache
 	log     *slog.Logger
 	metrics *metrics
 	// inPass, when set (tests), runs at the start of every pass, under the
@@ -139,8 +148,8 @@ type Reconciler struct {
 
 // New returns a Reconciler.
 func New(cfg Config) (*Reconciler, error) {
-	if cfg.Pool == nil || cfg.Cache == nil {
-		return nil, errors.New("reconcile: Pool and Cache are required")
+	if cfg.Pool == nil || cfg.Redis == nil {
+		return nil, errors.New("reconcile: Pool and Redis are required")
 	}
 	if cfg.Schedule == "" {
 		cfg.Schedule = DefaultSchedule
@@ -160,6 +169,7 @@ func New(cfg Config) (*Reconciler, error) {
 	return &Reconciler{
 		cfg:      cfg,
 		store:    keystore.New(keystore.Config{FailedTTL: cfg.FailedTTL}),
+		cache:    cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody, WriteLayout1: cfg.RedisWriteLayout1}),
 		log:      cfg.Logger,
 		metrics:  m,
 		checkers: defaultCheckers,
@@ -370,9 +380,9 @@ func (r *Reconciler) scanPostgres(ctx context.Context, tx pgx.Tx, rep *Report, t
 func (r *Reconciler) checkPage(ctx context.Context, rep *Report, t *tally, page []keystate.Key, names []string) error {
 	names = names[:0]
 	for _, k := range page {
-		names = append(names, r.cfg.Cache.Key(k.Ref))
+		names = append(names, r.cache.Key(k.Ref))
 	}
-	headers, err := r.cfg.Cache.ReadHeaders(ctx, names)
+	headers, err := r.cache.ReadHeaders(ctx, names)
 	if err != nil {
 		return err
 	}
@@ -492,12 +502,12 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 		if !rep.DryRun {
 			r.metrics.drift.WithLabelValues(kind).Inc()
 		}
-		keys, names, expect = append(keys, k), append(names, r.cfg.Cache.Key(d.ref)), append(expect, d.header.Expect())
+		keys, names, expect = append(keys, k), append(names, r.cache.Key(d.ref)), append(expect, d.header.Expect())
 	}
 	if rep.DryRun || len(keys) == 0 {
 		return nil // a dry run counts in its report only
 	}
-	results, err := r.cfg.Cache.RepairBatch(ctx, keys, expect)
+	results, err := r.cache.RepairBatch(ctx, keys, expect)
 	if err != nil {
 		return err
 	}
@@ -510,7 +520,7 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 // node that cannot serve (a cluster master down) is skipped and added to
 // unreachable; the walk fails only when no node could be walked.
 func (r *Reconciler) walkRedis(ctx context.Context, unreachable map[string]bool, visit func(ctx context.Context, node redis.UniversalClient, page []string) error) error {
-	match := escapeGlob(r.cfg.Cache.Prefix()) + "*"
+	match := escapeGlob(r.cache.Prefix()) + "*"
 	walk := func(ctx context.Context, node redis.UniversalClient) error {
 		iter := node.Scan(ctx, 0, match, int64(r.cfg.PageSize)).Iterator()
 		page := make([]string, 0, r.cfg.PageSize)
@@ -536,7 +546,7 @@ func (r *Reconciler) walkRedis(ctx context.Context, unreachable map[string]bool,
 	}
 	var nodes, failed int
 	var lastErr error
-	err := cache.ForEachNode(ctx, r.cfg.Cache.Client(), func(ctx context.Context, node redis.UniversalClient) error {
+	err := cache.ForEachNode(ctx, r.cache.Client(), func(ctx context.Context, node redis.UniversalClient) error {
 		nodes++
 		err := walk(ctx, node)
 		if err != nil && errors.Is(err, cache.ErrUnavailable) {
@@ -599,14 +609,14 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 	if len(page) == 0 {
 		return nil
 	}
-	live, err := r.store.Live(ctx, r.cfg.Pool, refsOf(r.cfg.Cache.Prefix(), page))
+	live, err := r.store.Live(ctx, r.cfg.Pool, refsOf(r.cache.Prefix(), page))
 	if err != nil {
 		return err
 	}
 	// Only keys with no live row are candidates; read just their headers.
 	var candidates []string
 	for _, name := range page {
-		ref, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name)
+		ref, ok := cache.SplitKeyName(r.cache.Prefix(), name)
 		if !ok || !live[ref] {
 			candidates = append(candidates, name)
 		}
@@ -614,7 +624,7 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 	if len(candidates) == 0 {
 		return nil
 	}
-	headers, err := r.cfg.Cache.ReadHeaders(ctx, candidates)
+	headers, err := r.cache.ReadHeaders(ctx, candidates)
 	if err != nil {
 		return err
 	}
@@ -625,7 +635,7 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 	// Look again now that the headers are read: a key written since the
 	// first look is live now, and any later write changes the header, so the
 	// compare-and-set delete below cannot remove it.
-	if live, err = r.store.Live(ctx, r.cfg.Pool, refsOf(r.cfg.Cache.Prefix(), candidates)); err != nil {
+	if live, err = r.store.Live(ctx, r.cfg.Pool, refsOf(r.cache.Prefix(), candidates)); err != nil {
 		return err
 	}
 	var names, expect []string
@@ -634,7 +644,7 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 		if !h.Found {
 			continue // expired since the SCAN
 		}
-		if ref, ok := cache.SplitKeyName(r.cfg.Cache.Prefix(), name); ok && live[ref] {
+		if ref, ok := cache.SplitKeyName(r.cache.Prefix(), name); ok && live[ref] {
 			continue
 		}
 		if h.Provisional && h.LeaseUntilMs > nowMs {
@@ -648,7 +658,7 @@ func (r *Reconciler) checkOrphans(ctx context.Context, rep *Report, node redis.C
 		return nil
 	}
 	r.metrics.drift.WithLabelValues(kindOrphaned).Add(float64(len(names)))
-	results, err := r.cfg.Cache.DeleteBatch(ctx, names, expect)
+	results, err := r.cache.DeleteBatch(ctx, names, expect)
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ func setupWith(t testing.TB, rdb redis.UniversalClient, prefix string) *bundle {
 
 func (b *bundle) reconciler(t testing.TB, cfg Config) *Reconciler {
 	t.Helper()
-	cfg.Pool, cfg.Cache = b.Pool, b.Cache
+	cfg.Pool, cfg.Redis, cfg.RedisPrefix = b.Pool, b.Redis, b.Cache.Prefix()
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.QuietLogger()
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -50,8 +51,16 @@ const (
 type Config struct {
 	// Pool is the Postgres pool holding the outbox (required).
 	Pool *pgxpool.Pool
-	// Cache is the Redis cache to deliver to (required).
-	Cache *cache.Cache
+	// Redis is the cache's Redis (required): a client, a cluster client or
+	// a Sentinel failover client.
+	Redis redis.UniversalClient
+	// RedisPrefix prefixes every Redis key; it must be the engine's
+	// Config.RedisPrefix (cache.DefaultPrefix, "idem:", when empty).
+	RedisPrefix string
+	// RedisWriteLayout1 is the rolling-upgrade switch of the engine's
+	// Tuning.RedisWriteLayout1 (REDIS_WRITE_LAYOUT1): set it on every
+	// process alike, and unset it once no release before 2026-11-24 runs.
+	RedisWriteLayout1 bool
 	// BatchSize is the most events one batch takes (RELAY_BATCH).
 	BatchSize int
 	// PollInterval is how often the relay looks for events without being
@@ -101,6 +110,7 @@ type Config struct {
 type Relay struct {
 	cfg     Config
 	store   *keystore.Store
+	cache   *cache.Cache
 	log     *slog.Logger
 	metrics *metrics
 	wake    chan struct{}
@@ -116,8 +126,8 @@ type Relay struct {
 
 // New returns a Relay.
 func New(cfg Config) (*Relay, error) {
-	if cfg.Pool == nil || cfg.Cache == nil {
-		return nil, errors.New("relay: Pool and Cache are required")
+	if cfg.Pool == nil || cfg.Redis == nil {
+		return nil, errors.New("relay: Pool and Redis are required")
 	}
 	defaults.Positive(&cfg.BatchSize, DefaultBatchSize)
 	defaults.Positive(&cfg.PollInterval, DefaultPollInterval)
@@ -127,7 +137,8 @@ func New(cfg Config) (*Relay, error) {
 	defaults.Positive(&cfg.BatchTimeout, DefaultBatchTimeout)
 	defaults.Positive(&cfg.WaitTimeout, DefaultWaitTimeout)
 	defaults.Logger(&cfg.Logger)
-	replicas, err := newReplicaWait(cfg)
+	c := cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody, WriteLayout1: cfg.RedisWriteLayout1})
+	replicas, err := newReplicaWait(cfg, c)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +149,7 @@ func New(cfg Config) (*Relay, error) {
 	return &Relay{
 		cfg:     cfg,
 		store:   keystore.New(keystore.Config{}),
+		cache:   c,
 		log:     cfg.Logger,
 		metrics: m,
 		wake:    make(chan struct{}, 1),
@@ -363,7 +375,7 @@ func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch keystore.Batch, res *
 			_ = tx.Rollback(context.WithoutCancel(ctx)) // the error returned says what went wrong
 		}
 	}()
-	results, err := r.cfg.Cache.ApplyBatch(ctx, batch.Updates)
+	results, err := r.cache.ApplyBatch(ctx, batch.Updates)
 	if err != nil {
 		return nil, time.Time{}, stageErr(stageRedis, err)
 	}

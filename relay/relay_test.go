@@ -37,7 +37,7 @@ func setupWith(t testing.TB, rdb redis.UniversalClient, prefix string) *bundle {
 
 func (b *bundle) relay(t testing.TB, cfg Config) *Relay {
 	t.Helper()
-	cfg.Pool, cfg.Cache = b.Pool, b.Cache
+	cfg.Pool, cfg.Redis, cfg.RedisPrefix = b.Pool, b.Redis, b.Cache.Prefix()
 	if cfg.Listen == nil {
 		cfg.Listen = b.Pool.Config().ConnConfig // a direct connection: LISTEN works
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/onceonly/internal/cache"
 )
 
 // DefaultWaitTimeout is how long a batch waits for Redis replicas by
@@ -46,19 +48,19 @@ type replicaWait struct {
 }
 
 // newReplicaWait returns the guard for cfg, nil when cfg.WaitReplicas is 0.
-func newReplicaWait(cfg Config) (*replicaWait, error) {
+func newReplicaWait(cfg Config, c *cache.Cache) (*replicaWait, error) {
 	if cfg.WaitReplicas == 0 {
 		return nil, nil //nolint:nilnil // no guard, no error
 	}
 	if cfg.WaitReplicas < 0 {
 		return nil, errors.New("relay: WaitReplicas must not be negative")
 	}
-	rdb, ok := cfg.Cache.Client().(*redis.Client)
+	rdb, ok := c.Client().(*redis.Client)
 	if !ok {
 		return nil, errors.New("relay: WaitReplicas needs one Redis primary (REDIS_URL or REDIS_SENTINEL_URL), not a cluster")
 	}
 	return &replicaWait{rdb: rdb, replicas: cfg.WaitReplicas, timeout: cfg.WaitTimeout,
-		channel: cfg.Cache.Prefix() + "relay:replicated"}, nil
+		channel: c.Prefix() + "relay:replicated"}, nil
 }
 
 // wait returns nil once w.replicas replicas hold everything the primary

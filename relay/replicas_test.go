@@ -79,6 +79,6 @@ func TestWaitReplicasKeepsEventsTheReplicaLacks(t *testing.T) {
 func TestWaitReplicasNeedsOnePrimary(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.RedisClusterClient(t)
-	_, err := New(Config{Pool: testenv.DB(t), Cache: cache.New(rdb, cache.Options{}), WaitReplicas: 1})
+	_, err := New(Config{Pool: testenv.DB(t), Redis: rdb, WaitReplicas: 1})
 	require.ErrorContains(t, err, "not a cluster")
 }

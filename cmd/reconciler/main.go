@@ -101,7 +101,7 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Write
 	}
 	defer w.Close()
 	r, err := reconcile.New(reconcile.Config{
-		Pool: w.Pool, Cache: w.Cache,
+		Pool: w.Pool, Redis: w.Redis, RedisPrefix: *s.RedisPrefix, RedisWriteLayout1: *s.RedisWriteLayout1,
 		Schedule:  *s.schedule,
 		ReapGrace: *s.reapGrace, FailedTTL: *s.failedTTL, PageSize: *s.page, PassTimeout: *s.passTimeout,
 		Logger: log, Registerer: w.Registry,

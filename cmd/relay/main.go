@@ -108,7 +108,7 @@ func start(ctx context.Context, s *settings, setup daemon.Setup, listen *pgx.Con
 	}
 	defer w.Close()
 	r, err := relay.New(relay.Config{
-		Pool: w.Pool, Cache: w.Cache,
+		Pool: w.Pool, Redis: w.Redis, RedisPrefix: *s.RedisPrefix, RedisWriteLayout1: *s.RedisWriteLayout1,
 		BatchSize: *s.batch, InFlight: *s.inFlight, PollInterval: *s.pollInterval, MaxAttempts: *s.maxAttempts, Listen: listen,
 		WaitReplicas: *s.waitReplicas, WaitTimeout: *s.waitTimeout,
 		Logger: log, Registerer: w.Registry,
