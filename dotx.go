@@ -40,7 +40,7 @@ import (
 // the relay delivers the key's event: on its poll, or at the commit with
 // Config.NotifyInTransaction and a listening relay.
 func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (out Outcome, err error) {
-	fp := PayloadFingerprint(payload)
+	fp := payloadFingerprint(payload)
 	ctx, call, err := e.enter(ctx, scope, key, "", true)
 	outcome := outcomeExecuted
 	defer func() { e.leave(call, outcome, out.Replayed, err) }()

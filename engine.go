@@ -242,7 +242,7 @@ func DefaultShouldStore(status int) bool {
 // A handler that calls systems outside Postgres is a Func: see Register and
 // Run.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	return e.execute(ctx, scope, key, fingerprint{value: PayloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
+	return e.execute(ctx, scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
 }
 
 // withTx runs a Handler as a Func: the transaction opens first.

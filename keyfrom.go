@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/onceonly/onceonly/internal/canonjson"
 )
 
 // jsonKeyVersion prefixes every key KeyFromJSON derives, so the scheme can
@@ -79,7 +81,7 @@ func KeyFromJSON(payload []byte, paths ...string) (string, error) {
 	if len(paths) == 0 {
 		return "", errors.New("key from json: no paths")
 	}
-	canonical, err := CanonicalJSON(payload)
+	canonical, err := canonjson.Canonical(payload)
 	if err != nil {
 		return "", fmt.Errorf("key from json: %w", err)
 	}
@@ -110,7 +112,7 @@ func KeyFromJSON(payload []byte, paths ...string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("key from json: %w", err)
 	}
-	raw, err = CanonicalJSON(raw) // Marshal escapes <, > and &; canonical form does not
+	raw, err = canonjson.Canonical(raw) // Marshal escapes <, > and &; canonical form does not
 	if err != nil {
 		return "", fmt.Errorf("key from json: %w", err)
 	}

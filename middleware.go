@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceonly/onceonly/internal/canonjson"
 	"github.com/onceonly/onceonly/internal/keystate"
 )
 
@@ -235,10 +236,10 @@ func defaultFingerprint(r *http.Request, body []byte) (fingerprint, error) {
 		return fingerprint{}, &HTTPError{Status: http.StatusBadRequest, Code: "invalid_request", Message: "The query string is malformed."}
 	}
 	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mediaType == "application/json" || len(body) == 0 {
-		canonical, err := CanonicalJSON(body)
+		canonical, err := canonjson.Canonical(body)
 		if err != nil {
 			message := "The request body is not valid JSON."
-			if errors.Is(err, ErrDuplicateName) {
+			if errors.Is(err, canonjson.ErrDuplicateName) {
 				message = "The request body names an object member twice."
 			}
 			return fingerprint{}, &HTTPError{Status: http.StatusBadRequest, Code: "invalid_json", Message: message}
