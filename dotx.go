@@ -62,7 +62,7 @@ func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload
 		return Outcome{}, fmt.Errorf("%w: savepoint: %w", ErrUnavailable, err)
 	}
 	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }() // a no-op once released
-	claim, err := e.store.Claim(ctx, sp, ref, fp, e.owners.next(), e.cfg.LeaseTimeout)
+	claim, err := e.store.Claim(ctx, sp, ref, fp, e.owners.Next(), e.cfg.LeaseTimeout)
 	if err != nil {
 		outcome = outcomeUnavailable
 		return Outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)

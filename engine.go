@@ -19,9 +19,14 @@ import (
 
 	"github.com/onceonly/onceonly/internal/backoff"
 	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/internal/claimbatch"
 	"github.com/onceonly/onceonly/internal/defaults"
+	"github.com/onceonly/onceonly/internal/exectx"
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/lease"
+	"github.com/onceonly/onceonly/internal/pgretry"
+	"github.com/onceonly/onceonly/internal/relaywake"
 )
 
 // Defaults of Config.
@@ -141,10 +146,10 @@ type Engine struct {
 	log     *slog.Logger
 	metrics *metrics
 	tracer  atomic.Pointer[tracerOf] // of the provider last used
-	leases  *leaseKeeper
-	owners  *ownerSource
-	wake    *relayWaker
-	claims  *claimGroup // nil with NoClaimBatching
+	leases  *lease.Keeper
+	owners  *keystate.OwnerSource
+	wake    *relaywake.Waker
+	claims  *claimbatch.Group // nil with NoClaimBatching
 
 	mu    sync.Mutex
 	funcs map[string]Func // registered handlers, by name
@@ -184,18 +189,15 @@ func New(cfg Config) (*Engine, error) {
 		}),
 		log:     cfg.Logger,
 		metrics: m,
-		owners:  newOwnerSource(),
+		owners:  keystate.NewOwnerSource(),
 		funcs:   map[string]Func{},
 	}
 	e.closing = make(chan struct{})
-	e.leases = &leaseKeeper{
-		store: e.store, config: cfg.Pool.Config().ConnConfig.Copy(), lease: cfg.LeaseTimeout,
-		log: e.log.Warn, leases: map[keystate.Owner]*lease{},
-	}
+	e.leases = lease.NewKeeper(e.store, cfg.Pool.Config().ConnConfig.Copy(), cfg.LeaseTimeout, e.log.Warn)
 	if !cfg.NoClaimBatching {
-		e.claims = &claimGroup{store: e.store, db: cfg.Pool, lease: cfg.LeaseTimeout, sizes: m.claimBatches, failed: m.claimFailures}
+		e.claims = claimbatch.New(e.store, cfg.Pool, cfg.LeaseTimeout, m.claimBatches, m.claimFailures)
 	}
-	e.wake = newRelayWaker(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
+	e.wake = relaywake.New(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
 	if cfg.Redis != nil {
 		e.cache = cache.New(cfg.Redis, cache.Options{
 			Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody,
@@ -219,8 +221,8 @@ func (e *Engine) Close() {
 	}
 	e.releasesMu.Unlock()
 	e.releases.Wait()
-	e.leases.close(context.Background())
-	e.wake.close()
+	e.leases.Close(context.Background())
+	e.wake.Close()
 }
 
 // DefaultShouldStore stores every status below 500 except 408, 409, 425 and
@@ -265,7 +267,7 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 		return Outcome{}, err
 	}
 	ref := keystate.Ref{Scope: scope, Key: key}
-	owner := e.owners.next()
+	owner := e.owners.Next()
 
 	out, outcome, done, err := e.checkCache(ctx, ref, fp.value, owner)
 	if done {
@@ -327,7 +329,7 @@ func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint,
 // claim canceled in flight may still commit, and its caller, not knowing,
 // would strand the key for a whole lease; execute finds ctx ended after
 // the claim and gives the key back instead. A claim that met a dead pooled
-// connection (Postgres restarted) is tried once more (onLiveConnection).
+// connection (Postgres restarted) is tried once more (pgretry.OnLiveConnection).
 func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim keystore.ClaimResult, err error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTimeout)
 	defer cancel()
@@ -338,9 +340,9 @@ func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner k
 		}
 		endSpan(span, err)
 	}()
-	return onLiveConnection(ctx, e, func() (keystore.ClaimResult, error) {
+	return pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystore.ClaimResult, error) {
 		if e.claims != nil {
-			return e.claims.claim(cctx, keystore.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
+			return e.claims.Claim(cctx, keystore.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
 		}
 		return e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
 	})
@@ -412,11 +414,11 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if x.single {
-		x.lease = e.leases.fixed(x.ref, x.fence.Owner, claimedAt, cancel)
+		x.lease = e.leases.Fixed(x.ref, x.fence.Owner, claimedAt, func() { cancel(ErrLeaseLost) })
 	} else {
-		x.lease = e.leases.hold(ctx, x.ref, x.fence.Owner, claimedAt, cancel)
+		x.lease = e.leases.Hold(ctx, x.ref, x.fence.Owner, claimedAt, func() { cancel(ErrLeaseLost) })
 	}
-	defer e.leases.release(x.lease)
+	defer e.leases.Release(x.lease)
 	hctx = context.WithValue(hctx, executionKey{}, x)
 
 	sctx, span := e.startSpan(hctx, spanHandler)
@@ -482,11 +484,11 @@ func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored
 	ctx, span := e.startSpan(ctx, spanComplete)
 	defer func() { endSpan(span, err) }()
 	tx := x.transaction()
-	if !x.lease.valid() {
+	if !x.lease.Valid() {
 		x.rollback(ctx)
 		return keystate.Key{}, ErrLeaseLost
 	}
-	err = tx.commitWith(ctx, func(b *pgx.Batch) {
+	err = tx.CommitWith(ctx, func(b *pgx.Batch) {
 		if x.single {
 			e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, &stored)
 		} else {
@@ -622,7 +624,7 @@ const (
 // with a nil error when the key is no longer x's; the error when Postgres
 // did not answer.
 func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool, error) {
-	k, err := onLiveConnection(ctx, e, func() (keystate.Key, error) {
+	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystate.Key, error) {
 		if x.single {
 			failed, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
 			if err == nil && !written {
@@ -652,7 +654,7 @@ func (e *Engine) writeThrough(ctx context.Context, k keystate.Key) {
 	if e.applyCache(ctx, k) || e.cfg.NotifyInTransaction {
 		return
 	}
-	e.wake.kick()
+	e.wake.Kick()
 }
 
 // applyCache writes a Postgres state through to Redis, best effort: the
@@ -686,4 +688,9 @@ func (e *Engine) releaseCache(ctx context.Context, ref keystate.Ref, owner keyst
 func (e *Engine) redisFailed(op string, err error) {
 	e.metrics.redisFallback.WithLabelValues(op).Inc()
 	e.log.Debug("redis unavailable, carrying on from Postgres", "op", op, "err", err)
+}
+
+// newTx returns an execution's transaction, not yet begun.
+func (e *Engine) newTx() *exectx.Tx {
+	return exectx.New(exectx.Options{Pool: e.cfg.Pool, Unavailable: ErrUnavailable, CommitRefused: ErrCommitByHandler, Log: e.log})
 }

@@ -35,3 +35,8 @@ func IsInFlight(err error) (*InFlightError, bool) {
 	ok := errors.As(err, &e)
 	return e, ok
 }
+
+// ErrCommitByHandler is returned by Commit on the execution's transaction:
+// the engine commits it, together with the key's completion, once the
+// handler has returned its Result.
+var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution's transaction; return the Result instead")

@@ -11,7 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceonly/onceonly/internal/exectx"
 	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/lease"
+	"github.com/onceonly/onceonly/internal/pgretry"
 )
 
 // Func is a handler that may call systems outside Postgres: it runs once
@@ -36,7 +39,7 @@ type Execution struct {
 	engine  *Engine
 	ref     keystate.Ref
 	fence   Fence
-	lease   *lease
+	lease   *lease.Lease
 	handler string
 	request func() []byte
 	// single marks a single-commit execution (Config.SingleCommit), which
@@ -45,7 +48,7 @@ type Execution struct {
 	fingerprint string
 
 	mu       sync.Mutex
-	tx       *execTx                    // set by the first Tx
+	tx       *exectx.Tx                 // set by the first Tx
 	stored   bool                       // the request is stored with the key
 	outcomes map[string]json.RawMessage // recorded step outcomes
 	started  map[string]bool            // steps whose intent is recorded
@@ -104,20 +107,20 @@ func (x *Execution) Tx(ctx context.Context) (pgx.Tx, error) {
 	if x.tx != nil {
 		return x.tx, nil
 	}
-	if !x.lease.valid() {
+	if !x.lease.Valid() {
 		return nil, ErrLeaseLost
 	}
-	x.tx = &execTx{engine: x.engine}
+	x.tx = x.engine.newTx()
 	return x.tx, nil
 }
 
 // transaction returns the execution's transaction, made if the handler
 // never asked for it.
-func (x *Execution) transaction() *execTx {
+func (x *Execution) transaction() *exectx.Tx {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.tx == nil {
-		x.tx = &execTx{engine: x.engine}
+		x.tx = x.engine.newTx()
 	}
 	return x.tx
 }
@@ -212,7 +215,7 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 		return ErrStepAfterTx
 	case x.handler == "":
 		return ErrUnnamedHandler
-	case !x.lease.valid():
+	case !x.lease.Valid():
 		return ErrLeaseLost
 	}
 	if !x.started[name] {
@@ -220,7 +223,7 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 		if !x.stored {
 			request = x.request()
 		}
-		_, err := onLiveConnection(ctx, x.engine, func() (struct{}, error) {
+		_, err := pgretry.OnLiveConnection(ctx, x.engine.cfg.Pool, func() (struct{}, error) {
 			return struct{}{}, x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, []byte(`{}`), x.handler, request, false)
 		})
 		if err != nil {
@@ -228,7 +231,7 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 		}
 		x.started[name], x.stored = true, true
 	}
-	if !x.lease.valid() {
+	if !x.lease.Valid() {
 		return ErrLeaseLost
 	}
 	return nil
@@ -244,7 +247,7 @@ func (x *Execution) recordOutcome(ctx context.Context, name string, outcome json
 	if err != nil {
 		return fmt.Errorf("step %s: encode its record: %w", name, err)
 	}
-	_, err = onLiveConnection(ctx, x.engine, func() (struct{}, error) {
+	_, err = pgretry.OnLiveConnection(ctx, x.engine.cfg.Pool, func() (struct{}, error) {
 		return struct{}{}, x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, record, x.handler, nil, true)
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/pgretry"
 )
 
 // Register names fn so this engine can resume its executions: one whose
@@ -85,10 +86,10 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 	}
 	owners := make([]keystate.Owner, resumeBatch)
 	for i := range owners {
-		owners[i] = e.owners.next()
+		owners[i] = e.owners.Next()
 	}
 	claimedAt := time.Now()
-	due, err := onLiveConnection(ctx, e, func() ([]keystore.Resumable, error) {
+	due, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() ([]keystore.Resumable, error) {
 		return e.store.ResumeClaim(ctx, e.cfg.Pool, names, owners, e.cfg.LeaseTimeout)
 	})
 	if err != nil {

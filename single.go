@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceonly/onceonly/internal/exectx"
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
 )
@@ -22,8 +23,8 @@ func (e *Engine) single(ctx context.Context, ref keystate.Ref, fp string, owner 
 	x.single, x.fingerprint = true, fp
 	startedAt := time.Now()
 	var opened keystore.SingleBegin
-	x.transaction().prepare = e.store.SetKeepalives
-	err = x.transaction().beginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, ref, e.cfg.LeaseTimeout, &opened) })
+	x.tx = exectx.New(exectx.Options{Pool: e.cfg.Pool, Unavailable: ErrUnavailable, CommitRefused: ErrCommitByHandler, Prepare: e.store.SetKeepalives, Log: e.log})
+	err = x.transaction().BeginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, ref, e.cfg.LeaseTimeout, &opened) })
 	switch {
 	case err != nil:
 		x.rollback(ctx)

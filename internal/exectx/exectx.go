@@ -1,37 +1,59 @@
-package onceonly
+// Package exectx is the transaction of an execution: a pgx.Tx that sends
+// its BEGIN with the handler's first statement and its COMMIT with the
+// key's completion.
+package exectx
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceonly/onceonly/internal/pgretry"
 )
 
-// ErrCommitByHandler is returned by Commit on the execution's transaction:
-// the engine commits it, together with the key's completion, once the
-// handler has returned its Result.
-var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution's transaction; return the Result instead")
+// Options configures a Tx.
+type Options struct {
+	// Pool gives the transaction its connection.
+	Pool *pgxpool.Pool
+	// Unavailable is wrapped into the errors of a Postgres that did not
+	// answer (the engine's ErrUnavailable).
+	Unavailable error
+	// CommitRefused is what Commit returns (the engine's
+	// ErrCommitByHandler).
+	CommitRefused error
+	// Prepare, when set, runs on the connection before the BEGIN (the
+	// single-commit mode's keepalives, which do their work once per
+	// connection).
+	Prepare func(ctx context.Context, conn *pgx.Conn) error
+	// Log receives what cannot be returned (slog.Default when nil).
+	Log *slog.Logger
+}
 
-// execTx is the transaction of an execution: a pgx.Tx that sends its BEGIN
+// New returns a Tx that has not begun.
+func New(opts Options) *Tx {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	return &Tx{opts: opts}
+}
+
+// Tx is the transaction of an execution: a pgx.Tx that sends its BEGIN
 // with the handler's first statement (pgx's Batch.BeginTx), and its COMMIT
-// with the key's completion (commitWith), so a handler that writes one row
+// with the key's completion (CommitWith), so a handler that writes one row
 // costs the round trip of that write and one more, not three. A handler
 // that writes nothing sends neither. Begin (savepoints), CopyFrom, Prepare
 // and LargeObjects as the first call send the BEGIN alone. The isolation is
 // READ COMMITTED whatever the database's default: the completion must see
 // the lease renewals committed since the claim.
-type execTx struct {
-	engine *Engine
-
-	// prepare, when set, runs on the connection before the BEGIN (the
-	// single-commit mode's keepalives, which do their work once per
-	// connection).
-	prepare func(ctx context.Context, conn *pgx.Conn) error
+type Tx struct {
+	opts Options
 
 	mu     sync.Mutex
 	conn   *pgxpool.Conn // held from the first statement to the end
@@ -41,11 +63,11 @@ type execTx struct {
 
 // acquire returns the transaction's connection, taking one from the pool
 // on first use.
-func (t *execTx) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+func (t *Tx) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	if t.conn == nil {
-		conn, err := t.engine.cfg.Pool.Acquire(ctx)
+		conn, err := t.opts.Pool.Acquire(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("%w: acquire a connection: %w", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: acquire a connection: %w", t.opts.Unavailable, err)
 		}
 		t.conn = conn
 	}
@@ -56,7 +78,7 @@ func (t *execTx) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 // returns the results of b's statements. A pooled connection found dead
 // (Postgres restarted) is replaced and everything sent once more: none of
 // it ran.
-func (t *execTx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (t *Tx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for attempt := 0; ; attempt++ {
 		conn, err := t.acquire(ctx)
 		if err != nil {
@@ -68,19 +90,19 @@ func (t *execTx) sendFirst(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 			return br
 		}
 		t.release()
-		if attempt > 0 || ctx.Err() != nil || !deadConnection(err) {
+		if attempt > 0 || ctx.Err() != nil || !pgretry.DeadConnection(err) {
 			t.closed = true
-			return pgx.FailedBatchResults(b, fmt.Errorf("%w: begin: %w", ErrUnavailable, err))
+			return pgx.FailedBatchResults(b, fmt.Errorf("%w: begin: %w", t.opts.Unavailable, err))
 		}
-		t.engine.cfg.Pool.Reset()
+		t.opts.Pool.Reset()
 	}
 }
 
-// sendBegin runs prepare, if any, then sends the BEGIN and b's statements
+// sendBegin runs Prepare, if any, then sends the BEGIN and b's statements
 // on conn; on error the results are closed.
-func (t *execTx) sendBegin(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch) (pgx.BatchResults, error) {
-	if t.prepare != nil {
-		if err := t.prepare(ctx, conn.Conn()); err != nil {
+func (t *Tx) sendBegin(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch) (pgx.BatchResults, error) {
+	if t.opts.Prepare != nil {
+		if err := t.opts.Prepare(ctx, conn.Conn()); err != nil {
 			return nil, err
 		}
 	}
@@ -96,9 +118,9 @@ func (t *execTx) sendBegin(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch
 	return br, nil
 }
 
-// beginWith sends the BEGIN and the statements queue puts on a batch in
+// BeginWith sends the BEGIN and the statements queue puts on a batch in
 // one round trip, and reads their results.
-func (t *execTx) beginWith(ctx context.Context, queue func(*pgx.Batch)) error {
+func (t *Tx) BeginWith(ctx context.Context, queue func(*pgx.Batch)) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed || t.tx != nil {
@@ -110,7 +132,7 @@ func (t *execTx) beginWith(ctx context.Context, queue func(*pgx.Batch)) error {
 }
 
 // begin sends the BEGIN alone, for the methods that cannot carry it.
-func (t *execTx) begin(ctx context.Context) (pgx.Tx, error) {
+func (t *Tx) begin(ctx context.Context) (pgx.Tx, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
@@ -119,7 +141,7 @@ func (t *execTx) begin(ctx context.Context) (pgx.Tx, error) {
 	case t.tx != nil:
 		return t.tx, nil
 	}
-	tx, err := onLiveConnection(ctx, t.engine, func() (pgx.Tx, error) {
+	tx, err := pgretry.OnLiveConnection(ctx, t.opts.Pool, func() (pgx.Tx, error) {
 		conn, err := t.acquire(ctx)
 		if err != nil {
 			return nil, err
@@ -132,7 +154,7 @@ func (t *execTx) begin(ctx context.Context) (pgx.Tx, error) {
 	})
 	if err != nil {
 		t.closed = true
-		return nil, fmt.Errorf("%w: begin: %w", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: begin: %w", t.opts.Unavailable, err)
 	}
 	t.tx = tx
 	return tx, nil
@@ -140,7 +162,7 @@ func (t *execTx) begin(ctx context.Context) (pgx.Tx, error) {
 
 // release returns the connection to the pool (which closes it if a
 // transaction is still open on it).
-func (t *execTx) release() {
+func (t *Tx) release() {
 	if t.conn != nil {
 		t.conn.Release()
 		t.conn = nil
@@ -148,7 +170,7 @@ func (t *execTx) release() {
 }
 
 // Exec runs sql in the transaction.
-func (t *execTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
@@ -168,7 +190,7 @@ func (t *execTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 }
 
 // Query runs sql in the transaction.
-func (t *execTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
@@ -189,13 +211,13 @@ func (t *execTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 }
 
 // QueryRow runs sql in the transaction; the row is read by its Scan.
-func (t *execTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	rows, err := t.Query(ctx, sql, args...)
 	return firstRow{rows: rows, err: err}
 }
 
 // SendBatch sends b in the transaction.
-func (t *execTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
@@ -208,7 +230,7 @@ func (t *execTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 }
 
 // Begin starts a pseudo nested transaction (a savepoint).
-func (t *execTx) Begin(ctx context.Context) (pgx.Tx, error) {
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := t.begin(ctx)
 	if err != nil {
 		return nil, err
@@ -217,7 +239,7 @@ func (t *execTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // CopyFrom copies rows into tableName in the transaction.
-func (t *execTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+func (t *Tx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
 	tx, err := t.begin(ctx)
 	if err != nil {
 		return 0, err
@@ -226,7 +248,7 @@ func (t *execTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnN
 }
 
 // Prepare prepares a statement on the transaction's connection.
-func (t *execTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	tx, err := t.begin(ctx)
 	if err != nil {
 		return nil, err
@@ -237,12 +259,12 @@ func (t *execTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stateme
 // LargeObjects returns the large objects of the transaction. pgx's
 // interface gives it no context and no error: when the transaction cannot
 // begin within five seconds, the LargeObjects returned cannot be used.
-func (t *execTx) LargeObjects() pgx.LargeObjects {
+func (t *Tx) LargeObjects() pgx.LargeObjects {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	tx, err := t.begin(ctx)
 	if err != nil {
-		t.engine.log.Error("begin the execution's transaction for LargeObjects", "err", err)
+		t.opts.Log.Error("begin the execution's transaction for LargeObjects", "err", err)
 		return pgx.LargeObjects{}
 	}
 	return tx.LargeObjects()
@@ -250,7 +272,7 @@ func (t *execTx) LargeObjects() pgx.LargeObjects {
 
 // Conn returns the transaction's connection (nil before its first
 // statement).
-func (t *execTx) Conn() *pgx.Conn {
+func (t *Tx) Conn() *pgx.Conn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.conn == nil {
@@ -260,10 +282,10 @@ func (t *execTx) Conn() *pgx.Conn {
 }
 
 // Commit refuses: the engine commits with the key's completion.
-func (t *execTx) Commit(context.Context) error { return ErrCommitByHandler }
+func (t *Tx) Commit(context.Context) error { return t.opts.CommitRefused }
 
 // Rollback rolls the transaction back and returns its connection.
-func (t *execTx) Rollback(ctx context.Context) error {
+func (t *Tx) Rollback(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -280,13 +302,13 @@ func (t *execTx) Rollback(ctx context.Context) error {
 	return nil
 }
 
-// commitWith sends the statements queue puts on a batch (the key's
+// CommitWith sends the statements queue puts on a batch (the key's
 // completion) and the COMMIT in one round trip, and returns the
 // connection. Those statements must fail, not return nothing, when the
 // execution lost its key: Postgres skips a COMMIT that follows a failed
 // statement. Without a BEGIN sent, they run on their own, on a live
 // connection.
-func (t *execTx) commitWith(ctx context.Context, queue func(*pgx.Batch)) error {
+func (t *Tx) CommitWith(ctx context.Context, queue func(*pgx.Batch)) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -294,10 +316,10 @@ func (t *execTx) commitWith(ctx context.Context, queue func(*pgx.Batch)) error {
 	}
 	t.closed = true
 	if t.tx == nil {
-		_, err := onLiveConnection(ctx, t.engine, func() (struct{}, error) {
+		_, err := pgretry.OnLiveConnection(ctx, t.opts.Pool, func() (struct{}, error) {
 			b := &pgx.Batch{}
 			queue(b)
-			return struct{}{}, t.engine.cfg.Pool.SendBatch(ctx, b).Close()
+			return struct{}{}, t.opts.Pool.SendBatch(ctx, b).Close()
 		})
 		return err
 	}

@@ -1,4 +1,6 @@
-package onceonly
+// Package relaywake wakes the relays after commits whose write-through to
+// Redis failed, one NOTIFY for all the failures of a moment.
+package relaywake
 
 import (
 	"context"
@@ -7,11 +9,11 @@ import (
 	"time"
 )
 
-// relayWaker sends the relays' NOTIFY after commits whose write-through
+// Waker sends the relays' NOTIFY after commits whose write-through
 // failed, coalesced: kicks that arrive while one NOTIFY is on its way are
 // answered by the next one, so an outage of Redis costs one NOTIFY per
 // round trip, not one per request.
-type relayWaker struct {
+type Waker struct {
 	notify  func(ctx context.Context) error
 	log     *slog.Logger
 	pending chan struct{} // one slot: a wake-up owed
@@ -20,21 +22,22 @@ type relayWaker struct {
 	once    sync.Once
 }
 
-func newRelayWaker(notify func(ctx context.Context) error, log *slog.Logger) *relayWaker {
-	w := &relayWaker{notify: notify, log: log, pending: make(chan struct{}, 1), stop: make(chan struct{})}
+// New returns a running Waker that calls notify, logging its failures to log.
+func New(notify func(ctx context.Context) error, log *slog.Logger) *Waker {
+	w := &Waker{notify: notify, log: log, pending: make(chan struct{}, 1), stop: make(chan struct{})}
 	w.done.Go(w.loop)
 	return w
 }
 
-// kick asks for a NOTIFY soon; it never blocks.
-func (w *relayWaker) kick() {
+// Kick asks for a NOTIFY soon; it never blocks.
+func (w *Waker) Kick() {
 	select {
 	case w.pending <- struct{}{}:
 	default: // one is owed already: it will cover this commit too
 	}
 }
 
-func (w *relayWaker) loop() {
+func (w *Waker) loop() {
 	for {
 		select {
 		case <-w.stop:
@@ -49,8 +52,8 @@ func (w *relayWaker) loop() {
 	}
 }
 
-// close stops the waker; a wake-up still owed is dropped (the relays poll).
-func (w *relayWaker) close() {
+// Close stops the waker; a wake-up still owed is dropped (the relays poll).
+func (w *Waker) Close() {
 	w.once.Do(func() { close(w.stop) })
 	w.done.Wait()
 }

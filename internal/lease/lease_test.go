@@ -1,7 +1,8 @@
-package onceonly
+package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -19,13 +20,13 @@ import (
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
-// keeperFixture is a leaseKeeper on a database of the test's own, whose
+// keeperFixture is a Keeper on a database of the test's own, whose
 // renewal connections go through dial.
 type keeperFixture struct {
 	ctx   context.Context
 	pool  *pgxpool.Pool
 	store *keystore.Store
-	k     *leaseKeeper
+	k     *Keeper
 }
 
 func newKeeperFixture(t *testing.T, leaseTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *keeperFixture {
@@ -36,14 +37,14 @@ func newKeeperFixture(t *testing.T, leaseTimeout time.Duration, dial func(ctx co
 		config.DialFunc = dial
 	}
 	config.RuntimeParams["application_name"] = "lease keeper"
-	f.k = &leaseKeeper{store: f.store, config: config, lease: leaseTimeout, log: func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) }, leases: map[keystate.Owner]*lease{}}
-	t.Cleanup(func() { f.k.close(context.Background()) })
+	f.k = &Keeper{store: f.store, config: config, lease: leaseTimeout, log: func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) }, leases: map[keystate.Owner]*Lease{}}
+	t.Cleanup(func() { f.k.Close(context.Background()) })
 	return f
 }
 
-// claim claims key and holds its lease in the keeper; lost receives the
-// cause when the keeper gives the lease up.
-func (f *keeperFixture) claim(key string) (*lease, <-chan error, error) {
+// claim claims key and holds its lease in the keeper; lost receives an
+// error when the keeper gives the lease up.
+func (f *keeperFixture) claim(key string) (*Lease, <-chan error, error) {
 	ref := keystate.Ref{Scope: "s", Key: key}
 	owner := keystate.NewOwner()
 	claimedAt := time.Now()
@@ -55,9 +56,9 @@ func (f *keeperFixture) claim(key string) (*lease, <-chan error, error) {
 		return nil, nil, fmt.Errorf("claim %s: %w", key, err)
 	}
 	lost := make(chan error, 1)
-	l := f.k.hold(f.ctx, ref, owner, claimedAt, func(cause error) {
+	l := f.k.Hold(f.ctx, ref, owner, claimedAt, func() {
 		select {
-		case lost <- cause:
+		case lost <- errors.New("lease given up"):
 		default:
 		}
 	})
@@ -65,7 +66,7 @@ func (f *keeperFixture) claim(key string) (*lease, <-chan error, error) {
 }
 
 // until returns the lease's end as the keeper sees it.
-func (l *lease) until() time.Time {
+func (l *Lease) until() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.validUntil
@@ -77,7 +78,7 @@ func (l *lease) until() time.Time {
 // only once its statement has committed, so Postgres, read after, has that
 // renewal too (read the other way round, a renewal landing between the
 // reads looks like a breach).
-func (f *keeperFixture) requireMargin(t testing.TB, l *lease, key string) {
+func (f *keeperFixture) requireMargin(t testing.TB, l *Lease, key string) {
 	until := l.until()
 	var end time.Time
 	if err := f.pool.QueryRow(f.ctx, `SELECT lease_expires_at FROM idempotency_keys WHERE scope = 's' AND key = $1`, key).Scan(&end); err != nil {
@@ -180,9 +181,9 @@ func TestLeaseKeeperOutlivesADeadConnection(t *testing.T) {
 		}
 		require.True(t, time.Now().Before(deadline), "no renewal within a lease")
 	}
-	require.True(t, l.valid())
+	require.True(t, l.Valid())
 	f.requireMargin(t, l, "k")
-	f.k.release(l)
+	f.k.Release(l)
 	select {
 	case cause := <-lost:
 		t.Fatalf("lease lost: %v", cause)
@@ -238,7 +239,7 @@ func TestLeaseKeeperHammer(t *testing.T) {
 				if l.until().After(claimed) {
 					renewed.Add(1)
 				}
-				f.k.release(l)
+				f.k.Release(l)
 			}
 		})
 	}

@@ -1,4 +1,7 @@
-package onceonly
+// Package lease keeps the leases of an engine's executions: it renews each
+// on a Postgres connection of its own and stops an execution whose lease
+// can no longer be renewed in time.
+package lease
 
 import (
 	"context"
@@ -12,7 +15,7 @@ import (
 	"github.com/onceonly/onceonly/internal/keystore"
 )
 
-// leaseKeeper renews the leases this engine holds, on a Postgres connection
+// Keeper renews the leases this engine holds, on a Postgres connection
 // of its own: a renewal never waits for a pool connection a handler holds.
 //
 // Each lease is renewed once a third of it has passed since its claim or
@@ -30,14 +33,14 @@ import (
 // The connection stays open while leases are held and for one lease after
 // the last one goes, so a renewal seldom dials; executions shorter than a
 // third of the lease never cause a renewal.
-type leaseKeeper struct {
+type Keeper struct {
 	store  *keystore.Store
 	config *pgx.ConnConfig
 	lease  time.Duration
 	log    func(msg string, args ...any)
 
 	mu       sync.Mutex
-	leases   map[keystate.Owner]*lease
+	leases   map[keystate.Owner]*Lease
 	running  bool
 	closed   bool
 	nextWake time.Time     // when the sleeping renewer next looks; zero while it is awake
@@ -48,11 +51,17 @@ type leaseKeeper struct {
 	conn *pgx.Conn // only the renewing goroutine, or close once it stopped, uses it
 }
 
-// lease is one execution's hold on its key, as this process sees it.
-type lease struct {
+// NewKeeper returns a Keeper of leases of length lease, renewed through
+// store on connections made from config; log receives its warnings.
+func NewKeeper(store *keystore.Store, config *pgx.ConnConfig, lease time.Duration, log func(msg string, args ...any)) *Keeper {
+	return &Keeper{store: store, config: config, lease: lease, log: log, leases: map[keystate.Owner]*Lease{}}
+}
+
+// Lease is one execution's hold on its key, as this process sees it.
+type Lease struct {
 	ref    keystate.Ref
 	owner  keystate.Owner
-	cancel context.CancelCauseFunc
+	onLost func() // stops the execution
 
 	mu         sync.Mutex
 	validUntil time.Time // a margin before Postgres's lease_expires_at, by our clock
@@ -64,39 +73,39 @@ type lease struct {
 // margin is how long before the lease ends its holder is stopped: the
 // clocks of this process and Postgres, and the time a statement takes to
 // reach Postgres, never eat it all.
-func (k *leaseKeeper) margin() time.Duration { return k.lease / 6 }
+func (k *Keeper) margin() time.Duration { return k.lease / 6 }
 
 // renewBelow: a lease is due for renewal when no more than this is left of
 // its validity (a third of the lease after the renewal or claim that set
 // it was sent).
-func (k *leaseKeeper) renewBelow() time.Duration { return k.lease / 2 }
+func (k *Keeper) renewBelow() time.Duration { return k.lease / 2 }
 
 // renewAhead: the leases that fall due within this go with the ones due
 // now, in the same statement.
-func (k *leaseKeeper) renewAhead() time.Duration { return k.lease / 6 }
+func (k *Keeper) renewAhead() time.Duration { return k.lease / 6 }
 
 // hedgeAfter: a renewal that has not answered after this is joined by a
 // second on a new connection.
-func (k *leaseKeeper) hedgeAfter() time.Duration { return k.lease / 6 }
+func (k *Keeper) hedgeAfter() time.Duration { return k.lease / 6 }
 
 // linger: the connection and the goroutine stay this long after the last
 // lease went.
-func (k *leaseKeeper) linger() time.Duration { return k.lease }
+func (k *Keeper) linger() time.Duration { return k.lease }
 
 // maxPause bounds the pause between failed renewals (Postgres refusing
 // connections must not make the keeper spin).
-func (k *leaseKeeper) maxPause() time.Duration { return k.lease / 12 }
+func (k *Keeper) maxPause() time.Duration { return k.lease / 12 }
 
 // renewAt is when l falls due for renewal.
-func (k *leaseKeeper) renewAt(validUntil time.Time) time.Time {
+func (k *Keeper) renewAt(validUntil time.Time) time.Time {
 	return validUntil.Add(-k.renewBelow())
 }
 
-// hold registers the lease owner took at claimedAt (the time the claim was
+// Hold registers the lease owner took at claimedAt (the time the claim was
 // sent: Postgres's lease runs from later) and renews it until it is
-// released. cancel stops the execution when the lease is lost.
-func (k *leaseKeeper) hold(ctx context.Context, ref keystate.Ref, owner keystate.Owner, claimedAt time.Time, cancel context.CancelCauseFunc) *lease {
-	l := k.fixed(ref, owner, claimedAt, cancel)
+// released. onLost stops the execution when the lease is lost.
+func (k *Keeper) Hold(ctx context.Context, ref keystate.Ref, owner keystate.Owner, claimedAt time.Time, onLost func()) *Lease {
+	l := k.Fixed(ref, owner, claimedAt, onLost)
 	due := k.renewAt(claimedAt.Add(k.lease - k.margin()))
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -120,18 +129,18 @@ func (k *leaseKeeper) hold(ctx context.Context, ref keystate.Ref, owner keystate
 	return l
 }
 
-// fixed returns a lease that is never renewed: it ends LeaseTimeout, less
+// Fixed returns a lease that is never renewed: it ends LeaseTimeout, less
 // the margin, after start, and cancels its execution then. A single-commit
 // execution holds one (its transaction must end within the lease, which
-// Postgres enforces as well); hold renews the others.
-func (k *leaseKeeper) fixed(ref keystate.Ref, owner keystate.Owner, start time.Time, cancel context.CancelCauseFunc) *lease {
-	l := &lease{ref: ref, owner: owner, cancel: cancel, validUntil: start.Add(k.lease - k.margin())}
+// Postgres enforces as well); Hold renews the others.
+func (k *Keeper) Fixed(ref keystate.Ref, owner keystate.Owner, start time.Time, onLost func()) *Lease {
+	l := &Lease{ref: ref, owner: owner, onLost: onLost, validUntil: start.Add(k.lease - k.margin())}
 	l.timer = time.AfterFunc(time.Until(l.validUntil), l.deadline)
 	return l
 }
 
-// release stops renewing l (its execution is over).
-func (k *leaseKeeper) release(l *lease) {
+// Release stops renewing l (its execution is over).
+func (k *Keeper) Release(l *Lease) {
 	l.mu.Lock()
 	l.released = true
 	l.timer.Stop()
@@ -141,8 +150,8 @@ func (k *leaseKeeper) release(l *lease) {
 	k.mu.Unlock()
 }
 
-// valid reports whether the lease still holds with its margin.
-func (l *lease) valid() bool {
+// Valid reports whether the lease still holds with its margin.
+func (l *Lease) Valid() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return !l.lost && time.Now().Before(l.validUntil)
@@ -150,7 +159,7 @@ func (l *lease) valid() bool {
 
 // state returns the lease's end and whether it is still held (not lost,
 // not released).
-func (l *lease) state() (time.Time, bool) {
+func (l *Lease) state() (time.Time, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.validUntil, !l.lost && !l.released
@@ -159,7 +168,7 @@ func (l *lease) state() (time.Time, bool) {
 // extend moves the lease's end to until, which a renewal set: the time it
 // was sent plus the lease, less the margin. It never moves the end back,
 // nor revives a lease that was lost.
-func (l *lease) extend(until time.Time) {
+func (l *Lease) extend(until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lost || l.released || !until.After(l.validUntil) {
@@ -171,17 +180,17 @@ func (l *lease) extend(until time.Time) {
 
 // deadline runs when the lease's timer fires: the lease is lost unless a
 // renewal moved its end meanwhile (the timer fired as it was reset).
-func (l *lease) deadline() {
+func (l *Lease) deadline() {
 	l.mu.Lock()
 	extended := time.Now().Before(l.validUntil)
 	l.mu.Unlock()
 	if !extended {
-		l.expire(ErrLeaseLost)
+		l.expire()
 	}
 }
 
-// expire gives the lease up: the execution is canceled with cause.
-func (l *lease) expire(cause error) {
+// expire gives the lease up: its execution is stopped (onLost).
+func (l *Lease) expire() {
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
@@ -189,12 +198,12 @@ func (l *lease) expire(cause error) {
 	}
 	l.lost = true
 	l.mu.Unlock()
-	l.cancel(cause)
+	l.onLost()
 }
 
 // run renews the leases as they fall due until none has been left for
 // linger, or the keeper closes.
-func (k *leaseKeeper) run(ctx context.Context, wake, stop, done chan struct{}) {
+func (k *Keeper) run(ctx context.Context, wake, stop, done chan struct{}) {
 	defer close(done)
 	var idleSince time.Time
 	for {
@@ -238,7 +247,7 @@ func (k *leaseKeeper) run(ctx context.Context, wake, stop, done chan struct{}) {
 
 // sleep waits until next, a wake-up or the stop; it reports false on the
 // stop.
-func (k *leaseKeeper) sleep(next time.Time, wake, stop chan struct{}) bool {
+func (k *Keeper) sleep(next time.Time, wake, stop chan struct{}) bool {
 	k.mu.Lock()
 	k.nextWake = next
 	k.mu.Unlock()
@@ -256,7 +265,7 @@ func (k *leaseKeeper) sleep(next time.Time, wake, stop chan struct{}) bool {
 // schedule returns the leases to renew now (due, or due within
 // renewAhead), when the next of the others falls due (zero if none), and
 // whether no lease is held at all.
-func (k *leaseKeeper) schedule(now time.Time) (due []*lease, next time.Time, idle bool) {
+func (k *Keeper) schedule(now time.Time) (due []*Lease, next time.Time, idle bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.nextWake = time.Time{} // awake: every hold wakes it again
@@ -281,7 +290,7 @@ func (k *leaseKeeper) schedule(now time.Time) (due []*lease, next time.Time, idl
 
 // stopIfIdle marks the keeper stopped if it still holds no lease; a lease
 // registered after that starts a new goroutine.
-func (k *leaseKeeper) stopIfIdle() bool {
+func (k *Keeper) stopIfIdle() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if len(k.leases) > 0 {
@@ -304,7 +313,7 @@ type renewal struct {
 // held has ended, a failed attempt is made again after a short pause, and
 // an attempt that has not answered after hedgeAfter is joined by a second,
 // each on a connection of its own; the first answer counts.
-func (k *leaseKeeper) renew(ctx context.Context, held []*lease, stop chan struct{}) {
+func (k *Keeper) renew(ctx context.Context, held []*Lease, stop chan struct{}) {
 	var end time.Time // past it, no lease of held can be renewed in time
 	leases := make([]keystore.Lease, len(held))
 	for i, l := range held {
@@ -356,7 +365,7 @@ func (k *leaseKeeper) renew(ctx context.Context, held []*lease, stop chan struct
 					if r.still[l.owner] {
 						l.extend(until)
 					} else {
-						l.expire(ErrLeaseLost)
+						l.expire()
 					}
 				}
 				if failures > 0 {
@@ -402,7 +411,7 @@ func (k *leaseKeeper) renew(ctx context.Context, held []*lease, stop chan struct
 }
 
 // anyHeld reports whether a lease of held is neither lost nor released.
-func anyHeld(held []*lease) bool {
+func anyHeld(held []*Lease) bool {
 	for _, l := range held {
 		if _, ok := l.state(); ok {
 			return true
@@ -413,7 +422,7 @@ func anyHeld(held []*lease) bool {
 
 // attempt renews leases on conn, or on a new connection when conn is nil
 // or closed. After a failure the connection is closed.
-func (k *leaseKeeper) attempt(ctx context.Context, conn *pgx.Conn, leases []keystore.Lease) renewal {
+func (k *Keeper) attempt(ctx context.Context, conn *pgx.Conn, leases []keystore.Lease) renewal {
 	if conn == nil || conn.IsClosed() {
 		c, err := pgx.ConnectConfig(ctx, k.config)
 		if err != nil {
@@ -437,8 +446,8 @@ func closeQuietly(ctx context.Context, conn *pgx.Conn) {
 	_ = conn.Close(closeCtx)
 }
 
-// close stops the keeper and closes its connection.
-func (k *leaseKeeper) close(ctx context.Context) {
+// Close stops the keeper and closes its connection.
+func (k *Keeper) Close(ctx context.Context) {
 	k.mu.Lock()
 	k.closed = true
 	running, stop, done := k.running, k.stop, k.done
@@ -453,7 +462,7 @@ func (k *leaseKeeper) close(ctx context.Context) {
 
 // closeConn closes the renewal connection; only the goroutine that renews,
 // or close once it stopped, calls it.
-func (k *leaseKeeper) closeConn(ctx context.Context) {
+func (k *Keeper) closeConn(ctx context.Context) {
 	if k.conn == nil {
 		return
 	}

@@ -1,4 +1,6 @@
-package onceonly
+// Package claimbatch sends the claims of concurrent executions together,
+// as group commit does: one statement and one commit for many keys.
+package claimbatch
 
 import (
 	"context"
@@ -27,7 +29,7 @@ const claimLockTimeout = 50 * time.Millisecond
 // panicked; they are then sent alone.
 var errClaimBatchPanicked = errors.New("onceonly: the batch of claims panicked")
 
-// claimGroup sends the claims of concurrent executions together, as group
+// Group sends the claims of concurrent executions together, as group
 // commit does: while a batch of claims is in flight, the claims that
 // arrive wait, and the next statement carries all of them (up to
 // maxClaimBatch) in one round trip and one commit. A claim that arrives
@@ -39,7 +41,7 @@ var errClaimBatchPanicked = errors.New("onceonly: the batch of claims panicked")
 // claim alone (keystore.Store.ClaimHeld), and so does every claim of a batch
 // that failed (Postgres unreachable, a lock wait past claimLockTimeout):
 // one bad batch costs its claims a round trip, never their answer.
-type claimGroup struct {
+type Group struct {
 	store  *keystore.Store
 	db     keystore.DB
 	lease  time.Duration
@@ -51,7 +53,14 @@ type claimGroup struct {
 	sending bool         // a batch is in flight
 }
 
-// claimCall is one execution's claim, waiting in a claimGroup.
+// New returns a Group that claims through store on db for leases of
+// length lease; sizes observes the claims of each batch, failed counts the
+// batches that failed.
+func New(store *keystore.Store, db keystore.DB, lease time.Duration, sizes prometheus.Observer, failed prometheus.Counter) *Group {
+	return &Group{store: store, db: db, lease: lease, sizes: sizes, failed: failed}
+}
+
+// claimCall is one execution's claim, waiting in a Group.
 type claimCall struct {
 	req keystore.ClaimRequest
 	res keystore.ClaimResult
@@ -61,8 +70,8 @@ type claimCall struct {
 	next chan bool
 }
 
-// claim claims req.Ref for req.Owner, as keystore.Store.Claim does.
-func (g *claimGroup) claim(ctx context.Context, req keystore.ClaimRequest) (keystore.ClaimResult, error) {
+// Claim claims req.Ref for req.Owner, as keystore.Store.Claim does.
+func (g *Group) Claim(ctx context.Context, req keystore.ClaimRequest) (keystore.ClaimResult, error) {
 	c := &claimCall{req: req, next: make(chan bool, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
@@ -84,7 +93,7 @@ func (g *claimGroup) claim(ctx context.Context, req keystore.ClaimRequest) (keys
 // send sends the waiting claims (the sender's own first among them) as one
 // batch, answers them, and hands the claims that arrived meanwhile to one
 // of their executions. The hand-off happens even if the batch panics.
-func (g *claimGroup) send(ctx context.Context) {
+func (g *Group) send(ctx context.Context) {
 	g.mu.Lock()
 	n := min(len(g.queue), maxClaimBatch)
 	batch := slices.Clone(g.queue[:n])
