@@ -2,14 +2,13 @@ package onceonly
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/lease"
 )
 
 // DoTx is Do inside a transaction the caller owns: the claim, fn's writes
@@ -38,87 +37,72 @@ import (
 // connection ends, not by the reaper. The engine cannot write the result
 // through to Redis before the commit, so replays come from Postgres until
 // the relay delivers the key's event: on its poll, or at the commit with
-// Config.NotifyInTransaction and a listening relay.
-func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (out Outcome, err error) {
-	fp := payloadFingerprint(payload)
-	ctx, call, err := e.enter(ctx, scope, key, "", true)
-	outcome := outcomeExecuted
-	defer func() { e.leave(call, outcome, out.Replayed, err) }()
-	if err != nil {
-		outcome = outcomeInvalid
-		return Outcome{}, err
-	}
-	ref := keystate.Ref{Scope: scope, Key: key}
-	if cached, done, err := e.readCache(ctx, ref, fp); done {
-		outcome = outcomeReplayedCache
-		if err != nil {
-			outcome = outcomeReused
-		}
-		return cached, err
-	}
-	sp, err := tx.Begin(ctx) // a savepoint: unless released below, the claim and fn's writes are undone
-	if err != nil {
-		outcome = outcomeUnavailable
-		return Outcome{}, fmt.Errorf("%w: savepoint: %w", ErrUnavailable, err)
-	}
-	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }() // a no-op once released
-	claim, err := e.store.Claim(ctx, sp, ref, fp, e.owners.Next(), e.cfg.LeaseTimeout)
-	if err != nil {
-		outcome = outcomeUnavailable
-		return Outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	if !claim.Claimed {
-		out, outcome, err = e.answerHeld(claim.Key, fp)
-		return out, err
-	}
-	hctx, hspan := e.startSpan(ctx, spanHandler)
-	res, err := fn(hctx, sp)
-	endSpan(hspan, err)
-	if err != nil {
-		outcome = outcomeHandlerError
-		return Outcome{}, err
-	}
-	if res.Status == 0 {
-		res.Status = http.StatusOK
-	}
-	if !e.cfg.ShouldStore(res.Status) {
-		outcome = outcomeFailed
-		return Outcome{Result: res}, nil
-	}
-	if _, err := e.store.Complete(ctx, sp, ref, claim.Key.Owner, res); err != nil {
-		outcome = outcomeUnavailable
-		return Outcome{}, fmt.Errorf("%w: complete: %w", ErrUnavailable, err)
-	}
-	if err := sp.Commit(ctx); err != nil {
-		outcome = outcomeUnavailable
-		return Outcome{}, fmt.Errorf("%w: release savepoint: %w", ErrUnavailable, err)
-	}
-	return Outcome{Result: res}, nil
+// Tuning.NotifyInTransaction and a listening relay.
+func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (Outcome, error) {
+	return e.execute(ctx, &callerTx{e: e, outer: tx}, scope, key, fingerprint{value: payloadFingerprint(payload)}, "",
+		func() []byte { return payload }, withTx(fn))
 }
 
-// readCache answers a replay or a reuse from Redis without claiming
-// anything there; done is false when Postgres must answer.
-func (e *Engine) readCache(ctx context.Context, ref keystate.Ref, fp string) (Outcome, bool, error) {
-	if e.cache == nil {
-		return Outcome{}, false, nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, e.cfg.RedisTimeout)
-	entry, found, err := e.cache.Read(rctx, ref)
-	cancel()
-	if err != nil {
-		if !errors.Is(err, cache.ErrCorrupt) {
-			e.redisFailed(redisOpCheck, err)
-		}
-		return Outcome{}, false, nil // Redis is a cache: Postgres answers when it cannot
-	}
-	switch {
-	case !found || entry.Provisional:
-	case entry.Digest != cache.Digest(fp):
-		if entry.State != keystate.InProgress { // a claim in progress may be gone: Postgres judges
-			return Outcome{}, true, ErrKeyReused
-		}
-	case entry.State == keystate.Completed && !entry.BodyInPostgres:
-		return Outcome{Result: entry.Response, Replayed: true}, true, nil
-	}
-	return Outcome{}, false, nil
+// callerTx is the mode of DoTx: everything happens in a savepoint of the
+// caller's transaction, and the caller commits.
+type callerTx struct {
+	e     *Engine
+	outer pgx.Tx // the caller's transaction
+	sp    pgx.Tx // the savepoint, once claim made it
 }
+
+// check reads Redis without claiming anything there: the key is held by
+// the uncommitted row, which a provisional claim in Redis would outlive.
+func (m *callerTx) check(ctx context.Context, x *Execution) (Outcome, string, bool, error) {
+	return m.e.readCache(ctx, x.ref, x.fingerprint)
+}
+
+// claim claims the key in a savepoint of the caller's transaction; unless
+// complete releases it, the claim and the handler's writes are undone.
+func (m *callerTx) claim(ctx context.Context, x *Execution) (*keystate.Key, error) {
+	sp, err := m.outer.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	m.sp = sp
+	claim, err := m.e.store.Claim(ctx, sp, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
+	if err != nil {
+		_ = sp.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if !claim.Claimed {
+		_ = sp.Rollback(context.WithoutCancel(ctx))
+		return &claim.Key, nil
+	}
+	x.fence = Fence{Owner: claim.Key.Owner, Version: claim.Key.Version}
+	return nil, nil
+}
+
+// hold returns no lease: the uncommitted row holds the key until the
+// caller's transaction ends.
+func (*callerTx) hold(context.Context, *Execution, time.Time, func()) *lease.Lease { return nil }
+
+func (m *callerTx) tx(*Execution) pgx.Tx { return m.sp }
+
+// complete completes the key in the savepoint and releases it; the commit
+// is the caller's, so there is nothing to write through yet.
+func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (*keystate.Key, error) {
+	if _, err := m.e.store.Complete(ctx, m.sp, x.ref, x.fence.Owner, res); err != nil {
+		_ = m.sp.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("complete: %w", err)
+	}
+	if err := m.sp.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil, nil
+}
+
+// release rolls back to the savepoint, which undoes the claim: the key is
+// as it was, and nothing changed that Redis should learn.
+func (m *callerTx) release(ctx context.Context, _ *Execution, _ bool) (*keystate.Key, error) {
+	_ = m.sp.Rollback(context.WithoutCancel(ctx)) // a no-op once rolled back or released
+	return nil, nil
+}
+
+func (*callerTx) keepsRow() bool      { return false }
+func (*callerTx) callerCommits() bool { return true }

@@ -25,7 +25,6 @@ import (
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
-	"github.com/onceonly/onceonly/internal/pgretry"
 	"github.com/onceonly/onceonly/internal/relaywake"
 )
 
@@ -244,7 +243,7 @@ func DefaultShouldStore(status int) bool {
 // A handler that calls systems outside Postgres is a Func: see Register and
 // Run.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	return e.execute(ctx, scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
+	return e.execute(ctx, e.modeFor(""), scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
 }
 
 // withTx runs a Handler as a Func: the transaction opens first.
@@ -258,106 +257,74 @@ func withTx(fn Handler) Func {
 	}
 }
 
-func (e *Engine) execute(ctx context.Context, scope, key string, fp fingerprint, handler string, request func() []byte, fn Func) (out Outcome, err error) {
-	ctx, call, err := e.enter(ctx, scope, key, handler, false)
+// execute runs fn once for (scope, key) in mode m: Redis is asked first,
+// then Postgres, and the execution that takes the key runs fn (run).
+func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fingerprint, handler string, request func() []byte, fn Func) (out Outcome, err error) {
+	ctx, call, err := e.enter(ctx, scope, key, handler, m.callerCommits())
 	outcome := outcomeExecuted
 	defer func() { e.leave(call, outcome, out.Replayed, err) }()
 	if err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err
 	}
-	ref := keystate.Ref{Scope: scope, Key: key}
-	owner := e.owners.Next()
+	x := e.newExecution(m, keystate.Ref{Scope: scope, Key: key}, e.owners.Next(), handler, request)
+	x.fingerprint = fp.value
 
-	out, outcome, done, err := e.checkCache(ctx, ref, fp.value, owner)
+	out, outcome, done, err := m.check(ctx, x)
 	if done {
 		if errors.Is(err, ErrKeyReused) && fp.legacy != nil {
 			// The key may be stored under an older fingerprint version,
 			// which Redis keeps only as a digest: ask again with it.
 			outcome = outcomeAskedAgain
-			return e.execute(ctx, scope, key, fingerprint{value: fp.legacy()}, handler, request, fn)
+			return e.execute(ctx, m, scope, key, fingerprint{value: fp.legacy()}, handler, request, fn)
 		}
 		return out, err
 	}
 
-	if e.cfg.SingleCommit && handler == "" {
-		var handled bool
-		if out, outcome, handled, err = e.single(ctx, ref, fp.value, owner, request, fn); handled {
-			return out, err
-		}
-	}
-
-	claimedAt := time.Now()
-	claim, err := e.claim(ctx, ref, fp.value, owner)
-	if err != nil {
-		e.releaseCache(ctx, ref, owner)
+	since := time.Now()
+	held, err := m.claim(ctx, x)
+	var inFlight *InFlightError
+	switch {
+	case errors.As(err, &inFlight):
+		outcome = outcomeInFlight
+		return Outcome{}, err
+	case err != nil:
 		outcome = outcomeUnavailable
 		if ctx.Err() != nil {
 			return Outcome{}, ctx.Err()
 		}
-		return Outcome{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	if !claim.Claimed {
-		// Read-repair: the cache learns what Postgres holds. Should Redis
-		// not take it, this request's provisional claim must not outlive
-		// it: it would answer 409 for a whole lease.
-		if !e.applyCache(ctx, claim.Key) {
-			e.releaseCache(ctx, ref, owner)
-		}
-		if legacy := fp.legacyFor(claim.Key.Fingerprint); legacy != "" {
+		return Outcome{}, unavailable(err)
+	case held != nil:
+		if legacy := fp.legacyFor(held.Fingerprint); legacy != "" {
 			outcome = outcomeAskedAgain
-			return e.execute(ctx, scope, key, fingerprint{value: legacy}, handler, request, fn)
+			return e.execute(ctx, m, scope, key, fingerprint{value: legacy}, handler, request, fn)
 		}
-		out, outcome, err = e.answerHeld(claim.Key, fp.value)
+		out, outcome, err = e.answerHeld(*held, fp.value)
 		return out, err
-	}
-	x := e.newExecution(claim.Key, handler, request)
-	if err := x.loadSteps(claim.Steps); err != nil {
-		e.log.Error("resume from recorded steps: calling them again", "scope", scope, "key", key, "err", err)
 	}
 	if ctx.Err() != nil {
 		// The caller left while the claim ran: give the key back now.
+		x.rollback(ctx)
 		e.abandon(ctx, x, x.anyStep())
 		outcome = outcomeFailed
 		return Outcome{}, ctx.Err()
 	}
-	out, outcome, err = e.run(ctx, x, claimedAt, fn)
+	out, outcome, err = e.run(ctx, x, since, fn)
 	return out, err
 }
 
-// claim claims ref in Postgres. The claim is not canceled with ctx: a
-// claim canceled in flight may still commit, and its caller, not knowing,
-// would strand the key for a whole lease; execute finds ctx ended after
-// the claim and gives the key back instead. A claim that met a dead pooled
-// connection (Postgres restarted) is tried once more (pgretry.OnLiveConnection).
-func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim keystore.ClaimResult, err error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTimeout)
-	defer cancel()
-	cctx, span := e.startSpan(cctx, spanClaim)
-	defer func() {
-		if span.IsRecording() {
-			span.SetAttributes(attrClaimed.Bool(claim.Claimed), attrVersion.Int64(claim.Key.Version))
-		}
-		endSpan(span, err)
-	}()
-	return pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystore.ClaimResult, error) {
-		if e.claims != nil {
-			return e.claims.Claim(cctx, keystore.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
-		}
-		return e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
-	})
-}
-
-// newExecution returns the execution of the key k this engine just claimed.
-func (e *Engine) newExecution(k keystate.Key, handler string, request func() []byte) *Execution {
+// newExecution returns an execution in mode m of ref for owner, which has
+// not claimed its key yet.
+func (e *Engine) newExecution(m mode, ref keystate.Ref, owner keystate.Owner, handler string, request func() []byte) *Execution {
 	return &Execution{
-		engine: e, ref: k.Ref, fence: Fence{Owner: k.Owner, Version: k.Version},
+		engine: e, mode: m, ref: ref, fence: Fence{Owner: owner},
 		handler: handler, request: request,
 		outcomes: map[string]json.RawMessage{}, started: map[string]bool{},
 	}
 }
 
-// checkCache asks Redis first. done is true when Redis answered the request.
+// checkCache asks Redis first, claiming the key there provisionally for
+// owner when it is free. done is true when Redis answered the request.
 func (e *Engine) checkCache(ctx context.Context, ref keystate.Ref, fingerprint string, owner keystate.Owner) (Outcome, string, bool, error) {
 	if e.cache == nil {
 		return Outcome{}, "", false, nil
@@ -374,6 +341,31 @@ func (e *Engine) checkCache(ctx context.Context, ref keystate.Ref, fingerprint s
 		e.redisFailed(redisOpCheck, err)
 		return Outcome{}, "", false, nil
 	}
+	return answerCached(res)
+}
+
+// readCache asks Redis without claiming anything there (a caller's
+// transaction holds the key: a provisional claim would outlive it). done
+// is true when Redis answered the request.
+func (e *Engine) readCache(ctx context.Context, ref keystate.Ref, fingerprint string) (Outcome, string, bool, error) {
+	if e.cache == nil {
+		return Outcome{}, "", false, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.RedisTimeout)
+	res, err := e.cache.Peek(rctx, ref, fingerprint)
+	cancel()
+	if err != nil {
+		if !errors.Is(err, cache.ErrCorrupt) {
+			e.redisFailed(redisOpCheck, err)
+		}
+		return Outcome{}, "", false, nil // Redis is a cache: Postgres answers when it cannot
+	}
+	return answerCached(res)
+}
+
+// answerCached turns Redis's verdict into the request's answer; done is
+// false when Postgres must answer.
+func answerCached(res cache.CheckResult) (out Outcome, outcome string, done bool, err error) {
 	switch res.Verdict {
 	case cache.Replay:
 		if res.Entry.BodyInPostgres {
@@ -384,7 +376,7 @@ func (e *Engine) checkCache(ctx context.Context, ref keystate.Ref, fingerprint s
 		return Outcome{}, outcomeInFlight, true, &InFlightError{RetryAfter: res.RetryAfter}
 	case cache.Mismatch:
 		return Outcome{}, outcomeReused, true, ErrKeyReused
-	case cache.Claimed:
+	case cache.Claimed, cache.Undecided:
 	}
 	return Outcome{}, "", false, nil
 }
@@ -406,18 +398,14 @@ func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string
 	return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: time.Second}
 }
 
-// run executes fn as x, which holds its key's lease since claimedAt, and
+// run executes fn as x, which holds its key since the time since, and
 // records the result: a stored result completes the key in the execution's
 // transaction; otherwise the key is failed (retryable), or handed off for a
 // resumption when a step may have had an effect the key must not forget.
-func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn Func) (Outcome, string, error) {
+func (e *Engine) run(ctx context.Context, x *Execution, since time.Time, fn Func) (Outcome, string, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	if x.single {
-		x.lease = e.leases.Fixed(x.ref, x.fence.Owner, claimedAt, func() { cancel(ErrLeaseLost) })
-	} else {
-		x.lease = e.leases.Hold(ctx, x.ref, x.fence.Owner, claimedAt, func() { cancel(ErrLeaseLost) })
-	}
+	x.lease = x.mode.hold(ctx, x, since, func() { cancel(ErrLeaseLost) })
 	defer e.leases.Release(x.lease)
 	hctx = context.WithValue(hctx, executionKey{}, x)
 
@@ -431,7 +419,9 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 		stored, err := e.complete(hctx, x, res)
 		switch {
 		case err == nil:
-			e.writeThrough(ctx, stored)
+			if stored != nil {
+				e.writeThrough(ctx, *stored)
+			}
 			return Outcome{Result: res}, outcomeExecuted, nil
 		case e.leaseLost(hctx, err):
 			e.releaseLost(ctx, x)
@@ -444,7 +434,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, claimedAt time.Time, fn 
 		if ctx.Err() != nil {
 			return Outcome{}, outcomeFailed, ctx.Err()
 		}
-		return Outcome{}, outcomeUnavailable, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return Outcome{}, outcomeUnavailable, unavailable(err)
 	}
 	x.rollback(ctx)
 	switch {
@@ -477,28 +467,17 @@ func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error
 	return fn(ctx, x)
 }
 
-// complete stores res and completes the key in the execution's
-// transaction, and commits: the completion and the COMMIT go in one round
-// trip (commitWith).
-func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored keystate.Key, err error) {
+// complete stores res and completes the key with the handler's writes, in
+// one round trip with the COMMIT where the engine commits. stored is nil
+// while the commit is still to come (the caller's).
+func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored *keystate.Key, err error) {
 	ctx, span := e.startSpan(ctx, spanComplete)
 	defer func() { endSpan(span, err) }()
-	tx := x.transaction()
 	if !x.lease.Valid() {
 		x.rollback(ctx)
-		return keystate.Key{}, ErrLeaseLost
+		return nil, ErrLeaseLost
 	}
-	err = tx.CommitWith(ctx, func(b *pgx.Batch) {
-		if x.single {
-			e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, &stored)
-		} else {
-			e.store.QueueComplete(b, x.ref, x.fence.Owner, res, &stored)
-		}
-	})
-	if err != nil {
-		return keystate.Key{}, fmt.Errorf("complete and commit: %w", err)
-	}
-	return stored, nil
+	return x.mode.complete(ctx, x, res)
 }
 
 // rollback rolls the execution's transaction back, if it began one, even
@@ -540,10 +519,9 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 	if err == nil {
 		return
 	}
-	if x.single {
-		// A single-commit execution has no row to release: its
-		// transaction ended with Postgres.
-		e.log.Warn("record a failed single-commit execution; a retry runs again", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
+	if !x.mode.keepsRow() {
+		// No row of x's holds the key: its transaction ended with Postgres.
+		e.log.Warn("record a failed execution; a retry runs again", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
 		return
 	}
 	// Postgres is what failed, likely what the handler answered for too: a
@@ -563,7 +541,7 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
 // and extend it by a whole lease — and the release frees the key as soon
 // as Postgres answers. The execution has stopped: it can no longer write.
 func (e *Engine) releaseLost(ctx context.Context, x *Execution) {
-	if x.single {
+	if !x.mode.keepsRow() {
 		return
 	}
 	e.releaseLater(ctx, x, x.anyStep())
@@ -624,26 +602,16 @@ const (
 // with a nil error when the key is no longer x's; the error when Postgres
 // did not answer.
 func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool, error) {
-	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystate.Key, error) {
-		if x.single {
-			failed, written, err := e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
-			if err == nil && !written {
-				return failed, keystore.ErrLeaseLost // the key has a row of another execution
-			}
-			return failed, err
-		}
-		if handOff {
-			return e.store.HandOff(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
-		}
-		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
-	})
+	k, err := x.mode.release(ctx, x, handOff)
 	switch {
 	case errors.Is(err, keystore.ErrLeaseLost):
 		return false, nil
 	case err != nil:
 		return false, err
+	case k == nil:
+		return false, nil
 	}
-	e.writeThrough(ctx, k)
+	e.writeThrough(ctx, *k)
 	return true, nil
 }
 
@@ -690,7 +658,10 @@ func (e *Engine) redisFailed(op string, err error) {
 	e.log.Debug("redis unavailable, carrying on from Postgres", "op", op, "err", err)
 }
 
-// newTx returns an execution's transaction, not yet begun.
-func (e *Engine) newTx() *exectx.Tx {
-	return exectx.New(exectx.Options{Pool: e.cfg.Pool, Unavailable: ErrUnavailable, CommitRefused: ErrCommitByHandler, Log: e.log})
+// newTx returns an execution's transaction, not yet begun; prepare, when
+// not nil, runs on its connection before the BEGIN.
+func (e *Engine) newTx(prepare func(ctx context.Context, conn *pgx.Conn) error) *exectx.Tx {
+	return exectx.New(exectx.Options{
+		Pool: e.cfg.Pool, Unavailable: ErrUnavailable, CommitRefused: ErrCommitByHandler, Prepare: prepare, Log: e.log,
+	})
 }

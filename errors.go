@@ -40,3 +40,11 @@ func IsInFlight(err error) (*InFlightError, bool) {
 // the engine commits it, together with the key's completion, once the
 // handler has returned its Result.
 var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution's transaction; return the Result instead")
+
+// unavailable wraps err, a failure of Postgres, in ErrUnavailable (once).
+func unavailable(err error) error {
+	if errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}

@@ -37,14 +37,13 @@ type Fence struct {
 // It is passed in the handler's context (ExecutionOf).
 type Execution struct {
 	engine  *Engine
+	mode    mode
 	ref     keystate.Ref
 	fence   Fence
 	lease   *lease.Lease
 	handler string
 	request func() []byte
-	// single marks a single-commit execution (Config.SingleCommit), which
-	// writes the key's row, with fingerprint, only as it ends.
-	single      bool
+	// fingerprint is the request's, which the key's row is written with.
 	fingerprint string
 
 	mu       sync.Mutex
@@ -101,17 +100,14 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 
 // Tx returns the execution's transaction. Its BEGIN goes to Postgres with
 // its first statement, and its COMMIT with the key's completion.
-func (x *Execution) Tx(ctx context.Context) (pgx.Tx, error) {
+func (x *Execution) Tx(context.Context) (pgx.Tx, error) {
 	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.tx != nil {
-		return x.tx, nil
-	}
-	if !x.lease.Valid() {
+	begun := x.tx != nil
+	x.mu.Unlock()
+	if !begun && !x.lease.Valid() {
 		return nil, ErrLeaseLost
 	}
-	x.tx = x.engine.newTx()
-	return x.tx, nil
+	return x.mode.tx(x), nil
 }
 
 // transaction returns the execution's transaction, made if the handler
@@ -120,7 +116,7 @@ func (x *Execution) transaction() *exectx.Tx {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.tx == nil {
-		x.tx = x.engine.newTx()
+		x.tx = x.engine.newTx(nil)
 	}
 	return x.tx
 }
@@ -211,6 +207,8 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	switch {
+	case x.mode.callerCommits():
+		return ErrNoExecution // a step needs a lease, which a caller's transaction has not
 	case x.tx != nil:
 		return ErrStepAfterTx
 	case x.handler == "":

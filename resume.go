@@ -40,7 +40,7 @@ func (e *Engine) Run(ctx context.Context, name, scope, key string, request []byt
 	if !ok {
 		return Outcome{}, fmt.Errorf("onceonly: run: no handler registered as %q", name)
 	}
-	return e.execute(ctx, scope, key, fingerprint{value: payloadFingerprint(request)}, name, func() []byte { return request }, fn)
+	return e.execute(ctx, e.modeFor(name), scope, key, fingerprint{value: payloadFingerprint(request)}, name, func() []byte { return request }, fn)
 }
 
 func (e *Engine) registered(name string) (Func, bool) {
@@ -100,7 +100,8 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		e.applyCache(ctx, r.Key)
 		fn, _ := e.registered(r.Handler)
 		request := r.Request
-		x := e.newExecution(r.Key, r.Handler, func() []byte { return request })
+		x := e.newExecution(twoPhase{e}, r.Key.Ref, r.Key.Owner, r.Handler, func() []byte { return request })
+		x.fence.Version, x.fingerprint = r.Key.Version, r.Key.Fingerprint
 		if err := x.loadSteps(r.Steps); err != nil {
 			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
 		}

@@ -2,47 +2,89 @@ package onceonly
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/exectx"
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/lease"
+	"github.com/onceonly/onceonly/internal/pgretry"
 )
 
-// single runs fn as a single-commit execution of ref (Config.SingleCommit):
-// one round trip begins the transaction, takes the key's advisory lock and
+// singleCommit is the mode of Config.SingleCommit: one round trip begins
+// the execution's transaction, takes the key's transaction-scoped lock and
 // looks for the key's row; the handler writes; one round trip writes the
-// key's row, completed, and commits. handled is false when the key has a
-// row: the two-phase path answers it.
-func (e *Engine) single(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner, request func() []byte, fn Func) (out Outcome, outcome string, handled bool, err error) {
-	x := e.newExecution(keystate.Key{Ref: ref, Owner: owner}, "", request)
-	x.single, x.fingerprint = true, fp
-	startedAt := time.Now()
+// key's row, completed, and commits. A duplicate in flight is turned away
+// by the lock (I4); Postgres ends a transaction that outlives the lease
+// (I5). A key that has a row goes the two-phase way.
+type singleCommit struct{ e *Engine }
+
+func (m singleCommit) check(ctx context.Context, x *Execution) (Outcome, string, bool, error) {
+	return m.e.checkCache(ctx, x.ref, x.fingerprint, x.fence.Owner)
+}
+
+// claim begins the transaction with the key's lock. A key that has a row
+// (failed, expired, taken over) is claimed the two-phase way instead.
+func (m singleCommit) claim(ctx context.Context, x *Execution) (*keystate.Key, error) {
+	e := m.e
 	var opened keystore.SingleBegin
-	x.tx = exectx.New(exectx.Options{Pool: e.cfg.Pool, Unavailable: ErrUnavailable, CommitRefused: ErrCommitByHandler, Prepare: e.store.SetKeepalives, Log: e.log})
-	err = x.transaction().BeginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, ref, e.cfg.LeaseTimeout, &opened) })
+	x.tx = e.newTx(e.store.SetKeepalives) // keepalives: Postgres finds a dead client host within the lease
+	err := x.tx.BeginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, x.ref, e.cfg.LeaseTimeout, &opened) })
 	switch {
 	case err != nil:
 		x.rollback(ctx)
-		e.releaseCache(ctx, ref, owner)
-		if ctx.Err() != nil {
-			return Outcome{}, outcomeUnavailable, true, ctx.Err()
-		}
-		if !errors.Is(err, ErrUnavailable) {
-			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		return Outcome{}, outcomeUnavailable, true, err
+		e.releaseCache(ctx, x.ref, x.fence.Owner)
+		return nil, err
 	case opened.HasRow:
 		x.rollback(ctx)
-		return Outcome{}, "", false, nil
+		x.tx, x.mode = nil, twoPhase{e}
+		return x.mode.claim(ctx, x)
 	case !opened.Locked:
 		x.rollback(ctx)
-		return Outcome{}, outcomeInFlight, true, &InFlightError{RetryAfter: time.Second}
+		return nil, &InFlightError{RetryAfter: time.Second}
 	}
-	out, outcome, err = e.run(ctx, x, startedAt, fn)
-	return out, outcome, true, err
+	return nil, nil
 }
+
+// hold returns a lease that is never renewed: the transaction must end
+// within it, which Postgres enforces as well.
+func (m singleCommit) hold(_ context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease {
+	return m.e.leases.Fixed(x.ref, x.fence.Owner, since, onLost)
+}
+
+func (m singleCommit) tx(x *Execution) pgx.Tx { return x.transaction() }
+
+// complete writes the key's row, completed, and commits in one round trip.
+func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (*keystate.Key, error) {
+	var stored keystate.Key
+	err := x.transaction().CommitWith(ctx, func(b *pgx.Batch) {
+		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, &stored)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("complete and commit: %w", err)
+	}
+	return &stored, nil
+}
+
+// release writes the key's row, failed, once the transaction rolled back,
+// so a retry runs again (I3); nothing when the key has a row of another
+// execution.
+func (m singleCommit) release(ctx context.Context, x *Execution, _ bool) (*keystate.Key, error) {
+	e := m.e
+	var written bool
+	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (k keystate.Key, err error) {
+		k, written, err = e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
+		return k, err
+	})
+	if err != nil || !written {
+		return nil, err
+	}
+	return &k, nil
+}
+
+// keepsRow is false: the execution's transaction ended with Postgres, and
+// left no row behind.
+func (singleCommit) keepsRow() bool      { return false }
+func (singleCommit) callerCommits() bool { return false }

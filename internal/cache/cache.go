@@ -35,6 +35,8 @@ const (
 	InFlight
 	// Mismatch: the key belongs to another fingerprint.
 	Mismatch
+	// Undecided (Peek only): Redis cannot answer; Postgres decides.
+	Undecided
 )
 
 // String returns the verdict's name, for logs and metrics.
@@ -48,6 +50,8 @@ func (v Verdict) String() string {
 		return "in_flight"
 	case Mismatch:
 		return "mismatch"
+	case Undecided:
+		return "undecided"
 	}
 	return fmt.Sprintf("verdict(%d)", int(v))
 }
@@ -453,6 +457,28 @@ func (c *Cache) Read(ctx context.Context, ref keystate.Ref) (entry Entry, found 
 	}
 	entry, err = Decode(raw)
 	return entry, true, err
+}
+
+// Peek judges a request for ref with fingerprint as Check does, from one
+// read and without claiming anything: Replay for a key completed with
+// fingerprint, Mismatch for a settled key of another fingerprint (a key in
+// progress may be gone: Postgres judges it), Undecided otherwise. A value
+// that does not decode returns ErrCorrupt.
+func (c *Cache) Peek(ctx context.Context, ref keystate.Ref, fingerprint string) (CheckResult, error) {
+	entry, found, err := c.Read(ctx, ref)
+	if err != nil {
+		return CheckResult{}, err
+	}
+	switch {
+	case !found || entry.Provisional:
+	case entry.Digest != Digest(fingerprint):
+		if entry.State != keystate.InProgress {
+			return CheckResult{Verdict: Mismatch}, nil
+		}
+	case entry.State == keystate.Completed:
+		return CheckResult{Verdict: Replay, Entry: entry}, nil
+	}
+	return CheckResult{Verdict: Undecided}, nil
 }
 
 // Watch subscribes to the settlement of ref: the apply script announces on

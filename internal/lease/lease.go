@@ -139,8 +139,11 @@ func (k *Keeper) Fixed(ref keystate.Ref, owner keystate.Owner, start time.Time, 
 	return l
 }
 
-// Release stops renewing l (its execution is over).
+// Release stops renewing l (its execution is over); a nil l is ignored.
 func (k *Keeper) Release(l *Lease) {
+	if l == nil {
+		return
+	}
 	l.mu.Lock()
 	l.released = true
 	l.timer.Stop()
@@ -150,8 +153,13 @@ func (k *Keeper) Release(l *Lease) {
 	k.mu.Unlock()
 }
 
-// Valid reports whether the lease still holds with its margin.
+// Valid reports whether the lease still holds with its margin. A nil
+// lease, that of an execution whose key is held otherwise (an uncommitted
+// row), always holds.
 func (l *Lease) Valid() bool {
+	if l == nil {
+		return true
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return !l.lost && time.Now().Before(l.validUntil)

@@ -1,0 +1,66 @@
+package onceonly
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/lease"
+)
+
+// A mode is one way for an execution to hold its key while its handler
+// runs and to settle the key after. The engine's flow (execute, run) is
+// the same for every mode; what differs lives in one type per mode:
+//
+//   - twoPhase (twophase.go): the claim commits on its own, under a lease
+//     the engine renews; the handler's writes commit with the completion.
+//     Steps, fencing, heartbeats and resumption need it.
+//   - singleCommit (single.go): one transaction takes the key's lock, holds
+//     the handler's writes and writes the key's row, completed
+//     (Config.SingleCommit).
+//   - callerTx (dotx.go): the claim, the handler's writes and the
+//     completion run in a savepoint of the caller's transaction, which the
+//     caller commits (DoTx).
+//
+// A new mode is one new type implementing mode, picked where its entry
+// point makes an execution.
+type mode interface {
+	// check asks Redis about x's key before Postgres is asked; done is
+	// true when Redis answered the request.
+	check(ctx context.Context, x *Execution) (out Outcome, outcome string, done bool, err error)
+	// claim takes x's key, setting x's fence and recovery points, and
+	// returns nil; or it returns the row of the execution that holds the
+	// key (held). An error is Postgres's, or an *InFlightError. A mode may
+	// hand x to another mode here (x.mode).
+	claim(ctx context.Context, x *Execution) (held *keystate.Key, err error)
+	// hold returns the lease x runs under from since; onLost stops x's
+	// handler. A nil lease never ends: the key is held otherwise.
+	hold(ctx context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease
+	// tx returns the transaction the handler writes through.
+	tx(x *Execution) pgx.Tx
+	// complete stores res as the key's answer with the handler's writes.
+	// stored is the key's new state once committed; nil while the commit
+	// is still to come (the caller's).
+	complete(ctx context.Context, x *Execution, res Result) (stored *keystate.Key, err error)
+	// release fails x's key, or hands it off for a resumption, once the
+	// handler's writes are rolled back. changed is the key's new state;
+	// nil with a nil error when nothing of x's was left to release.
+	release(ctx context.Context, x *Execution, handOff bool) (changed *keystate.Key, err error)
+	// keepsRow reports whether x's key has a committed row of x's that
+	// holds it until its lease ends, so a release Postgres did not take is
+	// tried again in the background (releaseLater).
+	keepsRow() bool
+	// callerCommits reports whether the caller, not the engine, commits.
+	callerCommits() bool
+}
+
+// modeFor returns the mode of a new execution of an entry point that
+// leaves the commit to the engine.
+func (e *Engine) modeFor(handler string) mode {
+	if e.cfg.SingleCommit && handler == "" {
+		return singleCommit{e}
+	}
+	return twoPhase{e}
+}
