@@ -2,48 +2,82 @@ package onceonly
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 )
 
-// ErrKeyInProgress is returned by Purge for a key whose lease is held,
-// unless forced: purging it would let a duplicate run beside it.
-var ErrKeyInProgress = keystore.ErrKeyInProgress
-
-// ErrNoSuchKey is returned by Purge for a key that has no row.
-var ErrNoSuchKey = errors.New("no such key")
-
-// Inspection is a key's Postgres row and Redis entry side by side.
+// Inspection is a key's Postgres row and Redis value side by side.
 type Inspection struct {
 	// Postgres is the key's row; nil when there is none.
-	Postgres *keystate.Key
-	// Redis is the decoded Redis entry; nil when absent or when the engine
-	// runs without Redis (RedisEnabled false).
-	Redis *cache.Entry
+	Postgres *StoredKey
+	// Redis is the decoded Redis value; nil when absent, when it does not
+	// decode, or when the engine runs without Redis (RedisEnabled false).
+	Redis *CachedKey
 	// RedisEnabled is false for an engine without Redis.
 	RedisEnabled bool
-	// RedisTTL is the entry's time to live.
+	// RedisTTL is the value's time to live.
 	RedisTTL time.Duration
-	// RedisErr says why Redis could not be read, or that the value is not
-	// in the layout (cache.ErrCorrupt, with RedisFound set).
+	// RedisErr says why Redis could not be read, or (with RedisFound set)
+	// that the value is not in the layout.
 	RedisErr error
 	// RedisFound is true when Redis holds a value for the key.
 	RedisFound bool
 }
 
+// KeyStatus is the state of a key: "in_progress", "completed" or
+// "failed", the words Postgres and Redis both hold.
+type KeyStatus string
+
+// The key states.
+const (
+	StatusInProgress = KeyStatus(keystate.InProgress)
+	StatusCompleted  = KeyStatus(keystate.Completed)
+	StatusFailed     = KeyStatus(keystate.Failed)
+)
+
+// StoredKey is a key's row in Postgres.
+type StoredKey struct {
+	Status KeyStatus
+	// Version is bumped by every transition of the key.
+	Version int64
+	// Fingerprint identifies the request that claimed the key.
+	Fingerprint string
+	// Owner (the lease holder's token) and LeaseRemaining are set while the
+	// key is in progress.
+	Owner          string
+	LeaseRemaining time.Duration
+	// Response is set once the key is completed.
+	Response Result
+	// ExpiresIn is the time left until the row may be deleted; zero or
+	// less means the key is gone (expired or purged).
+	ExpiresIn time.Duration
+}
+
+// CachedKey is a key's value in Redis, decoded.
+type CachedKey struct {
+	Status  KeyStatus
+	Version int64
+	// Provisional is true for a claim Redis made that Postgres has not
+	// confirmed yet.
+	Provisional bool
+	// Owner is the lease holder's token (in progress only).
+	Owner string
+	// Response is the stored response (completed only); its Body is nil
+	// when BodyInPostgres is true (too large for the cache).
+	Response       Result
+	BodyInPostgres bool
+}
+
 // InSync reports whether Redis agrees with Postgres: a live key has the
-// same state and version in both, a key without a live row has no entry.
+// same state and version in both, a key without a live row has no value.
 func (in Inspection) InSync() bool {
 	live := in.Postgres != nil && in.Postgres.ExpiresIn > 0
 	if !live {
 		return !in.RedisFound
 	}
-	return in.Redis != nil && in.Redis.State == in.Postgres.Status && in.Redis.Version == in.Postgres.Version
+	return in.Redis != nil && in.Redis.Status == in.Postgres.Status && in.Redis.Version == in.Postgres.Version
 }
 
 // Inspect reads (scope, key) in Postgres and in Redis.
@@ -55,7 +89,13 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 		return in, fmt.Errorf("inspect key: %w", err)
 	}
 	if found {
-		in.Postgres = &k
+		in.Postgres = &StoredKey{
+			Status: KeyStatus(k.Status), Version: k.Version, Fingerprint: k.Fingerprint,
+			LeaseRemaining: k.LeaseRemaining, Response: k.Response, ExpiresIn: k.ExpiresIn,
+		}
+		if k.Status == keystate.InProgress {
+			in.Postgres.Owner = k.Owner.String()
+		}
 	}
 	if e.cache == nil {
 		return in, nil
@@ -64,7 +104,13 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 	entry, inRedis, err := e.cache.Read(ctx, ref)
 	in.RedisFound, in.RedisErr = inRedis, err
 	if err == nil && inRedis {
-		in.Redis = &entry
+		in.Redis = &CachedKey{
+			Status: KeyStatus(entry.State), Version: entry.Version, Provisional: entry.Provisional,
+			Response: entry.Response, BodyInPostgres: entry.BodyInPostgres,
+		}
+		if entry.State == keystate.InProgress {
+			in.Redis.Owner = entry.Owner.String()
+		}
 		if ttl, err := e.cache.Client().PTTL(ctx, e.cache.Key(ref)).Result(); err == nil && ttl > 0 {
 			in.RedisTTL = ttl
 		}
@@ -76,21 +122,20 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 // through the outbox (so no relay or reconciler brings the old state back),
 // the Redis copy is deleted at once, and the next request with the key is a
 // first execution. A key in progress needs force; it becomes failed, so its
-// worker cannot complete it. It returns ErrNoSuchKey or ErrKeyInProgress,
-// and a cacheErr when the Redis copy could not be deleted now (the relay
-// deletes it).
-func (e *Engine) Purge(ctx context.Context, scope, key string, force bool) (cacheErr, err error) {
+// worker cannot complete it. It returns ErrNoSuchKey or ErrKeyInProgress.
+// A Redis copy that cannot be deleted now is logged: the relay deletes it.
+func (e *Engine) Purge(ctx context.Context, scope, key string, force bool) error {
 	k, found, err := e.store.Purge(ctx, e.cfg.Pool, keystate.Ref{Scope: scope, Key: key}, force)
 	switch {
 	case err != nil:
-		return nil, err
+		return fmt.Errorf("purge key: %w", fromStore(err))
 	case !found:
-		return nil, ErrNoSuchKey
-	case e.cache == nil:
-		return nil, nil
+		return ErrNoSuchKey
 	}
-	if _, err := e.cache.Apply(ctx, k); err != nil {
-		return err, nil
+	if e.cache != nil {
+		if _, err := e.cache.Apply(ctx, k); err != nil {
+			e.log.Warn("purge: Redis not updated now; the relay will", "scope", scope, "key", key, "err", err)
+		}
 	}
-	return nil, nil
+	return nil
 }

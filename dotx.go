@@ -62,13 +62,13 @@ func (m *callerTx) check(ctx context.Context, x *Execution) (Outcome, string, bo
 func (m *callerTx) claim(ctx context.Context, x *Execution) (*keystate.Key, error) {
 	sp, err := m.outer.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("savepoint: %w", err)
+		return nil, unavailable(fmt.Errorf("savepoint: %w", err))
 	}
 	m.sp = sp
 	claim, err := m.e.store.Claim(ctx, sp, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
 	if err != nil {
 		_ = sp.Rollback(context.WithoutCancel(ctx))
-		return nil, err
+		return nil, fromStore(err)
 	}
 	if !claim.Claimed {
 		_ = sp.Rollback(context.WithoutCancel(ctx))
@@ -89,10 +89,10 @@ func (m *callerTx) tx(*Execution) pgx.Tx { return m.sp }
 func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (*keystate.Key, error) {
 	if _, err := m.e.store.Complete(ctx, m.sp, x.ref, x.fence.Owner, res); err != nil {
 		_ = m.sp.Rollback(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("complete: %w", err)
+		return nil, fromStore(fmt.Errorf("complete: %w", err))
 	}
 	if err := m.sp.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("release savepoint: %w", err)
+		return nil, unavailable(fmt.Errorf("release savepoint: %w", err))
 	}
 	return nil, nil
 }

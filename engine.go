@@ -57,21 +57,6 @@ type Config struct {
 	// MaxCachedBody is the largest response body kept in Redis (8 KiB);
 	// larger ones are replayed from Postgres.
 	MaxCachedBody int
-	// RedisNoAutoPipeline sends every Redis command of the request path on
-	// a round trip of its own. By default, commands that requests send
-	// while others are on the wire go together in the next pipeline
-	// (cache.Options.NoAutoPipeline).
-	RedisNoAutoPipeline bool
-	// NoClaimBatching sends every claim in a statement and a commit of its
-	// own. By default, claims that executions make while another batch of
-	// claims is in flight go together in the next statement (group commit):
-	// the claim is a third of a first execution's Postgres work, and most
-	// of it is the statement's, not the key's.
-	NoClaimBatching bool
-	// RedisWriteLayout1 writes completed values in the layout releases
-	// before 2026-11-24 read (cache.Options.WriteLayout1): for a rolling
-	// upgrade from one, on every process, until none of them runs.
-	RedisWriteLayout1 bool
 	// ShouldStore tells which handler statuses are stored and replayed. By
 	// default: every status below 500 except 408, 409, 425 and 429. Others
 	// mark the key failed, so a retry runs the handler again.
@@ -81,17 +66,6 @@ type Config struct {
 	// ResumeInterval is how often Resume looks for executions to finish
 	// (default 5s; keep it at most the reconciler's interval).
 	ResumeInterval time.Duration
-	// NotifyInTransaction sends the relays' NOTIFY inside the engine's
-	// transactions, so a listening relay hears of every transition at its
-	// commit. By default the engine's transactions send none — a NOTIFY
-	// takes a database-wide lock at commit, which serialises commits — and
-	// the engine wakes the relays after a commit only when its
-	// write-through to Redis failed (one NOTIFY for all the failures of a
-	// moment); events already in Redis reach the relay on its poll
-	// (RELAY_POLL_INTERVAL), which only deletes them. Events of DoTx, whose
-	// commit the engine does not see, also wait for that poll unless this
-	// is set.
-	NotifyInTransaction bool
 	// SingleCommit runs the executions of unnamed handlers (Do, and the
 	// middleware without a Name) in one transaction: the key's row is
 	// written once, with the result, by the commit that holds the
@@ -109,6 +83,8 @@ type Config struct {
 	// takeover) goes the two-phase way. Fence().Version is 0 in such an
 	// execution. Off by default.
 	SingleCommit bool
+	// Tuning holds switches most services never set.
+	Tuning Tuning
 	// Registerer receives the engine's Prometheus metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
@@ -116,6 +92,40 @@ type Config struct {
 	// TracerName); nil uses the global provider, which records nothing
 	// until an SDK is installed.
 	TracerProvider trace.TracerProvider
+}
+
+// Tuning holds the engine's switches that most services never set: ways
+// to turn off an optimisation (to measure it, or to rule it out) and
+// rolling-upgrade switches. The zero value is the default every benchmark
+// measured.
+type Tuning struct {
+	// RedisNoAutoPipeline sends every Redis command of the request path on
+	// a round trip of its own. By default, commands that requests send
+	// while others are on the wire go together in the next pipeline (a
+	// cluster client always sends each on its own).
+	RedisNoAutoPipeline bool
+	// NoClaimBatching sends every claim in a statement and a commit of its
+	// own. By default, claims that executions make while another batch of
+	// claims is in flight go together in the next statement (group commit):
+	// the claim is a third of a first execution's Postgres work, and most
+	// of it is the statement's, not the key's.
+	NoClaimBatching bool
+	// NotifyInTransaction sends the relays' NOTIFY inside the engine's
+	// transactions, so a listening relay hears of every transition at its
+	// commit. By default the engine's transactions send none — a NOTIFY
+	// takes a database-wide lock at commit, which serialises commits — and
+	// the engine wakes the relays after a commit only when its
+	// write-through to Redis failed (one NOTIFY for all the failures of a
+	// moment); events already in Redis reach the relay on its poll
+	// (RELAY_POLL_INTERVAL), which only deletes them. Events of DoTx, whose
+	// commit the engine does not see, also wait for that poll unless this
+	// is set.
+	NotifyInTransaction bool
+	// RedisWriteLayout1 writes completed values in the layout releases
+	// before 2026-11-24 read: for a rolling upgrade from one, on every
+	// process (relay.Config and reconcile.Config have it too), until none
+	// of them runs.
+	RedisWriteLayout1 bool
 }
 
 // Result is what a handler produced: the response that is stored and
@@ -148,7 +158,7 @@ type Engine struct {
 	leases  *lease.Keeper
 	owners  *keystate.OwnerSource
 	wake    *relaywake.Waker
-	claims  *claimbatch.Group // nil with NoClaimBatching
+	claims  *claimbatch.Group // nil with Tuning.NoClaimBatching
 
 	mu    sync.Mutex
 	funcs map[string]Func // registered handlers, by name
@@ -184,7 +194,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg,
 		store: keystore.New(keystore.Config{
-			CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL, DeferNotify: !cfg.NotifyInTransaction,
+			CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL, DeferNotify: !cfg.Tuning.NotifyInTransaction,
 		}),
 		log:     cfg.Logger,
 		metrics: m,
@@ -193,14 +203,14 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.closing = make(chan struct{})
 	e.leases = lease.NewKeeper(e.store, cfg.Pool.Config().ConnConfig.Copy(), cfg.LeaseTimeout, e.log.Warn)
-	if !cfg.NoClaimBatching {
+	if !cfg.Tuning.NoClaimBatching {
 		e.claims = claimbatch.New(e.store, cfg.Pool, cfg.LeaseTimeout, m.claimBatches, m.claimFailures)
 	}
 	e.wake = relaywake.New(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
 	if cfg.Redis != nil {
 		e.cache = cache.New(cfg.Redis, cache.Options{
 			Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody,
-			NoAutoPipeline: cfg.RedisNoAutoPipeline, WriteLayout1: cfg.RedisWriteLayout1,
+			NoAutoPipeline: cfg.Tuning.RedisNoAutoPipeline, WriteLayout1: cfg.Tuning.RedisWriteLayout1,
 		})
 	}
 	return e, nil
@@ -493,16 +503,7 @@ func (x *Execution) rollback(ctx context.Context) {
 // leaseLost reports whether err, or the cause of ctx, says the execution
 // lost its lease.
 func (e *Engine) leaseLost(ctx context.Context, err error) bool {
-	return errors.Is(err, keystore.ErrLeaseLost) || errors.Is(err, ErrLeaseLost) ||
-		errors.Is(context.Cause(ctx), ErrLeaseLost)
-}
-
-// recordError maps a store error of a step record.
-func (e *Engine) recordError(err error) error {
-	if errors.Is(err, keystore.ErrLeaseLost) {
-		return ErrLeaseLost
-	}
-	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	return errors.Is(err, ErrLeaseLost) || errors.Is(context.Cause(ctx), ErrLeaseLost)
 }
 
 // abandon ends an execution that has no stored result: the key is handed
@@ -604,7 +605,7 @@ const (
 func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool, error) {
 	k, err := x.mode.release(ctx, x, handOff)
 	switch {
-	case errors.Is(err, keystore.ErrLeaseLost):
+	case errors.Is(err, ErrLeaseLost):
 		return false, nil
 	case err != nil:
 		return false, err
@@ -617,9 +618,9 @@ func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool,
 
 // writeThrough copies a transition this engine committed into Redis. A
 // copy that did not land wakes the relays instead, unless the transaction
-// notified them already (NotifyInTransaction).
+// notified them already (Tuning.NotifyInTransaction).
 func (e *Engine) writeThrough(ctx context.Context, k keystate.Key) {
-	if e.applyCache(ctx, k) || e.cfg.NotifyInTransaction {
+	if e.applyCache(ctx, k) || e.cfg.Tuning.NotifyInTransaction {
 		return
 	}
 	e.wake.Kick()

@@ -520,7 +520,7 @@ func TestDeferredRelayNotify(t *testing.T) {
 	require.True(t, notified(2*time.Second), "the write-through failed: the relay is woken")
 
 	// Asked to, the engine notifies inside its transactions.
-	inTx, err := onceonly.New(onceonly.Config{Pool: b.pool, NotifyInTransaction: true})
+	inTx, err := onceonly.New(onceonly.Config{Pool: b.pool, Tuning: onceonly.Tuning{NotifyInTransaction: true}})
 	require.NoError(t, err)
 	t.Cleanup(inTx.Close)
 	_, err = inTx.Do(b.ctx, "m", "in-tx", []byte("p"), payment(201, `{}`))

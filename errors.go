@@ -1,22 +1,59 @@
 package onceonly
 
+// The errors callers branch on (errors.Is, or IsInFlight). The store's and
+// the cache's own errors are translated into these where the engine calls
+// them (fromStore); every message starts with "onceonly:".
+
 import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/onceonly/onceonly/internal/keystore"
 )
 
 // ErrKeyReused is returned when a key is sent again with another payload
 // (another fingerprint). The handler did not run.
-var ErrKeyReused = errors.New("idempotency key was used with another payload")
+var ErrKeyReused = errors.New("onceonly: idempotency key was used with another payload")
 
 // ErrUnavailable is returned when Postgres cannot be reached: nothing was
 // decided, and the caller may retry.
-var ErrUnavailable = errors.New("idempotency store unavailable")
+var ErrUnavailable = errors.New("onceonly: idempotency store unavailable")
 
 // ErrLeaseLost is returned when the execution's lease was taken over (or
 // reaped) before it committed: its business writes were rolled back.
-var ErrLeaseLost = errors.New("lease lost before commit: business writes rolled back")
+var ErrLeaseLost = errors.New("onceonly: lease lost before commit: business writes rolled back")
+
+// ErrInvalidKey is returned for an idempotency key that is empty, longer
+// than MaxKeyLength or holds a character outside 0x21..0x7E.
+var ErrInvalidKey = errors.New("onceonly: idempotency key must be 1 to 255 printable ASCII characters without spaces")
+
+// ErrInvalidScope is returned for a scope that is empty, longer than 255
+// bytes or contains ':'.
+var ErrInvalidScope = errors.New("onceonly: scope must be 1 to 255 bytes without ':'")
+
+// ErrMissingKeyField is returned by KeyFromJSON when a path selects nothing,
+// or a value that says nothing: null, "", [] or {}. A key derived without
+// that field would be shared by every message that lacks it.
+var ErrMissingKeyField = errors.New("onceonly: key field missing, null or empty")
+
+// ErrNoExecution is returned by Tx and Step outside an execution.
+var ErrNoExecution = errors.New("onceonly: no execution in this context")
+
+// ErrStepAfterTx is returned by Step once the execution's transaction is
+// open: an external call never runs while a Postgres transaction waits.
+var ErrStepAfterTx = errors.New("onceonly: Step called after Tx: external calls run before the final transaction")
+
+// ErrUnnamedHandler is returned by Step in a handler that is not
+// registered under a name: its execution could not be resumed.
+var ErrUnnamedHandler = errors.New("onceonly: Step needs a named handler (MiddlewareOptions.Name or Engine.Register)")
+
+// ErrKeyInProgress is returned by Purge for a key whose lease is held,
+// unless forced: purging it would let a duplicate run beside it.
+var ErrKeyInProgress = errors.New("onceonly: the key is in progress; purging it lets a duplicate run")
+
+// ErrNoSuchKey is returned by Purge for a key that has no row.
+var ErrNoSuchKey = errors.New("onceonly: no such key")
 
 // InFlightError is returned while another execution holds the key.
 type InFlightError struct {
@@ -26,7 +63,7 @@ type InFlightError struct {
 
 // Error implements error.
 func (e *InFlightError) Error() string {
-	return fmt.Sprintf("idempotency key in use by another request (retry after %s)", e.RetryAfter)
+	return fmt.Sprintf("onceonly: idempotency key in use by another request (retry after %s)", e.RetryAfter)
 }
 
 // IsInFlight reports whether err is an *InFlightError and returns it.
@@ -47,4 +84,19 @@ func unavailable(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// fromStore translates an error of the key store: a lost lease is
+// ErrLeaseLost, a key in progress ErrKeyInProgress, anything else a
+// failure of Postgres (ErrUnavailable).
+func fromStore(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, keystore.ErrLeaseLost):
+		return ErrLeaseLost
+	case errors.Is(err, keystore.ErrKeyInProgress):
+		return ErrKeyInProgress
+	}
+	return unavailable(err)
 }

@@ -75,17 +75,6 @@ func (x *Execution) Fence() Fence { return x.fence }
 // Run, or the HTTP request as the middleware encodes it.
 func (x *Execution) Request() []byte { return x.request() }
 
-// ErrNoExecution is returned by Tx and Step outside an execution.
-var ErrNoExecution = errors.New("onceonly: no execution in this context")
-
-// ErrStepAfterTx is returned by Step once the execution's transaction is
-// open: an external call never runs while a Postgres transaction waits.
-var ErrStepAfterTx = errors.New("onceonly: Step called after Tx: external calls run before the final transaction")
-
-// ErrUnnamedHandler is returned by Step in a handler that is not
-// registered under a name: its execution could not be resumed.
-var ErrUnnamedHandler = errors.New("onceonly: Step needs a named handler (MiddlewareOptions.Name or Engine.Register)")
-
 // Tx returns the transaction of the execution running in ctx, beginning it
 // on first use (READ COMMITTED). The handler writes its business rows
 // through it; they commit together with the key's completion, or not at
@@ -225,7 +214,7 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 			return struct{}{}, x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, []byte(`{}`), x.handler, request, false)
 		})
 		if err != nil {
-			return x.engine.recordError(err)
+			return fromStore(err)
 		}
 		x.started[name], x.stored = true, true
 	}
@@ -249,7 +238,7 @@ func (x *Execution) recordOutcome(ctx context.Context, name string, outcome json
 		return struct{}{}, x.engine.store.RecordStep(ctx, x.engine.cfg.Pool, x.ref, x.fence.Owner, name, record, x.handler, nil, true)
 	})
 	if err != nil {
-		if err = x.engine.recordError(err); errors.Is(err, ErrLeaseLost) {
+		if err = fromStore(err); errors.Is(err, ErrLeaseLost) {
 			return err
 		}
 		x.engine.log.Warn("record step outcome; a later attempt calls again with the same key",

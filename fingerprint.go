@@ -3,7 +3,6 @@ package onceonly
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"net/url"
 	"strings"
 )
@@ -25,14 +24,6 @@ const payloadVersion = "v1:"
 
 // MaxKeyLength is the longest idempotency key accepted.
 const MaxKeyLength = 255
-
-// ErrInvalidKey is returned for an idempotency key that is empty, longer
-// than MaxKeyLength or holds a character outside 0x21..0x7E.
-var ErrInvalidKey = errors.New("idempotency key must be 1 to 255 printable ASCII characters without spaces")
-
-// ErrInvalidScope is returned for a scope that is empty, longer than 255
-// bytes or contains ':'.
-var ErrInvalidScope = errors.New("scope must be 1 to 255 bytes without ':'")
 
 // ValidateKey checks an idempotency key.
 func ValidateKey(key string) error {

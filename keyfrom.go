@@ -17,11 +17,6 @@ import (
 // change without two schemes ever deriving the same key.
 const jsonKeyVersion = "j1:"
 
-// ErrMissingKeyField is returned by KeyFromJSON when a path selects nothing,
-// or a value that says nothing: null, "", [] or {}. A key derived without
-// that field would be shared by every message that lacks it.
-var ErrMissingKeyField = errors.New("key field missing, null or empty")
-
 // KeyFromJSON derives an idempotency key for a message from chosen fields of
 // its JSON payload, the way AWS Powertools' event key expressions do, for
 // messages that carry no usable ID of their own:
@@ -79,14 +74,14 @@ var ErrMissingKeyField = errors.New("key field missing, null or empty")
 //     never share keys.
 func KeyFromJSON(payload []byte, paths ...string) (string, error) {
 	if len(paths) == 0 {
-		return "", errors.New("key from json: no paths")
+		return "", errors.New("onceonly: key from json: no paths")
 	}
 	canonical, err := canonjson.Canonical(payload)
 	if err != nil {
-		return "", fmt.Errorf("key from json: %w", err)
+		return "", fmt.Errorf("onceonly: key from json: %w", err)
 	}
 	if canonical == nil {
-		return "", errors.New("key from json: empty payload")
+		return "", errors.New("onceonly: key from json: empty payload")
 	}
 	// The canonical form has no duplicate names and valid UTF-8 only, so
 	// decoding it into maps loses nothing; numbers stay json.Number.
@@ -94,27 +89,27 @@ func KeyFromJSON(payload []byte, paths ...string) (string, error) {
 	dec.UseNumber()
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
-		return "", fmt.Errorf("key from json: %w", err)
+		return "", fmt.Errorf("onceonly: key from json: %w", err)
 	}
 	selected := make(map[string]any, len(paths))
 	for _, path := range paths {
 		segments, err := splitKeyPath(path)
 		if err != nil {
-			return "", fmt.Errorf("key from json: path %q: %w", path, err)
+			return "", fmt.Errorf("onceonly: key from json: path %q: %w", path, err)
 		}
 		v, err := selectKeyField(doc, segments)
 		if err != nil {
-			return "", fmt.Errorf("key from json: %w: %q %w", ErrMissingKeyField, path, err)
+			return "", fmt.Errorf("%w: %q %w", ErrMissingKeyField, path, err)
 		}
 		selected[path] = v
 	}
 	raw, err := json.Marshal(selected)
 	if err != nil {
-		return "", fmt.Errorf("key from json: %w", err)
+		return "", fmt.Errorf("onceonly: key from json: %w", err)
 	}
 	raw, err = canonjson.Canonical(raw) // Marshal escapes <, > and &; canonical form does not
 	if err != nil {
-		return "", fmt.Errorf("key from json: %w", err)
+		return "", fmt.Errorf("onceonly: key from json: %w", err)
 	}
 	sum := sha256.Sum256(raw)
 	return jsonKeyVersion + hex.EncodeToString(sum[:]), nil

@@ -186,5 +186,5 @@ func ExampleKeyFromJSON() {
 	fmt.Println(err)
 	// Output:
 	// j1:01873ede8c2536a256eb38f8c08115771e8dc7d3de866a8f63835ca172a2384c
-	// key from json: key field missing, null or empty: "order.id" (null)
+	// onceonly: key field missing, null or empty: "order.id" (null)
 }

@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		claimBatches: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "onceonly_claim_batch_size",
-			Help:    "Claims per batch sent to Postgres (Config.NoClaimBatching turns batching off).",
+			Help:    "Claims per batch sent to Postgres (Config.Tuning.NoClaimBatching turns batching off).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
 		claimFailures: prometheus.NewCounter(prometheus.CounterOpts{

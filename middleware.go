@@ -156,7 +156,7 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				return
 			}
 			if len(key) != 1 || ValidateKey(key[0]) != nil {
-				fail(http.StatusBadRequest, "idempotency_key_invalid", ErrInvalidKey.Error()+".", HeaderKey)
+				fail(http.StatusBadRequest, "idempotency_key_invalid", "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces.", HeaderKey)
 				return
 			}
 			scope, err := opts.Scope(r)

@@ -36,7 +36,7 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (*keystate.Key, e
 	case err != nil:
 		x.rollback(ctx)
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
-		return nil, err
+		return nil, fromStore(err)
 	case opened.HasRow:
 		x.rollback(ctx)
 		x.tx, x.mode = nil, twoPhase{e}
@@ -63,7 +63,7 @@ func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (*
 		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, &stored)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("complete and commit: %w", err)
+		return nil, fromStore(fmt.Errorf("complete and commit: %w", err))
 	}
 	return &stored, nil
 }
@@ -79,7 +79,7 @@ func (m singleCommit) release(ctx context.Context, x *Execution, _ bool) (*keyst
 		return k, err
 	})
 	if err != nil || !written {
-		return nil, err
+		return nil, fromStore(err)
 	}
 	return &k, nil
 }

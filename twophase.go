@@ -31,7 +31,7 @@ func (m twoPhase) claim(ctx context.Context, x *Execution) (*keystate.Key, error
 	claim, err := e.claim(ctx, x.ref, x.fingerprint, x.fence.Owner)
 	if err != nil {
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
-		return nil, err
+		return nil, fromStore(err)
 	}
 	if !claim.Claimed {
 		if !e.applyCache(ctx, claim.Key) {
@@ -60,7 +60,7 @@ func (m twoPhase) complete(ctx context.Context, x *Execution, res Result) (*keys
 		m.e.store.QueueComplete(b, x.ref, x.fence.Owner, res, &stored)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("complete and commit: %w", err)
+		return nil, fromStore(fmt.Errorf("complete and commit: %w", err))
 	}
 	return &stored, nil
 }
@@ -74,7 +74,7 @@ func (m twoPhase) release(ctx context.Context, x *Execution, handOff bool) (*key
 		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
 	})
 	if err != nil {
-		return nil, err
+		return nil, fromStore(err)
 	}
 	return &k, nil
 }

@@ -146,7 +146,7 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	inTx, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, NotifyInTransaction: true})
+	inTx, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, Tuning: onceonly.Tuning{NotifyInTransaction: true}})
 	if err != nil {
 		return nil, err
 	}
@@ -154,11 +154,11 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	unpiped, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, RedisNoAutoPipeline: true})
+	unpiped, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, Tuning: onceonly.Tuning{RedisNoAutoPipeline: true}})
 	if err != nil {
 		return nil, err
 	}
-	unbatched, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, NoClaimBatching: true})
+	unbatched, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, Tuning: onceonly.Tuning{NoClaimBatching: true}})
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/daemon"
-	"github.com/onceonly/onceonly/internal/keystate"
 )
 
 // keyView is what `api keys show` prints: the Postgres row and the Redis
@@ -69,16 +67,13 @@ func keysCommand(ctx context.Context, pgCfg *pgxpool.Config, rdbOpts *redis.Univ
 	switch cmd {
 	case "show":
 	case "purge":
-		cacheErr, err := engine.Purge(ctx, scope, key, force)
-		switch {
+		switch err := engine.Purge(ctx, scope, key, force); {
 		case errors.Is(err, onceonly.ErrKeyInProgress):
 			return fmt.Errorf("%s:%s: %w (add --force to purge it anyway)", scope, key, err)
 		case errors.Is(err, onceonly.ErrNoSuchKey):
 			return fmt.Errorf("%s:%s: no such key", scope, key)
 		case err != nil:
 			return err
-		case cacheErr != nil:
-			fmt.Fprintf(stdout, "warning: Redis not updated now (the relay will): %v\n", cacheErr)
 		}
 	default:
 		return fmt.Errorf("unknown command %q: say show or purge", cmd)
@@ -101,14 +96,14 @@ func viewOf(scope, key string, in onceonly.Inspection) keyView {
 	if k := in.Postgres; k != nil {
 		row := &postgresRow{Status: string(k.Status), Version: k.Version, Fingerprint: k.Fingerprint, ExpiresInMs: k.ExpiresIn.Milliseconds()}
 		switch k.Status {
-		case keystate.InProgress:
+		case onceonly.StatusInProgress:
 			lease := k.LeaseRemaining.Milliseconds()
-			owner := hex.EncodeToString(k.Owner[:])
+			owner := k.Owner
 			row.LeaseRemainingMs, row.Owner = &lease, &owner
-		case keystate.Completed:
+		case onceonly.StatusCompleted:
 			n := len(k.Response.Body)
 			row.ResponseStatus, row.ResponseBytes = &k.Response.Status, &n
-		case keystate.Failed:
+		case onceonly.StatusFailed:
 		}
 		view.Postgres = row
 	}
@@ -122,7 +117,7 @@ func viewOf(scope, key string, in onceonly.Inspection) keyView {
 	case in.RedisErr != nil:
 		entry.Found, entry.Error = true, "value does not decode: "+in.RedisErr.Error()
 	case e != nil:
-		entry.Found, entry.State, entry.Version, entry.Provisional = true, string(e.State), e.Version, e.Provisional
+		entry.Found, entry.State, entry.Version, entry.Provisional = true, string(e.Status), e.Version, e.Provisional
 		entry.BodyInPostgres, entry.ResponseStatus = e.BodyInPostgres, e.Response.Status
 		entry.TTLMs = in.RedisTTL.Milliseconds()
 	}

@@ -277,11 +277,11 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 
 	reg := daemon.Registry()
 	engine, err := onceonly.New(onceonly.Config{
-		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix, RedisWriteLayout1: *s.RedisWriteLayout1,
+		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix,
 		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
-		ResumeInterval:      *s.resumeInterval,
-		NotifyInTransaction: !*s.deferNotify,
-		Logger:              log, Registerer: reg,
+		ResumeInterval: *s.resumeInterval,
+		Tuning:         onceonly.Tuning{RedisWriteLayout1: *s.RedisWriteLayout1, NotifyInTransaction: !*s.deferNotify},
+		Logger:         log, Registerer: reg,
 	})
 	if err != nil {
 		return err

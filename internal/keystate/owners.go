@@ -3,7 +3,6 @@ package keystate
 import (
 	"encoding/binary"
 	"sync/atomic"
-
 )
 
 // OwnerSource hands out the owner tokens of an engine's claims: a random
