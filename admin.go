@@ -32,9 +32,9 @@ type KeyStatus string
 
 // The key states.
 const (
-	StatusInProgress = KeyStatus(keystate.InProgress)
-	StatusCompleted  = KeyStatus(keystate.Completed)
-	StatusFailed     = KeyStatus(keystate.Failed)
+	StatusInProgress KeyStatus = "in_progress"
+	StatusCompleted  KeyStatus = "completed"
+	StatusFailed     KeyStatus = "failed"
 )
 
 // StoredKey is a key's row in Postgres.
