@@ -82,7 +82,7 @@ func (m *callerTx) claim(ctx context.Context, x *Execution) (*keystate.Key, erro
 // caller's transaction ends.
 func (*callerTx) hold(context.Context, *Execution, time.Time, func()) *lease.Lease { return nil }
 
-func (m *callerTx) tx(*Execution) pgx.Tx { return m.sp }
+func (m *callerTx) tx(*Execution) (pgx.Tx, error) { return m.sp, nil }
 
 // complete completes the key in the savepoint and releases it; the commit
 // is the caller's, so there is nothing to write through yet.

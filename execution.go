@@ -96,7 +96,7 @@ func (x *Execution) Tx(context.Context) (pgx.Tx, error) {
 	if !begun && !x.lease.Valid() {
 		return nil, ErrLeaseLost
 	}
-	return x.mode.tx(x), nil
+	return x.mode.tx(x)
 }
 
 // transaction returns the execution's transaction, made if the handler

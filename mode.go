@@ -38,8 +38,9 @@ type mode interface {
 	// hold returns the lease x runs under from since; onLost stops x's
 	// handler. A nil lease never ends: the key is held otherwise.
 	hold(ctx context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease
-	// tx returns the transaction the handler writes through.
-	tx(x *Execution) pgx.Tx
+	// tx returns the transaction the handler writes through, or an error
+	// when the mode's transaction is not a pgx.Tx.
+	tx(x *Execution) (pgx.Tx, error)
 	// complete stores res as the key's answer with the handler's writes.
 	// stored is the key's new state once committed; nil while the commit
 	// is still to come (the caller's).

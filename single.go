@@ -54,7 +54,7 @@ func (m singleCommit) hold(_ context.Context, x *Execution, since time.Time, onL
 	return m.e.leases.Fixed(x.ref, x.fence.Owner, since, onLost)
 }
 
-func (m singleCommit) tx(x *Execution) pgx.Tx { return x.transaction() }
+func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
 
 // complete writes the key's row, completed, and commits in one round trip.
 func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (*keystate.Key, error) {

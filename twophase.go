@@ -50,7 +50,7 @@ func (m twoPhase) hold(ctx context.Context, x *Execution, since time.Time, onLos
 	return m.e.leases.Hold(ctx, x.ref, x.fence.Owner, since, onLost)
 }
 
-func (m twoPhase) tx(x *Execution) pgx.Tx { return x.transaction() }
+func (twoPhase) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
 
 // complete sends the key's completion, fenced by the owner, and the COMMIT
 // in one round trip.
