@@ -22,6 +22,11 @@ import (
 	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/ops"
+	"github.com/onceonly/onceonly/internal/daemon/postgres"
+	"github.com/onceonly/onceonly/internal/daemon/redisconn"
+	"github.com/onceonly/onceonly/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/internal/tracing"
 	"github.com/onceonly/onceonly/migrations"
 	"github.com/onceonly/onceonly/payments"
 )
@@ -117,9 +122,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "api:", err)
 		return 2
 	}
-	ctx, stop := daemon.SignalContext()
+	ctx, stop := shutdown.SignalContext()
 	defer stop()
-	stopTracing, err := daemon.StartTracing(ctx, "onceonly-api")
+	stopTracing, err := tracing.Start(ctx, "onceonly-api")
 	if err != nil {
 		fmt.Fprintln(stderr, "api:", err)
 		return 2
@@ -262,20 +267,20 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	if v.demoKeys {
 		log.Warn("API_KEYS is unset: accepting the demo key only", "api_key", "sk_test_demo", "merchant", "acct_demo")
 	}
-	rdb := daemon.NewRedis(setup.Redis)
+	rdb := redisconn.New(setup.Redis)
 	if rdb != nil {
 		defer rdb.Close()
 	} else {
 		log.Warn("REDIS_URL is unset: serving from Postgres alone")
 	}
 	pgCfg.MaxConns = max(pgCfg.MaxConns, 32)
-	pool, err := daemon.OpenPostgres(ctx, pgCfg)
+	pool, err := postgres.Open(ctx, pgCfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	reg := daemon.Registry()
+	reg := ops.Registry()
 	engine, err := onceonly.New(onceonly.Config{
 		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix, RedisWriteLayout1: *s.RedisWriteLayout1,
 		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
@@ -294,19 +299,19 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	defer stopGateway()
 	// Without Redis the api still answers, from Postgres: Redis makes it
 	// degraded, never unready.
-	var optional map[string]daemon.Check
+	var optional map[string]ops.Check
 	if rdb != nil {
-		optional = map[string]daemon.Check{"redis": daemon.RedisCheck(rdb)}
+		optional = map[string]ops.Check{"redis": redisconn.Check(rdb)}
 	}
 	mux := http.NewServeMux()
-	daemon.OpsHandler(mux, reg, map[string]daemon.Check{"postgres": pool.Ping}, optional)
+	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping}, optional)
 	mux.Handle("/", payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
 		GatewayOnOwnDatabase: *s.gatewayURL == "",
 	}))
 	srv := &http.Server{
 		Addr:              *s.HTTPAddr,
-		Handler:           daemon.TraceHTTP(mux, "api"),
+		Handler:           tracing.Handler(mux, "api"),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -317,7 +322,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 		defer close(resuming)
 		_ = engine.Resume(ctx) // returns when ctx ends
 	}()
-	err = daemon.Serve(ctx, srv, log, 9*time.Second)
+	err = shutdown.Serve(ctx, srv, log, 9*time.Second)
 	<-resuming
 	return err
 }
