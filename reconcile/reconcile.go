@@ -38,6 +38,7 @@ import (
 	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/startstop"
 )
 
 // Defaults of Config.
@@ -131,8 +132,10 @@ func (r *Report) Drift() int64 {
 	return r.Missing + r.Stale + r.WrongState + r.Corrupt + r.Orphaned
 }
 
-// Reconciler runs passes.
+// Reconciler runs passes: one at a time with Pass, or on the schedule with
+// Run (blocking) or Start and Stop (in the background).
 type Reconciler struct {
+	life    startstop.Base
 	cfg     Config
 	store   *keystore.Store
 	cache   *cache.Cache

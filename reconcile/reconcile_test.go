@@ -431,3 +431,65 @@ func TestWriteSinceTheScanIsNotDrift(t *testing.T) {
 	require.EqualValues(t, 1, rep.Repaired)
 	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
 }
+
+// TestStartStop: Start runs passes on the schedule in the background, Stop
+// waits for the pass under way and returns once the reconciler has stopped
+// (goleak, in TestMain, finds any goroutine left), a second Stop and a Stop
+// without Start do nothing, and a stopped reconciler starts again.
+func TestStartStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.reconciler(t, Config{Schedule: "@every 1s"})
+	r.Stop() // never started
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var finished atomic.Bool
+	r.inPass = func() {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release
+		finished.Store(true)
+	}
+	require.NoError(t, r.Start(b.Ctx))
+	require.NoError(t, r.Start(b.Ctx), "starting a running reconciler does nothing")
+	<-r.Started()
+	<-entered // a pass is under way, held
+	stopped := make(chan bool)
+	go func() {
+		r.Stop()
+		stopped <- finished.Load()
+	}()
+	close(release)
+	require.True(t, <-stopped, "Stop returned before the pass under way")
+	select {
+	case <-r.Stopped():
+	default:
+		t.Fatal("Stopped is open after Stop")
+	}
+	r.Stop()
+
+	finished.Store(false)
+	require.NoError(t, r.Start(b.Ctx))
+	<-entered
+	testenv.Eventually(t, 5*time.Second, "the restarted schedule runs a pass", finished.Load)
+	r.Stop()
+}
+
+// TestRunEndsWithItsContext: Run returns nil once its context ends.
+func TestRunEndsWithItsContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.reconciler(t, Config{Schedule: "@every 1h"})
+	ctx, cancel := context.WithCancel(b.Ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-r.Started()
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of its context's end")
+	}
+}

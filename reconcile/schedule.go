@@ -7,39 +7,76 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/onceonly/onceonly/internal/startstop"
 )
 
-// shutdownWait is how long Run waits at a stop for a running pass before
+// shutdownWait is how long a stop waits for a running pass before
 // canceling it; a daemon still exits within 10 s of SIGTERM.
 const shutdownWait = 7 * time.Second
 
-// Run starts passes on the configured schedule until ctx ends. Ticks that
-// come while a pass runs are skipped, not queued. On stop it waits for the
-// running pass, and cancels it if it outlasts shutdownWait. It returns nil
-// after a graceful stop.
+// Run starts passes on the configured schedule until ctx ends (or Stop is
+// called). Ticks that come while a pass runs are skipped, not queued. On
+// stop it waits for the running pass, and cancels it if it outlasts
+// shutdownWait. It returns nil after a graceful stop.
 func (r *Reconciler) Run(ctx context.Context) error {
-	// Passes are not canceled by the stop signal itself, only after the wait.
+	return startstop.Run(ctx, r)
+}
+
+// Start schedules passes in the background, as Run does, and returns at
+// once; they end when ctx ends or at Stop. Starting a running reconciler
+// does nothing.
+func (r *Reconciler) Start(ctx context.Context) error {
+	ctx, ok, started, stopped := r.life.StartInit(ctx)
+	if !ok {
+		return nil
+	}
+	// Passes are not canceled by the stop itself, only after the wait.
 	passCtx, cancelPasses := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelPasses()
 	logger := cronLogger{r.log}
 	c := cron.New(cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)), cron.WithLogger(logger))
 	if _, err := c.AddFunc(r.cfg.Schedule, func() {
 		_, _ = r.Pass(passCtx, false) // the pass logs its own line
 	}); err != nil {
-		return fmt.Errorf("schedule %q: %w", r.cfg.Schedule, err)
+		cancelPasses()
+		stopped()
+		return fmt.Errorf("reconcile: schedule %q: %w", r.cfg.Schedule, err)
 	}
 	c.Start()
-	<-ctx.Done()
-	stopped := c.Stop()
+	go func() {
+		defer stopped()
+		defer cancelPasses()
+		started()
+		<-ctx.Done()
+		r.stopCron(c, cancelPasses)
+	}()
+	return nil
+}
+
+// stopCron stops c's schedule and waits for the running pass, canceling it
+// after shutdownWait.
+func (r *Reconciler) stopCron(c *cron.Cron, cancelPasses context.CancelFunc) {
+	done := c.Stop()
 	select {
-	case <-stopped.Done():
+	case <-done.Done():
 	case <-time.After(shutdownWait):
 		r.log.Warn("reconcile pass still running at shutdown: canceling it")
 		cancelPasses()
-		<-stopped.Done()
+		<-done.Done()
 	}
-	return nil
 }
+
+// Stop ends the schedule and returns once the running pass, if any, has
+// finished (or been canceled, after shutdownWait). It is safe to call twice,
+// or without Start.
+func (r *Reconciler) Stop() { r.life.Stop() }
+
+// Started returns a channel closed once the schedule has started.
+func (r *Reconciler) Started() <-chan struct{} { return r.life.Started() }
+
+// Stopped returns a channel closed once the schedule started last has
+// stopped (closed already when it is not running).
+func (r *Reconciler) Stopped() <-chan struct{} { return r.life.Stopped() }
 
 // cronLogger routes cron's logs to slog: a skipped tick at info, the rest of
 // its Info lines (every schedule step) at debug.

@@ -36,6 +36,7 @@ import (
 	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/startstop"
 )
 
 // Defaults of Config.
@@ -84,9 +85,10 @@ type Config struct {
 	// MaxCachedBody is the largest response body copied into Redis; it must
 	// match the engine's (cache.DefaultMaxBody when zero).
 	MaxCachedBody int
-	// BatchTimeout bounds one batch. A batch running when Run's context
-	// ends still gets this long to finish; otherwise it is rolled back and
-	// its events stay in the outbox.
+	// BatchTimeout bounds one batch. A batch running when the relay stops
+	// (Run's or Start's context ends, or Stop is called) still gets this
+	// long to finish; otherwise it is rolled back and its events stay in
+	// the outbox.
 	BatchTimeout time.Duration
 	// WaitReplicas, when positive, is how many Redis replicas must hold a
 	// batch's writes before its events are deleted (RELAY_REDIS_WAIT_REPLICAS;
@@ -106,8 +108,10 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Relay delivers outbox events to Redis.
+// Relay delivers outbox events to Redis: Run blocks until its context ends;
+// Start and Stop run it in the background.
 type Relay struct {
+	life    startstop.Base
 	cfg     Config
 	store   *keystore.Store
 	cache   *cache.Cache
@@ -158,13 +162,45 @@ func New(cfg Config) (*Relay, error) {
 	}, nil
 }
 
-// Run delivers events until ctx ends: on every notification, on every poll
-// tick, and straight on while batches come back full, with up to InFlight
-// batches under way at once. Postgres or Redis failures are retried with
-// jittered exponential backoff; the events wait in the outbox. It returns nil
-// after a graceful stop: the batches under way finish (within BatchTimeout)
-// and no other starts.
+// Run delivers events until ctx ends (or Stop is called): on every
+// notification, on every poll tick, and straight on while batches come back
+// full, with up to InFlight batches under way at once. Postgres or Redis
+// failures are retried with jittered exponential backoff; the events wait
+// in the outbox. It returns nil after a graceful stop: the batches under
+// way finish (within BatchTimeout) and no other starts.
 func (r *Relay) Run(ctx context.Context) error {
+	return startstop.Run(ctx, r)
+}
+
+// Start starts delivering in the background, as Run does, and returns at
+// once; delivery ends when ctx ends or at Stop. Starting a running relay
+// does nothing.
+func (r *Relay) Start(ctx context.Context) error {
+	ctx, ok, started, stopped := r.life.StartInit(ctx)
+	if !ok {
+		return nil
+	}
+	go func() {
+		defer stopped()
+		r.deliver(ctx, started)
+	}()
+	return nil
+}
+
+// Stop ends delivery and returns once the batches under way have finished
+// (within BatchTimeout). It is safe to call twice, or without Start.
+func (r *Relay) Stop() { r.life.Stop() }
+
+// Started returns a channel closed once the relay has started.
+func (r *Relay) Started() <-chan struct{} { return r.life.Started() }
+
+// Stopped returns a channel closed once the relay started last has
+// stopped (closed already when it is not running).
+func (r *Relay) Stopped() <-chan struct{} { return r.life.Stopped() }
+
+// deliver is the relay's loop (see Run); started is called once its
+// goroutines are under way.
+func (r *Relay) deliver(ctx context.Context, started func()) {
 	var wg sync.WaitGroup
 	if r.cfg.Listen != nil {
 		wg.Go(func() { r.listen(ctx) })
@@ -175,8 +211,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Go(func() { r.work(ctx) })
 	}
 	r.poke() // look at once
+	started()
 	wg.Wait()
-	return nil
 }
 
 // pollEvery wakes a worker every PollInterval until ctx ends, so a lost
@@ -194,7 +230,7 @@ func (r *Relay) pollEvery(ctx context.Context) {
 	}
 }
 
-// work is one of Run's InFlight workers: woken, it delivers batches while
+// work is one of deliver's InFlight workers: woken, it delivers batches while
 // they come back full, retrying failures with backoff, until ctx ends.
 func (r *Relay) work(ctx context.Context) {
 	retry := backoff.Backoff{Min: 50 * time.Millisecond, Max: 5 * time.Second}

@@ -513,6 +513,33 @@ func TestNotificationDuringABatchIsServedAtOnce(t *testing.T) {
 	b.requireConverged(t)
 }
 
+// TestStartStop: Start runs the relay in the background, Stop ends it and
+// returns once it has stopped (goleak, in TestMain, finds any goroutine
+// left), a second Stop and a Stop without Start do nothing, and a stopped
+// relay starts again.
+func TestStartStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond})
+	r.Stop() // never started
+	for round := range 2 {
+		require.NoError(t, r.Start(b.Ctx))
+		require.NoError(t, r.Start(b.Ctx), "starting a running relay does nothing")
+		<-r.Started()
+		b.Complete(t, "s", fmt.Sprintf("started-%d", round), "{}")
+		testenv.Eventually(t, 5*time.Second, "the started relay delivers", func() bool { return b.outboxLen(t) == 0 })
+		stopped := r.Stopped()
+		r.Stop()
+		select {
+		case <-stopped:
+		default:
+			t.Fatal("Stop returned before the relay stopped")
+		}
+		r.Stop()
+	}
+	b.requireConverged(t)
+}
+
 func TestShutdownLeavesNoEventBehind(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

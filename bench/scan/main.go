@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/redisconn"
 )
 
 func main() {
@@ -26,7 +26,7 @@ func main() {
 	if *url == "" && *clusterURL == "" {
 		*url = "redis://127.0.0.1:6379/0"
 	}
-	opts, err := daemon.RedisOptions(*url, *clusterURL)
+	opts, err := redisconn.Options(*url, *clusterURL)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scan:", err)
 		os.Exit(2)

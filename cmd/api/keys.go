@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/redisconn"
 )
 
 // keyView is what `api keys show` prints: the Postgres row and the Redis
@@ -56,7 +56,7 @@ func keysCommand(ctx context.Context, pgCfg *pgxpool.Config, rdbOpts *redis.Univ
 		return fmt.Errorf("connect to Postgres: %w", err)
 	}
 	defer pool.Close()
-	rdb := daemon.NewRedis(rdbOpts)
+	rdb := redisconn.New(rdbOpts)
 	if rdb != nil {
 		defer rdb.Close()
 	}

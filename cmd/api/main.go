@@ -1,13 +1,12 @@
 // Command api serves the demo payments API on onceonly, and runs the
-// database migrations (api migrate up|down|status|version).
+// database migrations (api migrate up|down|status|version), the key
+// inspection (api keys show|purge) and a health probe (api probe URL): see
+// commands.go, or `api help`.
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -22,17 +21,15 @@ import (
 	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
-	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/internal/daemon/ops"
+	"github.com/onceonly/onceonly/internal/daemon/postgres"
+	"github.com/onceonly/onceonly/internal/daemon/redisconn"
+	"github.com/onceonly/onceonly/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/internal/tracing"
 	"github.com/onceonly/onceonly/payments"
 )
 
 const demoAPIKeys = "sk_test_demo=acct_demo" //nolint:gosec // G101: the public demo key, accepted only while API_KEYS is unset, with a warning
-
-// The subcommands of api besides serving.
-const (
-	subMigrate = "migrate"
-	subKeys    = "keys"
-)
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -45,6 +42,7 @@ type settings struct {
 	deferNotify                                                             *bool
 	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay *time.Duration
 	gatewayTimeout, resumeInterval                                          *time.Duration
+	force                                                                   *bool
 }
 
 func define(s *config.Set) *settings {
@@ -60,96 +58,8 @@ func define(s *config.Set) *settings {
 		gatewayLatency:   s.Duration("gateway-latency", "GATEWAY_LATENCY", 0, "in-process gateway: delay of every charge"),
 		slowGatewayDelay: s.Duration("slow-gateway-delay", "SLOW_GATEWAY_DELAY", 2*time.Second, "in-process gateway: extra delay of source tok_slow"),
 		resumeInterval:   s.Duration("resume-interval", "RESUME_INTERVAL", onceonly.DefaultResumeInterval, "how often the api looks for executions whose holder died after calling the gateway, to finish them"),
+		force:            s.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress"),
 	}
-}
-
-func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "probe" {
-		return probe(args[1:], stderr)
-	}
-	set := config.NewSet("api", stderr)
-	set.SetSynopsis("usage: api [flags]            serve the payments API\n       api migrate up|down|status|version [flags]\n       api keys show|purge [--force] SCOPE KEY [flags]\n       api probe URL                 exit 0 if URL answers 200 (container health checks)")
-	sub := ""
-	if len(args) > 0 && (args[0] == subMigrate || args[0] == subKeys) {
-		sub, args = args[0], args[1:]
-	}
-	var subCmd string
-	if sub != "" {
-		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-			fmt.Fprintf(stderr, "api %s: say %s\n", sub, map[string]string{
-				subMigrate: "up, down, status or version", subKeys: "show or purge, then SCOPE KEY"}[sub])
-			return 2
-		}
-		subCmd, args = args[0], args[1:]
-		if sub == subKeys && subCmd != "show" && subCmd != "purge" {
-			fmt.Fprintf(stderr, "api keys: unknown command %q: say show or purge\n", subCmd)
-			return 2
-		}
-	}
-	force := set.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress")
-	s := define(set)
-	var keyArgs []string
-	if sub == subKeys {
-		// SCOPE KEY come after the flags, or before them.
-		for len(args) > 0 && !strings.HasPrefix(args[0], "-") && len(keyArgs) < 2 {
-			keyArgs, args = append(keyArgs, args[0]), args[1:]
-		}
-	}
-	if err := set.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "api:", err)
-		return 2
-	}
-	if sub == subKeys {
-		keyArgs = append(keyArgs, set.Args()...)
-		if len(keyArgs) != 2 {
-			fmt.Fprintln(stderr, "api keys: say show or purge, then SCOPE KEY")
-			return 2
-		}
-	} else if len(set.Args()) > 0 {
-		fmt.Fprintf(stderr, "api: unexpected argument %q\n", set.Args()[0])
-		return 2
-	}
-	setup, err := s.Validate(stderr, set, false)
-	if err != nil {
-		fmt.Fprintln(stderr, "api:", err)
-		return 2
-	}
-	ctx, stop := daemon.SignalContext()
-	defer stop()
-	stopTracing, err := daemon.StartTracing(ctx, "onceonly-api")
-	if err != nil {
-		fmt.Fprintln(stderr, "api:", err)
-		return 2
-	}
-	defer stopTracing()
-	if sub == subKeys {
-		if err := keysCommand(ctx, setup.Postgres, setup.Redis, *s.RedisPrefix, subCmd, *force, keyArgs[0], keyArgs[1], stdout); err != nil {
-			fmt.Fprintln(stderr, "api keys:", err)
-			return 1
-		}
-		return 0
-	}
-	if sub == "" {
-		// Everything is validated before the first log line or connection.
-		deps, err := validate(s)
-		if err != nil {
-			fmt.Fprintln(stderr, "api:", err)
-			return 2
-		}
-		if err := serve(ctx, s, deps, setup); err != nil {
-			fmt.Fprintln(stderr, "api:", err)
-			return 1
-		}
-		return 0
-	}
-	if err := migrate(ctx, setup.Postgres, subCmd, stdout); err != nil {
-		fmt.Fprintln(stderr, "api migrate:", err)
-		return 1
-	}
-	return 0
 }
 
 // validated is the api's own configuration that needs more than a flag
@@ -189,62 +99,6 @@ func validate(s *settings) (validated, error) {
 	return v, validateGateway(s)
 }
 
-func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.Writer) error {
-	switch cmd {
-	case "up", "down", "status", "version":
-	default:
-		return fmt.Errorf("unknown command %q: say up, down, status or version", cmd)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
-	if err != nil {
-		return fmt.Errorf("connect to Postgres: %w", err)
-	}
-	defer pool.Close()
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	p := m.Provider()
-	switch cmd {
-	case "up":
-		n, err := m.Up(ctx)
-		if err != nil {
-			return err
-		}
-		v, err := p.GetDBVersion(ctx)
-		if err != nil {
-			return fmt.Errorf("read version: %w", err)
-		}
-		fmt.Fprintf(stdout, "applied %d migration(s); schema at version %d\n", n, v)
-	case "down":
-		res, err := p.Down(ctx)
-		if err != nil {
-			return fmt.Errorf("migrate down: %w", err)
-		}
-		fmt.Fprintf(stdout, "rolled back %s\n", res.Source.Path)
-	case "status":
-		statuses, err := p.Status(ctx)
-		if err != nil {
-			return fmt.Errorf("migration status: %w", err)
-		}
-		for _, st := range statuses {
-			applied := ""
-			if !st.AppliedAt.IsZero() {
-				applied = st.AppliedAt.UTC().Format(time.RFC3339)
-			}
-			fmt.Fprintf(stdout, "%-8s %-40s %s\n", st.State, st.Source.Path, applied)
-		}
-	case "version":
-		v, err := p.GetDBVersion(ctx)
-		if err != nil {
-			return fmt.Errorf("read version: %w", err)
-		}
-		fmt.Fprintln(stdout, v)
-	}
-	return nil
-}
-
 func parseAPIKeys(raw string) (map[string]string, error) {
 	keys := map[string]string{}
 	for pair := range strings.SplitSeq(raw, ",") {
@@ -262,20 +116,20 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	if v.demoKeys {
 		log.Warn("API_KEYS is unset: accepting the demo key only", "api_key", "sk_test_demo", "merchant", "acct_demo")
 	}
-	rdb := daemon.NewRedis(setup.Redis)
+	rdb := redisconn.New(setup.Redis)
 	if rdb != nil {
 		defer rdb.Close()
 	} else {
 		log.Warn("REDIS_URL is unset: serving from Postgres alone")
 	}
 	pgCfg.MaxConns = max(pgCfg.MaxConns, 32)
-	pool, err := daemon.OpenPostgres(ctx, pgCfg)
+	pool, err := postgres.Open(ctx, pgCfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	reg := daemon.Registry()
+	reg := ops.Registry()
 	engine, err := onceonly.New(onceonly.Config{
 		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix,
 		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
@@ -294,19 +148,19 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	defer stopGateway()
 	// Without Redis the api still answers, from Postgres: Redis makes it
 	// degraded, never unready.
-	var optional map[string]daemon.Check
+	var optional map[string]ops.Check
 	if rdb != nil {
-		optional = map[string]daemon.Check{"redis": daemon.RedisCheck(rdb)}
+		optional = map[string]ops.Check{"redis": redisconn.Check(rdb)}
 	}
 	mux := http.NewServeMux()
-	daemon.OpsHandler(mux, reg, map[string]daemon.Check{"postgres": pool.Ping}, optional)
+	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping}, optional)
 	mux.Handle("/", payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
 		GatewayOnOwnDatabase: *s.gatewayURL == "",
 	}))
 	srv := &http.Server{
 		Addr:              *s.HTTPAddr,
-		Handler:           daemon.TraceHTTP(mux, "api"),
+		Handler:           tracing.Handler(mux, "api"),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -317,7 +171,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 		defer close(resuming)
 		_ = engine.Resume(ctx) // returns when ctx ends
 	}()
-	err = daemon.Serve(ctx, srv, log, 9*time.Second)
+	err = shutdown.Serve(ctx, srv, log, 9*time.Second)
 	<-resuming
 	return err
 }
@@ -347,30 +201,4 @@ func openGateway(ctx context.Context, s *settings, pool *pgxpool.Pool, log *slog
 		defer cancel()
 		_ = stop(sctx)
 	}, nil
-}
-
-// probe is a health check for images without a shell or curl: it exits 0
-// when url answers 200 within 2 s.
-func probe(args []string, stderr io.Writer) int {
-	if len(args) != 1 {
-		fmt.Fprintln(stderr, "api probe: say one URL")
-		return 2
-	}
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, args[0], nil) //nolint:gosec // G704: probing the URL its operator names is the command's job
-	if err != nil {
-		fmt.Fprintln(stderr, "api probe:", err)
-		return 1
-	}
-	c := &http.Client{Timeout: 2 * time.Second}
-	res, err := c.Do(req) //nolint:gosec // G704: as above
-	if err != nil {
-		fmt.Fprintln(stderr, "api probe:", err)
-		return 1
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		fmt.Fprintf(stderr, "api probe: %s answered %d\n", args[0], res.StatusCode)
-		return 1
-	}
-	return 0
 }

@@ -23,6 +23,11 @@ import (
 	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/logger"
+	"github.com/onceonly/onceonly/internal/daemon/ops"
+	"github.com/onceonly/onceonly/internal/daemon/postgres"
+	"github.com/onceonly/onceonly/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/internal/tracing"
 )
 
 func main() {
@@ -68,9 +73,9 @@ func run(args []string, _, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gateway:", err)
 		return 2
 	}
-	ctx, stop := daemon.SignalContext()
+	ctx, stop := shutdown.SignalContext()
 	defer stop()
-	stopTracing, err := daemon.StartTracing(ctx, "onceonly-gateway")
+	stopTracing, err := tracing.Start(ctx, "onceonly-gateway")
 	if err != nil {
 		fmt.Fprintln(stderr, "gateway:", err)
 		return 2
@@ -108,11 +113,11 @@ func (s *settings) validate(set *config.Set, stderr io.Writer) (setup, error) {
 	if err := set.Require(map[string]*string{"database-url": s.databaseURL}); err != nil {
 		return setup{}, err
 	}
-	log, err := daemon.Logger(stderr, *s.logLevel, *s.logFormat)
+	log, err := logger.New(stderr, *s.logLevel, *s.logFormat)
 	if err != nil {
 		return setup{}, err
 	}
-	pg, err := daemon.ParsePostgres(*s.databaseURL)
+	pg, err := postgres.Parse(*s.databaseURL)
 	if err != nil {
 		return setup{}, err
 	}
@@ -153,7 +158,7 @@ func serve(ctx context.Context, addr string, su setup) error {
 		return err
 	}
 
-	reg := daemon.Registry()
+	reg := ops.Registry()
 	cfg := su.gateway
 	cfg.Pool, cfg.Registerer, cfg.Stopping = pool, reg, ctx.Done()
 	api, err := gateway.NewHandler(cfg)
@@ -162,9 +167,9 @@ func serve(ctx context.Context, addr string, su setup) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", api)
-	daemon.OpsHandler(mux, reg, map[string]daemon.Check{"postgres": pool.Ping}, nil)
+	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping}, nil)
 	srv := &http.Server{
-		Addr: addr, Handler: daemon.TraceHTTP(mux, "gateway"), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
+		Addr: addr, Handler: tracing.Handler(mux, "gateway"), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
 		// Calls end with ctx (SIGTERM): a hanging call is cut and a tok_slow
 		// call that has not charged gives its key up (Config.Stopping), so
 		// the shutdown is quick.
@@ -172,5 +177,5 @@ func serve(ctx context.Context, addr string, su setup) error {
 	}
 	log.Info("gateway started", "addr", addr, "latency", cfg.Latency.String(), "slow_delay", cfg.SlowDelay.String(),
 		"faults", cfg.Faults.String(), "hang", cfg.Hang.String())
-	return daemon.Serve(ctx, srv, log, 5*time.Second)
+	return shutdown.Serve(ctx, srv, log, 5*time.Second)
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/internal/tracing"
 	"github.com/onceonly/onceonly/reconcile"
 )
 
@@ -63,9 +65,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "reconciler:", err)
 		return 2
 	}
-	ctx, stop := daemon.SignalContext()
+	ctx, stop := shutdown.SignalContext()
 	defer stop()
-	stopTracing, err := daemon.StartTracing(ctx, "onceonly-reconciler")
+	stopTracing, err := tracing.Start(ctx, "onceonly-reconciler")
 	if err != nil {
 		fmt.Fprintln(stderr, "reconciler:", err)
 		return 2
@@ -95,7 +97,7 @@ func (s *settings) validate() error {
 
 func start(ctx context.Context, s *settings, setup daemon.Setup, stdout io.Writer) error {
 	log := setup.Log
-	w, err := daemon.OpenWorker(ctx, setup, s.CacheOptions())
+	w, err := daemon.OpenWorker(ctx, setup)
 	if err != nil {
 		return err
 	}

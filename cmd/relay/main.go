@@ -22,6 +22,8 @@ import (
 
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/internal/tracing"
 	"github.com/onceonly/onceonly/relay"
 )
 
@@ -85,9 +87,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
-	ctx, stop := daemon.SignalContext()
+	ctx, stop := shutdown.SignalContext()
 	defer stop()
-	stopTracing, err := daemon.StartTracing(ctx, "onceonly-relay")
+	stopTracing, err := tracing.Start(ctx, "onceonly-relay")
 	if err != nil {
 		fmt.Fprintln(stderr, "relay:", err)
 		return 2
@@ -102,7 +104,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func start(ctx context.Context, s *settings, setup daemon.Setup, listen *pgx.ConnConfig, stdout io.Writer) error {
 	log := setup.Log
-	w, err := daemon.OpenWorker(ctx, setup, s.CacheOptions())
+	w, err := daemon.OpenWorker(ctx, setup)
 	if err != nil {
 		return err
 	}

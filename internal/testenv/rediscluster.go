@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/redisconn"
 )
 
 // RedisCluster is a Redis Cluster of the test's own: three masters without
@@ -126,7 +126,7 @@ func (c *RedisCluster) Client(tb testing.TB) *redis.ClusterClient {
 // configure theirs, that is closed when the test ends.
 func ClusterClient(tb testing.TB, url string) *redis.ClusterClient {
 	tb.Helper()
-	opts, err := daemon.RedisOptions("", url)
+	opts, err := redisconn.Options("", url)
 	if err != nil {
 		tb.Fatalf("Redis Cluster URL: %v", err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/daemon"
+	"github.com/onceonly/onceonly/internal/daemon/redisconn"
 )
 
 // SentinelMaster is the master name the test Sentinels monitor (the
@@ -144,11 +144,11 @@ func (g *SentinelGroup) Client(tb testing.TB) *redis.Client {
 // ends.
 func SentinelClient(tb testing.TB, url string) *redis.Client {
 	tb.Helper()
-	opts, err := daemon.RedisSentinelOptions(url)
+	opts, err := redisconn.SentinelOptions(url)
 	if err != nil {
 		tb.Fatalf("Redis Sentinel URL: %v", err)
 	}
-	rdb, ok := daemon.NewRedis(opts).(*redis.Client)
+	rdb, ok := redisconn.New(opts).(*redis.Client)
 	if !ok {
 		tb.Fatalf("%s is not a Redis Sentinel URL", redact(url))
 	}

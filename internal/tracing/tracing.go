@@ -1,5 +1,5 @@
 // Package tracing installs OpenTelemetry tracing in a daemon from the
-// standard OTEL_* environment variables.
+// standard OTEL_* environment variables, and traces its HTTP requests.
 //
 // Tracing is on when OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (or OTEL_TRACES_EXPORTER=otlp),
@@ -15,9 +15,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
+	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -56,6 +59,44 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return tp.Shutdown, nil
+}
+
+// flushTimeout bounds the flush of the spans still buffered at a stop.
+const flushTimeout = 5 * time.Second
+
+// Start is Setup for a command: it installs tracing for service and
+// returns stop, which flushes the spans still buffered (within five
+// seconds, even after ctx has ended) and stops the provider.
+func Start(ctx context.Context, service string) (stop func(), err error) {
+	shutdown, err := Setup(ctx, service)
+	if err != nil {
+		return func() {}, err
+	}
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+		defer cancel()
+		_ = shutdown(sctx)
+	}, nil
+}
+
+// Handler wraps a command's handler in a server span per request, joining
+// the caller's trace (W3C traceparent); without tracing it costs a no-op
+// span. A span is named after the route that served it ("POST
+// /v1/payments"), never the raw path, which may hold identifiers. opts
+// (a tracer provider, in tests) come after these.
+func Handler(h http.Handler, operation string, opts ...otelhttp.Option) http.Handler {
+	return otelhttp.NewHandler(h, operation, append([]otelhttp.Option{otelhttp.WithSpanNameFormatter(spanName)}, opts...)...)
+}
+
+// spanName names the span of request r by its route.
+func spanName(_ string, r *http.Request) string {
+	switch {
+	case r.Pattern == "": // not routed yet: the method alone, never the raw path
+		return r.Method
+	case strings.Contains(r.Pattern, " "): // "POST /v1/payments"
+		return r.Pattern
+	}
+	return r.Method + " " + r.Pattern
 }
 
 // enabled tells whether the environment asks for traces.
