@@ -207,6 +207,9 @@ func New(cfg Config) (*Engine, error) {
 		e.claims = claimbatch.New(e.store, cfg.Pool, cfg.LeaseTimeout, m.claimBatches, m.claimFailures)
 	}
 	e.wake = relaywake.New(func(ctx context.Context) error { return e.store.Notify(ctx, cfg.Pool) }, e.log)
+	if err := e.wake.Start(context.Background()); err != nil { // the engine's own loop: Close stops it
+		return nil, fmt.Errorf("onceonly: start the relay waker: %w", err)
+	}
 	if cfg.Redis != nil {
 		e.cache = cache.New(cfg.Redis, cache.Options{
 			Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody,
@@ -231,7 +234,7 @@ func (e *Engine) Close() {
 	e.releasesMu.Unlock()
 	e.releases.Wait()
 	e.leases.Close(context.Background())
-	e.wake.Close()
+	e.wake.Stop()
 }
 
 // DefaultShouldStore stores every status below 500 except 408, 409, 425 and
