@@ -64,7 +64,7 @@ func (s *Store) TakeBatch(ctx context.Context, db BatchSender, limit, maxBody in
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	var batch Batch
-	b.Queue(takeBatchSQL, limit, maxBody).Query(func(rows pgx.Rows) error {
+	takeBatchSQL.queue(&b, pgx.StrictNamedArgs{"limit": limit, "max_body": maxBody}).Query(func(rows pgx.Rows) error {
 		var err error
 		batch, err = scanBatch(rows, limit)
 		return err
@@ -137,7 +137,7 @@ func scanBatch(rows pgx.Rows, limit int) (Batch, error) {
 // result is gone from Postgres.
 func (s *Store) CurrentKeys(ctx context.Context, db DB, refs []keystate.Ref, maxBody int) (map[keystate.Ref]keystate.Key, error) {
 	scopes, keys := refColumns(refs)
-	rows, err := db.Query(ctx, currentKeysSQL, scopes, keys, maxBody)
+	rows, err := currentKeysSQL.query(ctx, db, pgx.StrictNamedArgs{"scopes": scopes, "keys": keys, "max_body": maxBody})
 	if err != nil {
 		return nil, fmt.Errorf("read current keys: %w", err)
 	}
@@ -190,8 +190,8 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 			parked++
 		}
 	}
-	_, err = db.Exec(ctx, requeueEventsSQL,
-		scopes, keys, versions, created, attempts, errs, maxAttempts)
+	_, err = requeueEventsSQL.exec(ctx, db, pgx.StrictNamedArgs{"scopes": scopes, "keys": keys, "versions": versions,
+		"created_at": created, "attempts": attempts, "last_errors": errs, "max_attempts": maxAttempts})
 	if err != nil {
 		return 0, fmt.Errorf("requeue outbox events: %w", err)
 	}
@@ -201,7 +201,7 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 // CountEvents returns the number of events waiting for delivery and of
 // parked ones.
 func (s *Store) CountEvents(ctx context.Context, db DB) (pending, parked int64, err error) {
-	err = db.QueryRow(ctx, countEventsSQL).Scan(&pending, &parked)
+	err = countEventsSQL.queryRow(ctx, db, nil).Scan(&pending, &parked)
 	if err != nil {
 		return 0, 0, fmt.Errorf("count outbox events: %w", err)
 	}

@@ -1,15 +1,16 @@
 -- purge: forgets a key. It expires the row now, one version up, with its
 -- outbox event: the relay deletes the Redis copy, the next claim starts a
 -- new lifecycle that keeps counting versions (so no stale copy outranks
--- it), and retention deletes the row. A held key (only when $3, force)
--- becomes failed, so its worker can no longer complete it.
+-- it), and retention deletes the row. A held key (only with @force)
+-- becomes failed, so its worker can no longer complete it. It notifies the
+-- relays in its transaction.
 --
--- $1 scope   $2 key   $3 force
+-- @scope   @key   @force
 WITH purged AS (
 	UPDATE idempotency_keys AS k SET version = k.version + 1, expires_at = now(), updated_at = now(),
 		status = CASE WHEN k.status = 'in_progress' THEN 'failed' ELSE k.status END,
 		owner = NULL, lease_expires_at = NULL
-	WHERE k.scope = $1 AND k.key = $2 AND (k.status <> 'in_progress' OR $3)
+	WHERE k.scope = @scope AND k.key = @key AND (k.status <> 'in_progress' OR @force)
 	RETURNING k.*
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM purged
