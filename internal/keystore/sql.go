@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -53,8 +54,8 @@ var (
 type statement struct {
 	// name is the file's name without .sql.
 	name string
-	// text is the statement as written: named parameters (@name), as
-	// pgx.NamedArgs takes them.
+	// text is the statement as written, its markers expanded: named
+	// parameters (@name), as pgx.NamedArgs takes them.
 	text string
 	// sql is text as sent: each named parameter replaced by its position
 	// ($1, $2, …), as pgx.StrictNamedArgs would replace it at every call.
@@ -66,7 +67,8 @@ type statement struct {
 // loaded lists the statements by name, for the tests.
 var loaded = map[string]*statement{}
 
-// load reads sql/name.sql and numbers its named parameters, once. A statement it cannot load is a bug of this package:
+// load reads sql/name.sql, expands its markers and numbers its named
+// parameters, once. A statement it cannot load is a bug of this package:
 // it panics, so that no binary or test starts with it.
 func load(name string) *statement {
 	raw, err := sqlFiles.ReadFile("sql/" + name + ".sql")
@@ -81,11 +83,15 @@ func load(name string) *statement {
 	return s
 }
 
-// newStatement numbers the named parameters of text: with pgx's own
-// rewriting (pgx.NamedArgs), run once here instead of at every call, so
-// that the statement's positional text and parameter order are exactly
-// what pgx.StrictNamedArgs would send.
+// newStatement expands the markers of text and numbers its named
+// parameters: with pgx's own rewriting (pgx.NamedArgs), run once here
+// instead of at every call, so that the statement's positional text and
+// parameter order are exactly what pgx.StrictNamedArgs would send.
 func newStatement(name, text string) (*statement, error) {
+	text, err := expandMarkers(text)
+	if err != nil {
+		return nil, err
+	}
 	if m := positionalParam.FindString(text); m != "" {
 		return nil, fmt.Errorf("positional parameter %s: name it (@name)", m)
 	}
@@ -214,4 +220,53 @@ func (s *statement) queryRow(ctx context.Context, db DB, args pgx.StrictNamedArg
 // queue queues the statement on b with args.
 func (s *statement) queue(b *pgx.Batch, args pgx.StrictNamedArgs) *pgx.QueuedQuery {
 	return b.Queue(s.sql, s.args(args)...)
+}
+
+// keyColumns is the key projection, sql/key_columns.sql: its lines after
+// the leading comment. It is no statement of its own.
+var keyColumns = func() string {
+	raw, err := sqlFiles.ReadFile("sql/key_columns.sql")
+	if err != nil {
+		panic(fmt.Sprintf("keystore: %v", err))
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	for len(lines) > 0 && strings.HasPrefix(lines[0], "--") {
+		lines = lines[1:]
+	}
+	return strings.Join(lines, "\n")
+}()
+
+// marker finds a {{…}} marker.
+var marker = regexp.MustCompile(`\{\{([^{}]*)\}\}`)
+
+// expandMarkers replaces each marker of text: {{key_columns}} with the
+// key columns reading bodies whole, {{key_columns @name}} with the key
+// columns leaving out bodies longer than @name bytes. A marker stands in
+// the statement, not in a comment.
+func expandMarkers(text string) (string, error) {
+	var out strings.Builder
+	last := 0
+	for _, m := range marker.FindAllStringSubmatchIndex(text, -1) {
+		line := text[strings.LastIndexByte(text[:m[0]], '\n')+1 : m[0]]
+		if strings.Contains(line, "--") {
+			return "", fmt.Errorf("marker %s in a comment", text[m[0]:m[1]])
+		}
+		var columns string
+		switch f := strings.Fields(text[m[2]:m[3]]); {
+		case len(f) == 1 && f[0] == "key_columns":
+			columns = strings.ReplaceAll(keyColumns, "@max_body", "NULL")
+		case len(f) == 2 && f[0] == "key_columns" && len(f[1]) > 1 && f[1][0] == '@':
+			columns = strings.ReplaceAll(keyColumns, "@max_body", f[1])
+		default:
+			return "", fmt.Errorf("unknown marker %s", text[m[0]:m[1]])
+		}
+		out.WriteString(text[last:m[0]])
+		out.WriteString(columns)
+		last = m[1]
+	}
+	if last == 0 {
+		return text, nil
+	}
+	out.WriteString(text[last:])
+	return out.String(), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io/fs"
 	"path"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -11,15 +12,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestEveryStatementIsLoaded: each file of sql/ is a statement the package
-// loads.
+// TestEveryStatementIsLoaded: each file of sql/ but the key projection is a
+// statement the package loads.
 func TestEveryStatementIsLoaded(t *testing.T) {
 	t.Parallel()
 	files, err := fs.Glob(sqlFiles, "sql/*.sql")
 	require.NoError(t, err)
 	var names []string
 	for _, f := range files {
-		names = append(names, strings.TrimSuffix(path.Base(f), ".sql"))
+		if name := strings.TrimSuffix(path.Base(f), ".sql"); name != "key_columns" {
+			names = append(names, name)
+		}
 	}
 	var got []string
 	for name := range loaded {
@@ -75,6 +78,50 @@ func TestNewStatement(t *testing.T) {
 	require.Equal(t, "-- @a in a comment is not a parameter\nSELECT $1::int, '@c', $2, $1, \"@d\", $$@e$$ -- @f\n", s.sql)
 	_, err = newStatement("t", "SELECT $1, @a")
 	require.ErrorContains(t, err, "positional parameter $1")
+}
+
+// TestKeyColumns: the key projection lists the columns keyRow.dest scans,
+// in its order, and every statement that returns keys selects it first.
+func TestKeyColumns(t *testing.T) {
+	t.Parallel()
+	var aliases []string
+	for _, m := range regexp.MustCompile(`AS (\w+)(,|$)`).FindAllStringSubmatch(keyColumns, -1) {
+		aliases = append(aliases, m[1])
+	}
+	require.Equal(t, []string{"scope", "key", "status", "version", "fingerprint", "owner", "lease_ms",
+		"response_status", "response_content_type", "response_headers", "response_body", "body_omitted", "expires_ms"},
+		aliases, "in the order of keyRow.dest")
+	var r keyRow
+	require.Len(t, r.dest(), len(aliases))
+
+	whole := strings.ReplaceAll(keyColumns, "@max_body", "NULL")
+	for _, s := range []*statement{claimBatchSQL, claimInsertSQL, claimPeekSQL, claimTakeoverSQL, finishSQL,
+		getKeySQL, handOffSQL, purgeSQL, resumeClaimSQL, singleFinishSQL} {
+		require.Contains(t, s.text, "SELECT "+whole, s.name)
+		require.NotContains(t, s.params, "max_body", s.name)
+	}
+	for _, s := range []*statement{currentKeysSQL, takeBatchSQL} {
+		require.Contains(t, s.text, "SELECT "+keyColumns, s.name)
+		require.Contains(t, s.params, "max_body", s.name)
+	}
+}
+
+// TestExpandMarkers: the markers a statement may hold.
+func TestExpandMarkers(t *testing.T) {
+	t.Parallel()
+	got, err := expandMarkers("SELECT {{key_columns}}, {{ key_columns @limit }} FROM idempotency_keys k")
+	require.NoError(t, err)
+	require.Equal(t, "SELECT "+strings.ReplaceAll(keyColumns, "@max_body", "NULL")+", "+
+		strings.ReplaceAll(keyColumns, "@max_body", "@limit")+" FROM idempotency_keys k", got)
+	for text, want := range map[string]string{
+		"SELECT {{key_colums}}":          "unknown marker {{key_colums}}",
+		"SELECT {{key_columns 100}}":     "unknown marker {{key_columns 100}}",
+		"-- {{key_columns}}\nSELECT 1":   "marker {{key_columns}} in a comment",
+		"SELECT 1 -- as {{key_columns}}": "marker {{key_columns}} in a comment",
+	} {
+		_, err := expandMarkers(text)
+		require.EqualError(t, err, want, text)
+	}
 }
 
 // BenchmarkStatementArgs compares what naming the parameters costs per

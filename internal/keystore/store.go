@@ -18,6 +18,20 @@
 // arguments in the order it found: what Postgres receives is what
 // pgx.StrictNamedArgs would send.
 //
+// The 13 key columns that every statement returning keys selects first are
+// written once, in sql/key_columns.sql, and scanned by one type, keyRow. A
+// statement names them {{key_columns}} ({{key_columns @max_body}} to leave
+// out long bodies), and the package puts those lines in its place when it
+// loads, as sqlc's sqlc.embed does when it generates code: each statement
+// still reads whole with one file beside it, and what Postgres receives,
+// prepares and plans is the statement written out: nothing is added per
+// call, and per row only a few COALESCEs where a statement used to select
+// constants (a new claim's empty response). A view or a SQL function in a
+// migration would not do: a view cannot apply to the rows a statement's own
+// INSERT or UPDATE … RETURNING produces, and a function returning the
+// columns would add a function call and a composite value to decode to
+// every row of every claim and completion.
+//
 // The statements work in every pgx query mode: the default (named prepared
 // statements) and exec and simple_protocol, the modes PgBouncer in
 // transaction mode allows (default_query_exec_mode=exec in the URL). Their
@@ -96,23 +110,39 @@ func New(cfg Config) *Store {
 	return &Store{cfg: cfg}
 }
 
+// keyRow is where the key columns (sql/key_columns.sql) of a row are
+// scanned to.
+type keyRow struct {
+	k                  keystate.Key
+	owner              [16]byte
+	leaseMs, expiresMs int64
+	header             string
+}
+
+// dest returns the destinations of the key columns, in their order.
+func (r *keyRow) dest() []any {
+	return []any{&r.k.Scope, &r.k.Key, &r.k.Status, &r.k.Version, &r.k.Fingerprint, &r.owner, &r.leaseMs,
+		&r.k.Response.Status, &r.k.Response.ContentType, &r.header, &r.k.Response.Body, &r.k.BodyOmitted, &r.expiresMs}
+}
+
+// key returns the key scanned.
+func (r *keyRow) key() keystate.Key {
+	k := r.k
+	k.Owner = keystate.Owner(r.owner)
+	k.Response.Header = keystate.DecodeHeader(r.header)
+	k.LeaseRemaining = time.Duration(r.leaseMs) * time.Millisecond
+	k.ExpiresIn = time.Duration(r.expiresMs) * time.Millisecond
+	return k
+}
+
 // scanKey scans the key columns every key statement selects first, then
 // the statement's extra columns into extra.
 func scanKey(row pgx.Row, extra ...any) (keystate.Key, error) {
-	var k keystate.Key
-	var owner [16]byte
-	var leaseMs, expiresMs int64
-	var header string
-	dest := append([]any{&k.Scope, &k.Key, &k.Status, &k.Version, &k.Fingerprint, &owner,
-		&leaseMs, &k.Response.Status, &k.Response.ContentType, &header, &k.Response.Body, &k.BodyOmitted, &expiresMs}, extra...)
-	if err := row.Scan(dest...); err != nil {
+	var r keyRow
+	if err := row.Scan(append(r.dest(), extra...)...); err != nil {
 		return keystate.Key{}, fmt.Errorf("scan key: %w", err)
 	}
-	k.Owner = keystate.Owner(owner)
-	k.Response.Header = keystate.DecodeHeader(header)
-	k.LeaseRemaining = time.Duration(leaseMs) * time.Millisecond
-	k.ExpiresIn = time.Duration(expiresMs) * time.Millisecond
-	return k, nil
+	return r.key(), nil
 }
 
 // Notify wakes the relays (LISTEN onceonly_outbox). Outside a transaction

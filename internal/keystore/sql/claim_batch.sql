@@ -39,10 +39,7 @@ WITH settings AS MATERIALIZED (
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
 )
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
-	(extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint AS lease_ms,
-	0 AS response_status, '' AS response_content_type, '' AS response_headers, NULL::bytea AS response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
+SELECT {{key_columns}},
 	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
 	s.durability,
 	NULL::jsonb AS steps

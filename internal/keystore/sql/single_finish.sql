@@ -25,10 +25,7 @@ WITH inserted AS (
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM inserted
 )
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint,
-	'00000000-0000-0000-0000-000000000000'::uuid AS owner, 0::bigint AS lease_ms,
-	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), coalesce(k.response_headers, ''), k.response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
+SELECT {{key_columns}},
 	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified
 FROM (VALUES (true)) AS one (row)
 	LEFT JOIN inserted k ON true

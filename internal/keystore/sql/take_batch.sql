@@ -1,8 +1,9 @@
 -- take_batch: the relay's take. Deletes up to @limit of the oldest unparked
 -- events that no other transaction holds and returns each with the current
--- row of its key, read in the same snapshot (the key columns of
--- current_keys; found is false when the key is gone). One statement, one
--- round trip: the relay sends it in the same round trip as its BEGIN.
+-- row of its key, read in the same snapshot (its key columns, bodies
+-- limited as current_keys limits them; found is false when the key is
+-- gone), then the event's columns. One statement, one round trip: the
+-- relay sends it in the same round trip as its BEGIN.
 --
 -- The ids are locked first (FOR UPDATE SKIP LOCKED, so the LIMIT and the
 -- locks apply once whatever plan the DELETE gets) and the rows deleted by
@@ -23,15 +24,8 @@ WITH taken AS (
 ), durability AS MATERIALIZED (
 	SELECT set_config('synchronous_commit', 'off', true)
 )
-SELECT coalesce(k.scope, t.scope), coalesce(k.key, t.key), coalesce(k.status, ''), coalesce(k.version, 0),
-	coalesce(k.fingerprint, ''),
-	coalesce(k.owner, '00000000-0000-0000-0000-000000000000'::uuid) AS owner,
-	coalesce((extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint, 0) AS lease_ms,
-	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), coalesce(k.response_headers, ''),
-	CASE WHEN octet_length(k.response_body) <= @max_body THEN k.response_body END AS response_body,
-	coalesce(octet_length(k.response_body) > @max_body, false) AS body_omitted,
-	coalesce((extract(epoch FROM k.expires_at - now()) * 1000)::bigint, 0) AS expires_ms,
-	k.scope IS NOT NULL AS found, t.id, t.version, t.created_at, t.attempts
+SELECT {{key_columns @max_body}},
+	k.scope IS NOT NULL AS found, t.id, t.scope, t.key, t.version, t.created_at, t.attempts
 FROM taken t
 CROSS JOIN durability
 LEFT JOIN idempotency_keys k ON k.scope = t.scope AND k.key = t.key
