@@ -32,8 +32,8 @@ func (s *Store) TryLock(ctx context.Context, tx pgx.Tx, key int64) (bool, error)
 func (s *Store) ReapLeases(ctx context.Context, db DB, grace time.Duration, limit int) (int, error) {
 	var n int
 	var notified bool
-	err := reapLeasesSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"grace": grace, "ttl": s.cfg.FailedTTL, "limit": limit}).
-		Scan(&n, &notified)
+	err := reapLeasesSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"grace": grace, "ttl": s.cfg.FailedTTL, "limit": limit,
+		"channel": NotifyChannel}).Scan(&n, &notified)
 	if err != nil {
 		return 0, fmt.Errorf("reap leases: %w", err)
 	}
@@ -142,7 +142,8 @@ var ErrKeyInProgress = errors.New("the key is in progress; purging it lets a dup
 // or ErrKeyInProgress for a held key unless force.
 func (s *Store) Purge(ctx context.Context, db DB, ref keystate.Ref, force bool) (keystate.Key, bool, error) {
 	var notified bool
-	k, err := scanKey(purgeSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "force": force}), &notified)
+	k, err := scanKey(purgeSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "force": force,
+		"channel": NotifyChannel}), &notified)
 	if err == nil {
 		return k, true, nil
 	}

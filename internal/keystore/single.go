@@ -65,7 +65,7 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 	singleFinishSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "status": keystate.Completed,
 		"fingerprint": fingerprint, "response_status": resp.Status, "response_content_type": resp.ContentType,
 		"response_body": body, "response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
-		"fail_when_lost": true, "notify": !s.cfg.DeferNotify}).QueryRow(func(row pgx.Row) error {
+		"fail_when_lost": true, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}).QueryRow(func(row pgx.Row) error {
 		var notified bool
 		k, err := scanKey(row, &notified)
 		if err != nil {
@@ -85,7 +85,7 @@ func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerp
 	k, err = scanKey(singleFinishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
 		"status": keystate.Failed, "fingerprint": fingerprint,
 		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
-		"ttl": s.cfg.FailedTTL, "fail_when_lost": false, "notify": !s.cfg.DeferNotify}), &notified)
+		"ttl": s.cfg.FailedTTL, "fail_when_lost": false, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}), &notified)
 	if err = finishError(keystate.Failed, err); err == ErrLeaseLost { //nolint:errorlint // finishError returns it bare
 		return keystate.Key{}, false, nil
 	}

@@ -46,7 +46,7 @@ func TestStatementsBindAsPgxDoes(t *testing.T) {
 		require.Equal(t, wantArgs, s.args(named), name)
 	}
 	require.Equal(t, []string{"status", "response_status", "response_content_type", "response_body",
-		"response_headers", "ttl", "scope", "key", "owner", "notify", "fail_when_lost"}, finishSQL.params,
+		"response_headers", "ttl", "scope", "key", "owner", "notify", "channel", "fail_when_lost"}, finishSQL.params,
 		"each name once, numbered where it first appears outside comments")
 }
 
@@ -132,7 +132,8 @@ func BenchmarkStatementArgs(b *testing.B) {
 	args := func() pgx.StrictNamedArgs {
 		return pgx.StrictNamedArgs{"scope": "s", "key": "k", "owner": "00000000-0000-0000-0000-000000000001",
 			"status": "completed", "response_status": 201, "response_content_type": "application/json",
-			"response_body": []byte(`{}`), "response_headers": "", "ttl": 1, "notify": true, "fail_when_lost": true}
+			"response_body": []byte(`{}`), "response_headers": "", "ttl": 1, "notify": true, "channel": NotifyChannel,
+			"fail_when_lost": true}
 	}
 	b.Run("numbered_at_load", func(b *testing.B) {
 		b.ReportAllocs()
@@ -150,4 +151,14 @@ func BenchmarkStatementArgs(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestChannelIsAnArgument: the statements that notify take the channel as
+// an argument; its name is written in NotifyChannel only.
+func TestChannelIsAnArgument(t *testing.T) {
+	t.Parallel()
+	for name, s := range loaded {
+		require.NotContains(t, s.text, NotifyChannel, name)
+		require.Equal(t, strings.Contains(s.text, "pg_notify("), s.hasParam("channel"), name)
+	}
 }

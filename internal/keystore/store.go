@@ -32,6 +32,10 @@
 // columns would add a function call and a composite value to decode to
 // every row of every claim and completion.
 //
+// The channel the statements notify the relays on is an argument too,
+// @channel, always NotifyChannel: its name is written once, in Go, where
+// the relays' LISTEN reads it as well.
+//
 // The statements work in every pgx query mode: the default (named prepared
 // statements) and exec and simple_protocol, the modes PgBouncer in
 // transaction mode allows (default_query_exec_mode=exec in the URL). Their
@@ -52,7 +56,9 @@ import (
 	"github.com/onceonly/onceonly/internal/keystate"
 )
 
-// NotifyChannel is the LISTEN/NOTIFY channel woken by outbox writes.
+// NotifyChannel is the LISTEN/NOTIFY channel woken by outbox writes. It is
+// the name's one definition: the statements that notify take it as their
+// @channel argument.
 const NotifyChannel = "onceonly_outbox"
 
 // Defaults of Config: how long keys are kept.
@@ -145,10 +151,10 @@ func scanKey(row pgx.Row, extra ...any) (keystate.Key, error) {
 	return r.key(), nil
 }
 
-// Notify wakes the relays (LISTEN onceonly_outbox). Outside a transaction
-// it is cheap: it writes no WAL.
+// Notify wakes the relays (LISTEN on NotifyChannel). Outside a
+// transaction it is cheap: it writes no WAL.
 func (s *Store) Notify(ctx context.Context, db DB) error {
-	if _, err := notifySQL.exec(ctx, db, nil); err != nil {
+	if _, err := notifySQL.exec(ctx, db, pgx.StrictNamedArgs{"channel": NotifyChannel}); err != nil {
 		return fmt.Errorf("notify relays: %w", err)
 	}
 	return nil
@@ -198,7 +204,8 @@ func (s *Store) ClaimHeld(ctx context.Context, db DB, ref keystate.Ref, fingerpr
 func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
 	_, inTx := db.(pgx.Tx)
 	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint, "owner": owner.String(),
-		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "async_commit": !inTx}
+		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
+		"async_commit": !inTx}
 	peekArgs := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint}
 	var notified bool
 	var durability string
@@ -269,7 +276,7 @@ func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease,
 	}
 	rows, err := claimBatchSQL.query(ctx, db, pgx.StrictNamedArgs{
 		"scopes": scopes, "keys": keys, "fingerprints": fingerprints, "owners": owners,
-		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify,
+		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
 		"lock_timeout": fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1)),
 	})
 	if err != nil {
@@ -346,7 +353,7 @@ func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keysta
 	return pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(), "status": keystate.Completed,
 		"response_status": resp.Status, "response_content_type": resp.ContentType, "response_body": body,
 		"response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
-		"notify": !s.cfg.DeferNotify, "fail_when_lost": failWhenLost}
+		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": failWhenLost}
 }
 
 // Fail marks the key failed (retryable: the next request claims it again).
@@ -356,7 +363,7 @@ func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystat
 	k, err := scanKey(finishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
 		"owner": owner.String(), "status": keystate.Failed,
 		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
-		"ttl": s.cfg.FailedTTL, "notify": !s.cfg.DeferNotify, "fail_when_lost": false}), &notified)
+		"ttl": s.cfg.FailedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": false}), &notified)
 	return k, finishError(keystate.Failed, err)
 }
 
@@ -417,7 +424,7 @@ func (s *Store) RecordStep(ctx context.Context, db DB, ref keystate.Ref, owner k
 func (s *Store) HandOff(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
 	var notified bool
 	k, err := scanKey(handOffSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
-		"owner": owner.String(), "notify": !s.cfg.DeferNotify}), &notified)
+		"owner": owner.String(), "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}), &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keystate.Key{}, ErrLeaseLost
 	}
@@ -445,7 +452,7 @@ func (s *Store) ResumeClaim(ctx context.Context, db DB, handlers []string, owner
 		ids[i] = o.String()
 	}
 	rows, err := resumeClaimSQL.query(ctx, db, pgx.StrictNamedArgs{"lease": lease, "notify": !s.cfg.DeferNotify,
-		"handlers": handlers, "limit": len(owners), "owners": ids})
+		"channel": NotifyChannel, "handlers": handlers, "limit": len(owners), "owners": ids})
 	if err != nil {
 		return nil, fmt.Errorf("claim executions to resume: %w", err)
 	}

@@ -17,7 +17,7 @@
 --
 -- @scopes   @keys   @fingerprints   @owners (uuid text): one per key
 -- @lease (interval)   @ttl: how long the rows live (interval)
--- @notify: notify the relays in this statement's transaction
+-- @notify: notify the relays (on @channel) in this statement's transaction
 -- @lock_timeout (text, e.g. '100ms')
 -- The batch commits without waiting for the WAL flush, as claim_insert does
 -- outside a transaction.
@@ -40,7 +40,7 @@ WITH settings AS MATERIALIZED (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
 )
 SELECT {{key_columns}},
-	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified,
 	s.durability,
 	NULL::jsonb AS steps
 FROM claimed k, settings s

@@ -7,7 +7,7 @@
 --
 -- @scope   @key   @fingerprint   @owner (uuid)   @lease (interval)
 -- @ttl: how long the row lives (interval)
--- @notify: notify the relays in this statement's transaction
+-- @notify: notify the relays (on @channel) in this statement's transaction
 -- @async_commit: commit without waiting for the WAL flush (the claim
 --    commits on its own)
 WITH claimed AS (
@@ -21,7 +21,7 @@ WITH claimed AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
 )
 SELECT {{key_columns}},
-	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified,
 	set_config('synchronous_commit', CASE WHEN @async_commit THEN 'off' ELSE current_setting('synchronous_commit') END, true),
 	NULL::jsonb AS steps
 FROM claimed k

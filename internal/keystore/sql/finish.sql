@@ -11,7 +11,7 @@
 -- @response_status   @response_content_type   @response_body
 -- @response_headers (keystate.EncodeHeader)
 -- @ttl: how long the row lives from now (interval)
--- @notify: notify the relays in this statement's transaction
+-- @notify: notify the relays (on @channel) in this statement's transaction
 -- @fail_when_lost: fail instead of returning no row
 WITH finished AS (
 	UPDATE idempotency_keys AS k SET
@@ -26,7 +26,7 @@ WITH finished AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM finished
 )
 SELECT {{key_columns}},
-	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified
 FROM (VALUES (true)) AS one (row)
 	LEFT JOIN finished k ON true
 WHERE CASE WHEN k.scope IS NOT NULL THEN true WHEN @fail_when_lost THEN onceonly_lease_lost(@scope, @key) ELSE false END

@@ -5,7 +5,7 @@
 -- over at once and continues from its recovery points.
 --
 -- @scope   @key   @owner (uuid)
--- @notify: notify the relays in this statement's transaction
+-- @notify: notify the relays (on @channel) in this statement's transaction
 WITH handed AS (
 	UPDATE idempotency_keys AS k SET version = k.version + 1, lease_expires_at = now(), updated_at = now()
 	WHERE k.scope = @scope AND k.key = @key AND k.owner = @owner AND k.status = 'in_progress'
@@ -14,5 +14,5 @@ WITH handed AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM handed
 )
 SELECT {{key_columns}},
-	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified
 FROM handed k

@@ -3,7 +3,7 @@
 -- new lifecycle that keeps counting versions (so no stale copy outranks
 -- it), and retention deletes the row. A held key (only with @force)
 -- becomes failed, so its worker can no longer complete it. It notifies the
--- relays in its transaction.
+-- relays (on @channel) in its transaction.
 --
 -- @scope   @key   @force
 WITH purged AS (
@@ -16,5 +16,5 @@ WITH purged AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM purged
 )
 SELECT {{key_columns}},
-	pg_notify('onceonly_outbox', '') IS NULL AS notified
+	pg_notify(@channel, '') IS NULL AS notified
 FROM purged k

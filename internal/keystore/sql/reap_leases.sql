@@ -4,7 +4,7 @@
 -- An execution that started a step (steps is set) is not reaped: it may
 -- have reached an external system, and a live engine resumes it instead.
 -- Rows other transactions hold are skipped; the next pass gets them. It
--- notifies the relays when it reaped any.
+-- notifies the relays (on @channel) when it reaped any.
 --
 -- @grace (interval)   @ttl: how long a failed row lives (interval)   @limit
 -- Returns how many keys it reaped.
@@ -21,5 +21,5 @@ WITH dead AS (
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM reaped
 )
-SELECT count(*), coalesce(bool_or(pg_notify('onceonly_outbox', '') IS NULL), false) AS notified
+SELECT count(*), coalesce(bool_or(pg_notify(@channel, '') IS NULL), false) AS notified
 FROM reaped

@@ -5,7 +5,7 @@
 -- transactions hold are skipped. Returns what the new holder continues with.
 --
 -- @lease (interval)
--- @notify: notify the relays in this statement's transaction
+-- @notify: notify the relays (on @channel) in this statement's transaction
 -- @handlers: handler names (text[])   @limit   @owners (uuid[], at least @limit)
 WITH due AS (
 	SELECT scope, key, row_number() OVER () AS n FROM (
@@ -24,6 +24,6 @@ WITH due AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
 )
 SELECT {{key_columns}},
-	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified,
 	k.handler, k.request, k.steps
 FROM claimed k

@@ -13,7 +13,7 @@
 -- @response_headers (keystate.EncodeHeader)
 -- @ttl: how long the row lives (interval)
 -- @fail_when_lost: fail instead of returning no row
--- @notify: notify the relays in this statement's transaction
+-- @notify: notify the relays (on @channel) in this statement's transaction
 WITH inserted AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint,
@@ -26,7 +26,7 @@ WITH inserted AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM inserted
 )
 SELECT {{key_columns}},
-	(CASE WHEN @notify THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified
 FROM (VALUES (true)) AS one (row)
 	LEFT JOIN inserted k ON true
 WHERE CASE WHEN k.scope IS NOT NULL THEN true WHEN @fail_when_lost THEN onceonly_lease_lost(@scope, @key) ELSE false END
