@@ -155,8 +155,8 @@ func isNameByte(c byte) bool {
 func excerpt(s string, i int) string { return s[i:min(i+20, len(s))] }
 
 // args returns named as the statement's arguments, in the order of its
-// parameters. Like pgx.StrictNamedArgs, a parameter named has no
-// argument, or an argument no parameter, is an error: the statement then
+// parameters. As with pgx.StrictNamedArgs, a parameter without an argument,
+// or an argument without a parameter, is an error: the statement then
 // fails with it, unsent.
 func (s *statement) args(named pgx.StrictNamedArgs) []any {
 	args := make([]any, len(s.params))
