@@ -64,7 +64,7 @@ func (s *Store) TakeBatch(ctx context.Context, db BatchSender, limit, maxBody in
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	var batch Batch
-	b.Queue(takeBatchSQL, limit, maxBody).Query(func(rows pgx.Rows) error {
+	takeBatchSQL.queue(&b, pgx.StrictNamedArgs{"limit": limit, "max_body": maxBody}).Query(func(rows pgx.Rows) error {
 		var err error
 		batch, err = scanBatch(rows, limit)
 		return err
@@ -83,44 +83,36 @@ func (s *Store) TakeBatch(ctx context.Context, db BatchSender, limit, maxBody in
 
 // scanBatch reads take_batch's rows: an event each, with its key's row.
 // Every row of a key carries the same state (one snapshot); the first one
-// read is kept. It scans the columns of scanKey, then the event's, into one
-// set of variables for the whole batch: a drain reads hundreds of thousands
-// of rows, and a destination slice and escaping variables per row were a
-// quarter of the relay's allocations.
+// read is kept. It scans the key columns, then the event's, into one set of
+// variables for the whole batch: a drain reads hundreds of thousands of
+// rows, and a destination slice and escaping variables per row were a
+// quarter of the relay's allocations. The key's scope and key, the event's
+// when the key was found, are read once, as the event's.
 func scanBatch(rows pgx.Rows, limit int) (Batch, error) {
 	size := min(max(limit, 0), 4096) // room for a full batch of a sane size
 	b := Batch{Events: make([]Event, 0, size)}
 	index := make(map[keystate.Ref]int, size)
 	var (
-		k                  keystate.Key
-		owner              [16]byte
-		leaseMs, expiresMs int64
-		header             string
-		found              bool
-		e                  Event
+		k     keyRow
+		found bool
+		e     Event
 	)
-	dest := []any{&k.Scope, &k.Key, &k.Status, &k.Version, &k.Fingerprint, &owner,
-		&leaseMs, &k.Response.Status, &k.Response.ContentType, &header, &k.Response.Body, &k.BodyOmitted, &expiresMs,
-		&found, &e.ID, &e.Version, &e.CreatedAt, &e.Attempts}
+	dest := append(k.dest(), &found, &e.ID, &e.Scope, &e.Key, &e.Version, &e.CreatedAt, &e.Attempts)
+	dest[0], dest[1] = nil, nil // the key's scope and key: skipped
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {
 			return Batch{}, fmt.Errorf("scan event: %w", err)
 		}
-		e.Scope, e.Key = k.Scope, k.Key
 		b.Events = append(b.Events, e)
-		i, seen := index[k.Ref]
+		i, seen := index[e.Ref()]
 		switch {
 		case !seen && found:
-			index[k.Ref] = len(b.Updates)
-			key := k
-			key.Owner = keystate.Owner(owner)
-			key.Response.Header = keystate.DecodeHeader(header)
-			key.LeaseRemaining = time.Duration(leaseMs) * time.Millisecond
-			key.ExpiresIn = time.Duration(expiresMs) * time.Millisecond
-			b.Updates = append(b.Updates, key)
+			index[e.Ref()] = len(b.Updates)
+			k.k.Ref = e.Ref()
+			b.Updates = append(b.Updates, k.key())
 		case !seen:
-			index[k.Ref] = len(b.Updates)
-			b.Updates = append(b.Updates, keystate.Gone(k.Ref, e.Version))
+			index[e.Ref()] = len(b.Updates)
+			b.Updates = append(b.Updates, keystate.Gone(e.Ref(), e.Version))
 		case !found:
 			b.Updates[i].Version = max(b.Updates[i].Version, e.Version)
 		}
@@ -137,7 +129,7 @@ func scanBatch(rows pgx.Rows, limit int) (Batch, error) {
 // result is gone from Postgres.
 func (s *Store) CurrentKeys(ctx context.Context, db DB, refs []keystate.Ref, maxBody int) (map[keystate.Ref]keystate.Key, error) {
 	scopes, keys := refColumns(refs)
-	rows, err := db.Query(ctx, currentKeysSQL, scopes, keys, maxBody)
+	rows, err := currentKeysSQL.query(ctx, db, pgx.StrictNamedArgs{"scopes": scopes, "keys": keys, "max_body": maxBody})
 	if err != nil {
 		return nil, fmt.Errorf("read current keys: %w", err)
 	}
@@ -190,8 +182,8 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 			parked++
 		}
 	}
-	_, err = db.Exec(ctx, requeueEventsSQL,
-		scopes, keys, versions, created, attempts, errs, maxAttempts)
+	_, err = requeueEventsSQL.exec(ctx, db, pgx.StrictNamedArgs{"scopes": scopes, "keys": keys, "versions": versions,
+		"created_at": created, "attempts": attempts, "last_errors": errs, "max_attempts": maxAttempts})
 	if err != nil {
 		return 0, fmt.Errorf("requeue outbox events: %w", err)
 	}
@@ -201,7 +193,7 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 // CountEvents returns the number of events waiting for delivery and of
 // parked ones.
 func (s *Store) CountEvents(ctx context.Context, db DB) (pending, parked int64, err error) {
-	err = db.QueryRow(ctx, countEventsSQL).Scan(&pending, &parked)
+	err = countEventsSQL.queryRow(ctx, db, nil).Scan(&pending, &parked)
 	if err != nil {
 		return 0, 0, fmt.Errorf("count outbox events: %w", err)
 	}

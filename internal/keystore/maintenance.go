@@ -19,7 +19,7 @@ import (
 func (s *Store) TryLock(ctx context.Context, tx pgx.Tx, key int64) (bool, error) {
 	var locked bool
 	var timeout string
-	if err := tx.QueryRow(ctx, tryLockSQL, key).Scan(&locked, &timeout); err != nil {
+	if err := tryLockSQL.queryRow(ctx, tx, pgx.StrictNamedArgs{"lock_key": key}).Scan(&locked, &timeout); err != nil {
 		return false, fmt.Errorf("try advisory lock: %w", err)
 	}
 	return locked, nil
@@ -32,7 +32,9 @@ func (s *Store) TryLock(ctx context.Context, tx pgx.Tx, key int64) (bool, error)
 func (s *Store) ReapLeases(ctx context.Context, db DB, grace time.Duration, limit int) (int, error) {
 	var n int
 	var notified bool
-	if err := db.QueryRow(ctx, reapLeasesSQL, grace, s.cfg.FailedTTL, limit).Scan(&n, &notified); err != nil {
+	err := reapLeasesSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"grace": grace, "ttl": s.cfg.FailedTTL, "limit": limit,
+		"channel": NotifyChannel}).Scan(&n, &notified)
+	if err != nil {
 		return 0, fmt.Errorf("reap leases: %w", err)
 	}
 	return n, nil
@@ -41,7 +43,7 @@ func (s *Store) ReapLeases(ctx context.Context, db DB, grace time.Duration, limi
 // CountReapable counts the keys ReapLeases would reap.
 func (s *Store) CountReapable(ctx context.Context, db DB, grace time.Duration) (int, error) {
 	var n int
-	if err := db.QueryRow(ctx, countReapableSQL, grace).Scan(&n); err != nil {
+	if err := countReapableSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"grace": grace}).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count reapable leases: %w", err)
 	}
 	return n, nil
@@ -57,10 +59,10 @@ func (s *Store) CountReapable(ctx context.Context, db DB, grace time.Duration) (
 // statement for why). A key whose version the floor does not cover yet (it
 // expired in between) waits for the next call.
 func (s *Store) DeleteExpired(ctx context.Context, db DB, limit int) (int, error) {
-	if _, err := db.Exec(ctx, raiseVersionFloorSQL, limit); err != nil {
+	if _, err := raiseVersionFloorSQL.exec(ctx, db, pgx.StrictNamedArgs{"limit": limit}); err != nil {
 		return 0, fmt.Errorf("delete expired keys: raise the version floor: %w", err)
 	}
-	tag, err := db.Exec(ctx, deleteExpiredSQL, limit)
+	tag, err := deleteExpiredSQL.exec(ctx, db, pgx.StrictNamedArgs{"limit": limit})
 	if err != nil {
 		return 0, fmt.Errorf("delete expired keys: %w", err)
 	}
@@ -70,7 +72,7 @@ func (s *Store) DeleteExpired(ctx context.Context, db DB, limit int) (int, error
 // CountExpired counts the keys DeleteExpired would delete.
 func (s *Store) CountExpired(ctx context.Context, db DB) (int, error) {
 	var n int
-	if err := db.QueryRow(ctx, countExpiredSQL).Scan(&n); err != nil {
+	if err := countExpiredSQL.queryRow(ctx, db, nil).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count expired keys: %w", err)
 	}
 	return n, nil
@@ -85,10 +87,10 @@ func (s *Store) CountExpired(ctx context.Context, db DB) (int, error) {
 // long as the scan, so statement_timeout is lifted for the transaction.
 // When fn returns an error the scan stops with it.
 func (s *Store) ScanLive(ctx context.Context, tx pgx.Tx, fn func(keystate.Key) error) error {
-	if _, err := tx.Exec(ctx, liftStatementTimeoutSQL); err != nil {
+	if _, err := liftStatementTimeoutSQL.exec(ctx, tx, nil); err != nil {
 		return fmt.Errorf("scan keys: lift statement_timeout: %w", err)
 	}
-	rows, err := tx.Query(ctx, scanLiveSQL)
+	rows, err := scanLiveSQL.query(ctx, tx, nil)
 	if err != nil {
 		return fmt.Errorf("scan keys: %w", err)
 	}
@@ -111,7 +113,7 @@ func (s *Store) ScanLive(ctx context.Context, tx pgx.Tx, fn func(keystate.Key) e
 // Live reports which of refs have a live (unexpired) row.
 func (s *Store) Live(ctx context.Context, db DB, refs []keystate.Ref) (map[keystate.Ref]bool, error) {
 	scopes, keys := refColumns(refs)
-	rows, err := db.Query(ctx, liveKeysSQL, scopes, keys)
+	rows, err := liveKeysSQL.query(ctx, db, pgx.StrictNamedArgs{"scopes": scopes, "keys": keys})
 	if err != nil {
 		return nil, fmt.Errorf("look up keys: %w", err)
 	}
@@ -140,7 +142,8 @@ var ErrKeyInProgress = errors.New("the key is in progress; purging it lets a dup
 // or ErrKeyInProgress for a held key unless force.
 func (s *Store) Purge(ctx context.Context, db DB, ref keystate.Ref, force bool) (keystate.Key, bool, error) {
 	var notified bool
-	k, err := scanKey(db.QueryRow(ctx, purgeSQL, ref.Scope, ref.Key, force), &notified)
+	k, err := scanKey(purgeSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "force": force,
+		"channel": NotifyChannel}), &notified)
 	if err == nil {
 		return k, true, nil
 	}

@@ -196,4 +196,71 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.NoError(t, err)
 	require.Zero(t, pending)
 	require.EqualValues(t, 1, parked)
+
+	exerciseBatched(t, ctx, pool, store)
+}
+
+// exerciseBatched runs the statements the engine sends in a batch with a
+// transaction's BEGIN or COMMIT (single_begin, single_finish, finish as
+// QueueComplete queues it), and the rest of the single-commit mode
+// (session_keepalives, single_finish as SingleFail) and try_lock.
+func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, store *keystore.Store) {
+	t.Helper()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+
+	// session_keepalives, single_begin, single_finish (completed).
+	require.NoError(t, store.SetKeepalives(ctx, conn.Conn()))
+	single := keystate.Ref{Scope: "s", Key: "single"}
+	resp := keystate.Response{Status: 201, ContentType: "application/json",
+		Header: http.Header{"Location": {"/v1/y"}}, Body: []byte(`{"ok":1}`)}
+	var opened keystore.SingleBegin
+	var k keystate.Key
+	var b pgx.Batch
+	b.Queue("begin")
+	store.QueueSingleBegin(&b, single, time.Minute, &opened)
+	store.QueueSingleComplete(&b, single, "v1:fp", resp, &k)
+	b.Queue("commit")
+	require.NoError(t, conn.SendBatch(ctx, &b).Close())
+	require.Equal(t, keystore.SingleBegin{Locked: true}, opened)
+	require.Equal(t, keystate.Completed, k.Status)
+	require.Equal(t, resp, k.Response)
+
+	// single_finish failing (the key has a row now), then as SingleFail.
+	b = pgx.Batch{}
+	b.Queue("begin")
+	store.QueueSingleBegin(&b, single, time.Minute, &opened)
+	store.QueueSingleComplete(&b, single, "v1:fp", resp, &k)
+	b.Queue("commit")
+	require.ErrorIs(t, conn.SendBatch(ctx, &b).Close(), keystore.ErrLeaseLost)
+	_, err = conn.Exec(ctx, "rollback") // the COMMIT was skipped
+	require.NoError(t, err)
+	require.Equal(t, keystore.SingleBegin{Locked: true, HasRow: true}, opened)
+	_, written, err := store.SingleFail(ctx, pool, single, "v1:fp")
+	require.NoError(t, err)
+	require.False(t, written)
+	failed, written, err := store.SingleFail(ctx, pool, keystate.Ref{Scope: "s", Key: "single-failed"}, "v1:fp")
+	require.NoError(t, err)
+	require.True(t, written)
+	require.Equal(t, keystate.Failed, failed.Status)
+
+	// finish (completed) as QueueComplete queues it, held and lost.
+	held := keystate.Ref{Scope: "s", Key: "queued"}
+	_, err = store.Claim(ctx, pool, held, "v1:fp", ownerA, time.Minute)
+	require.NoError(t, err)
+	b = pgx.Batch{}
+	store.QueueComplete(&b, held, ownerA, resp, &k)
+	require.NoError(t, conn.SendBatch(ctx, &b).Close())
+	require.Equal(t, keystate.Completed, k.Status)
+	b = pgx.Batch{}
+	store.QueueComplete(&b, held, ownerA, resp, &k)
+	require.ErrorIs(t, conn.SendBatch(ctx, &b).Close(), keystore.ErrLeaseLost)
+
+	// try_lock.
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		locked, err := store.TryLock(ctx, tx, 42)
+		require.True(t, locked)
+		return err
+	}))
 }

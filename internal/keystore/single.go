@@ -33,7 +33,7 @@ func (s *Store) SetKeepalives(ctx context.Context, conn *pgx.Conn) error {
 	if data[keepalivesSet] != nil {
 		return nil
 	}
-	if _, err := conn.Exec(ctx, sessionKeepalivesSQL); err != nil {
+	if _, err := sessionKeepalivesSQL.exec(ctx, conn, nil); err != nil {
 		return fmt.Errorf("set keepalives: %w", err)
 	}
 	data[keepalivesSet] = true
@@ -46,7 +46,7 @@ func (s *Store) SetKeepalives(ctx context.Context, conn *pgx.Conn) error {
 // dst is set as b's results are read.
 func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Duration, dst *SingleBegin) {
 	ms := strconv.FormatInt(max(lease.Milliseconds(), 1), 10)
-	b.Queue(singleBeginSQL, ref.Scope, ref.Key, ms).QueryRow(func(row pgx.Row) error {
+	singleBeginSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "lease_ms": ms}).QueryRow(func(row pgx.Row) error {
 		var ignored [2]string
 		return row.Scan(&dst.Locked, &dst.HasRow, &ignored[0], &ignored[1])
 	})
@@ -62,9 +62,10 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 	if body == nil {
 		body = []byte{}
 	}
-	b.Queue(singleFinishSQL, ref.Scope, ref.Key, keystate.Completed, fingerprint,
-		resp.Status, resp.ContentType, body, keystate.EncodeHeader(resp.Header), s.cfg.CompletedTTL,
-		true, !s.cfg.DeferNotify).QueryRow(func(row pgx.Row) error {
+	singleFinishSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "status": keystate.Completed,
+		"fingerprint": fingerprint, "response_status": resp.Status, "response_content_type": resp.ContentType,
+		"response_body": body, "response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
+		"fail_when_lost": true, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}).QueryRow(func(row pgx.Row) error {
 		var notified bool
 		k, err := scanKey(row, &notified)
 		if err != nil {
@@ -81,8 +82,10 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 // again. written is false when the key has a row already.
 func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerprint string) (k keystate.Key, written bool, err error) {
 	var notified bool
-	k, err = scanKey(db.QueryRow(ctx, singleFinishSQL, ref.Scope, ref.Key, keystate.Failed, fingerprint,
-		nil, nil, nil, nil, s.cfg.FailedTTL, false, !s.cfg.DeferNotify), &notified)
+	k, err = scanKey(singleFinishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
+		"status": keystate.Failed, "fingerprint": fingerprint,
+		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
+		"ttl": s.cfg.FailedTTL, "fail_when_lost": false, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}), &notified)
 	if err = finishError(keystate.Failed, err); err == ErrLeaseLost { //nolint:errorlint // finishError returns it bare
 		return keystate.Key{}, false, nil
 	}

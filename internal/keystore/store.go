@@ -8,6 +8,34 @@
 // inside the caller's business transaction. The statements live whole in
 // sql/, one file each.
 //
+// Their parameters are named (@scope, @lease, …), as pgx.NamedArgs takes
+// them, and every call passes its arguments as a pgx.StrictNamedArgs, so an
+// argument missing or left over is an error. pgx would find the names and
+// number them by lexing the statement's whole text at every call: tens of
+// microseconds and some fifty allocations for the longer statements
+// (BenchmarkStatementArgs). The package runs that same rewriting once per
+// statement, when it loads (sql.go), and at each call only puts the
+// arguments in the order it found: what Postgres receives is what
+// pgx.StrictNamedArgs would send.
+//
+// The 13 key columns that every statement returning keys selects first are
+// written once, in sql/key_columns.sql, and scanned by one type, keyRow. A
+// statement names them {{key_columns}} ({{key_columns @max_body}} to leave
+// out long bodies), and the package puts those lines in its place when it
+// loads, as sqlc's sqlc.embed does when it generates code: each statement
+// still reads whole with one file beside it, and what Postgres receives,
+// prepares and plans is the statement written out: nothing is added per
+// call, and per row only a few COALESCEs where a statement used to select
+// constants (a new claim's empty response). A view or a SQL function in a
+// migration would not do: a view cannot apply to the rows a statement's own
+// INSERT or UPDATE … RETURNING produces, and a function returning the
+// columns would add a function call and a composite value to decode to
+// every row of every claim and completion.
+//
+// The channel the statements notify the relays on is an argument too,
+// @channel, always NotifyChannel: its name is written once, in Go, where
+// the relays' LISTEN reads it as well.
+//
 // The statements work in every pgx query mode: the default (named prepared
 // statements) and exec and simple_protocol, the modes PgBouncer in
 // transaction mode allows (default_query_exec_mode=exec in the URL). Their
@@ -28,7 +56,9 @@ import (
 	"github.com/onceonly/onceonly/internal/keystate"
 )
 
-// NotifyChannel is the LISTEN/NOTIFY channel woken by outbox writes.
+// NotifyChannel is the LISTEN/NOTIFY channel woken by outbox writes. It is
+// the name's one definition: the statements that notify take it as their
+// @channel argument.
 const NotifyChannel = "onceonly_outbox"
 
 // Defaults of Config: how long keys are kept.
@@ -86,29 +116,45 @@ func New(cfg Config) *Store {
 	return &Store{cfg: cfg}
 }
 
+// keyRow is where the key columns (sql/key_columns.sql) of a row are
+// scanned to.
+type keyRow struct {
+	k                  keystate.Key
+	owner              [16]byte
+	leaseMs, expiresMs int64
+	header             string
+}
+
+// dest returns the destinations of the key columns, in their order.
+func (r *keyRow) dest() []any {
+	return []any{&r.k.Scope, &r.k.Key, &r.k.Status, &r.k.Version, &r.k.Fingerprint, &r.owner, &r.leaseMs,
+		&r.k.Response.Status, &r.k.Response.ContentType, &r.header, &r.k.Response.Body, &r.k.BodyOmitted, &r.expiresMs}
+}
+
+// key returns the key scanned.
+func (r *keyRow) key() keystate.Key {
+	k := r.k
+	k.Owner = keystate.Owner(r.owner)
+	k.Response.Header = keystate.DecodeHeader(r.header)
+	k.LeaseRemaining = time.Duration(r.leaseMs) * time.Millisecond
+	k.ExpiresIn = time.Duration(r.expiresMs) * time.Millisecond
+	return k
+}
+
 // scanKey scans the key columns every key statement selects first, then
 // the statement's extra columns into extra.
 func scanKey(row pgx.Row, extra ...any) (keystate.Key, error) {
-	var k keystate.Key
-	var owner [16]byte
-	var leaseMs, expiresMs int64
-	var header string
-	dest := append([]any{&k.Scope, &k.Key, &k.Status, &k.Version, &k.Fingerprint, &owner,
-		&leaseMs, &k.Response.Status, &k.Response.ContentType, &header, &k.Response.Body, &k.BodyOmitted, &expiresMs}, extra...)
-	if err := row.Scan(dest...); err != nil {
+	var r keyRow
+	if err := row.Scan(append(r.dest(), extra...)...); err != nil {
 		return keystate.Key{}, fmt.Errorf("scan key: %w", err)
 	}
-	k.Owner = keystate.Owner(owner)
-	k.Response.Header = keystate.DecodeHeader(header)
-	k.LeaseRemaining = time.Duration(leaseMs) * time.Millisecond
-	k.ExpiresIn = time.Duration(expiresMs) * time.Millisecond
-	return k, nil
+	return r.key(), nil
 }
 
-// Notify wakes the relays (LISTEN onceonly_outbox). Outside a transaction
-// it is cheap: it writes no WAL.
+// Notify wakes the relays (LISTEN on NotifyChannel). Outside a
+// transaction it is cheap: it writes no WAL.
 func (s *Store) Notify(ctx context.Context, db DB) error {
-	if _, err := db.Exec(ctx, notifySQL); err != nil {
+	if _, err := notifySQL.exec(ctx, db, pgx.StrictNamedArgs{"channel": NotifyChannel}); err != nil {
 		return fmt.Errorf("notify relays: %w", err)
 	}
 	return nil
@@ -157,7 +203,10 @@ func (s *Store) ClaimHeld(ctx context.Context, db DB, ref keystate.Ref, fingerpr
 // claim is Claim; insert false skips its first insert.
 func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
 	_, inTx := db.(pgx.Tx)
-	args := []any{ref.Scope, ref.Key, fingerprint, owner.String(), lease, s.cfg.CompletedTTL, !s.cfg.DeferNotify, !inTx}
+	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint, "owner": owner.String(),
+		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
+		"async_commit": !inTx}
+	peekArgs := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint}
 	var notified bool
 	var durability string
 	var steps []byte
@@ -165,7 +214,7 @@ func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 		var k keystate.Key
 		var err error
 		if insert {
-			k, err = scanKey(db.QueryRow(ctx, claimInsertSQL, args...), &notified, &durability, &steps)
+			k, err = scanKey(claimInsertSQL.queryRow(ctx, db, args), &notified, &durability, &steps)
 			if err == nil {
 				return ClaimResult{Claimed: true, Key: k}, nil
 			}
@@ -175,7 +224,7 @@ func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 		}
 		insert = true
 		var takeable bool
-		k, err = scanKey(db.QueryRow(ctx, claimPeekSQL, ref.Scope, ref.Key, fingerprint), &takeable, &steps)
+		k, err = scanKey(claimPeekSQL.queryRow(ctx, db, peekArgs), &takeable, &steps)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // deleted by retention since: insert again
@@ -189,7 +238,7 @@ func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 		case !takeable:
 			return ClaimResult{Key: k}, nil
 		}
-		k, err = scanKey(db.QueryRow(ctx, claimTakeoverSQL, args...), &notified, &durability, &steps)
+		k, err = scanKey(claimTakeoverSQL.queryRow(ctx, db, args), &notified, &durability, &steps)
 		if err == nil {
 			return ClaimResult{Claimed: true, Key: k, Steps: steps}, nil
 		}
@@ -225,8 +274,11 @@ func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease,
 	for i, r := range reqs {
 		scopes[i], keys[i], fingerprints[i], owners[i] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()
 	}
-	rows, err := db.Query(ctx, claimBatchSQL, scopes, keys, fingerprints, owners, lease, s.cfg.CompletedTTL,
-		!s.cfg.DeferNotify, fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1)))
+	rows, err := claimBatchSQL.query(ctx, db, pgx.StrictNamedArgs{
+		"scopes": scopes, "keys": keys, "fingerprints": fingerprints, "owners": owners,
+		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
+		"lock_timeout": fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1)),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("claim keys: %w", err)
 	}
@@ -256,7 +308,7 @@ func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease,
 
 // Get reads the row of ref.
 func (s *Store) Get(ctx context.Context, db DB, ref keystate.Ref) (keystate.Key, bool, error) {
-	k, err := scanKey(db.QueryRow(ctx, getKeySQL, ref.Scope, ref.Key))
+	k, err := scanKey(getKeySQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key}))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keystate.Key{}, false, nil
 	}
@@ -271,7 +323,7 @@ func (s *Store) Get(ctx context.Context, db DB, ref keystate.Ref) (keystate.Key,
 // returns ErrLeaseLost when owner no longer holds the key.
 func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner keystate.Owner, resp keystate.Response) (keystate.Key, error) {
 	var notified bool
-	k, err := scanKey(tx.QueryRow(ctx, finishSQL, s.completeArgs(ref, owner, resp, false)...), &notified)
+	k, err := scanKey(finishSQL.queryRow(ctx, tx, s.completeArgs(ref, owner, resp, false)), &notified)
 	return k, finishError(keystate.Completed, err)
 }
 
@@ -281,7 +333,7 @@ func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner key
 // (rather than returning no row), so Postgres skips that COMMIT. The
 // completed key is stored in dst as b's results are read.
 func (s *Store) QueueComplete(b *pgx.Batch, ref keystate.Ref, owner keystate.Owner, resp keystate.Response, dst *keystate.Key) {
-	b.Queue(finishSQL, s.completeArgs(ref, owner, resp, true)...).QueryRow(func(row pgx.Row) error {
+	finishSQL.queue(b, s.completeArgs(ref, owner, resp, true)).QueryRow(func(row pgx.Row) error {
 		var notified bool
 		k, err := scanKey(row, &notified)
 		if err != nil {
@@ -293,21 +345,25 @@ func (s *Store) QueueComplete(b *pgx.Batch, ref keystate.Ref, owner keystate.Own
 }
 
 // completeArgs are the arguments of finish.sql for a completion.
-func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keystate.Response, failWhenLost bool) []any {
+func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keystate.Response, failWhenLost bool) pgx.StrictNamedArgs {
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	return []any{ref.Scope, ref.Key, owner.String(), keystate.Completed, resp.Status, resp.ContentType, body,
-		s.cfg.CompletedTTL, !s.cfg.DeferNotify, keystate.EncodeHeader(resp.Header), failWhenLost}
+	return pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(), "status": keystate.Completed,
+		"response_status": resp.Status, "response_content_type": resp.ContentType, "response_body": body,
+		"response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
+		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": failWhenLost}
 }
 
 // Fail marks the key failed (retryable: the next request claims it again).
 // It returns ErrLeaseLost when owner no longer holds the key.
 func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
 	var notified bool
-	k, err := scanKey(db.QueryRow(ctx, finishSQL, ref.Scope, ref.Key, owner.String(), keystate.Failed,
-		nil, nil, nil, s.cfg.FailedTTL, !s.cfg.DeferNotify, nil, false), &notified)
+	k, err := scanKey(finishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
+		"owner": owner.String(), "status": keystate.Failed,
+		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
+		"ttl": s.cfg.FailedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": false}), &notified)
 	return k, finishError(keystate.Failed, err)
 }
 
@@ -330,7 +386,7 @@ const leaseLostCode = "OO001"
 // Heartbeat extends owner's lease to lease from now. A heartbeat is not a
 // transition: it bumps no version and writes no event.
 func (s *Store) Heartbeat(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, lease time.Duration) error {
-	tag, err := db.Exec(ctx, heartbeatSQL, ref.Scope, ref.Key, owner.String(), lease)
+	tag, err := heartbeatSQL.exec(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(), "lease": lease})
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
@@ -350,7 +406,8 @@ func (s *Store) RecordStep(ctx context.Context, db DB, ref keystate.Ref, owner k
 	handler string, request []byte, async bool,
 ) error {
 	var durability string
-	err := db.QueryRow(ctx, recordStepSQL, ref.Scope, ref.Key, owner.String(), step, string(record), handler, request, async).Scan(&durability)
+	err := recordStepSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(),
+		"step": step, "record": string(record), "handler": handler, "request": request, "async_commit": async}).Scan(&durability)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
@@ -366,7 +423,8 @@ func (s *Store) RecordStep(ctx context.Context, db DB, ref keystate.Ref, owner k
 // longer holds ref.
 func (s *Store) HandOff(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
 	var notified bool
-	k, err := scanKey(db.QueryRow(ctx, handOffSQL, ref.Scope, ref.Key, owner.String(), !s.cfg.DeferNotify), &notified)
+	k, err := scanKey(handOffSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
+		"owner": owner.String(), "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}), &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return keystate.Key{}, ErrLeaseLost
 	}
@@ -393,7 +451,8 @@ func (s *Store) ResumeClaim(ctx context.Context, db DB, handlers []string, owner
 	for i, o := range owners {
 		ids[i] = o.String()
 	}
-	rows, err := db.Query(ctx, resumeClaimSQL, lease, !s.cfg.DeferNotify, handlers, len(owners), ids)
+	rows, err := resumeClaimSQL.query(ctx, db, pgx.StrictNamedArgs{"lease": lease, "notify": !s.cfg.DeferNotify,
+		"channel": NotifyChannel, "handlers": handlers, "limit": len(owners), "owners": ids})
 	if err != nil {
 		return nil, fmt.Errorf("claim executions to resume: %w", err)
 	}
@@ -428,7 +487,7 @@ func (s *Store) RenewLeases(ctx context.Context, db DB, leases []Lease, lease ti
 	for i, l := range leases {
 		scopes[i], keys[i], owners[i] = l.Ref.Scope, l.Ref.Key, l.Owner.String()
 	}
-	rows, err := db.Query(ctx, renewLeasesSQL, scopes, keys, owners, lease)
+	rows, err := renewLeasesSQL.query(ctx, db, pgx.StrictNamedArgs{"scopes": scopes, "keys": keys, "owners": owners, "lease": lease})
 	if err != nil {
 		return nil, fmt.Errorf("renew leases: %w", err)
 	}

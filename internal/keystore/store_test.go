@@ -323,3 +323,37 @@ func TestClaimHammer(t *testing.T) {
 	}
 	require.Equal(t, 1, n)
 }
+
+// TestTransitionsNotifyTheRelays: a transition notifies the channel the
+// relays listen on, unless DeferNotify, and Notify does as well.
+func TestTransitionsNotifyTheRelays(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, "LISTEN "+keystore.NotifyChannel)
+	require.NoError(t, err)
+	notified := func() bool {
+		ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+		defer cancel()
+		n, err := conn.Conn().WaitForNotification(ctx)
+		if err != nil {
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			return false
+		}
+		require.Equal(t, keystore.NotifyChannel, n.Channel)
+		return true
+	}
+
+	ref := keystate.Ref{Scope: "s", Key: "k"}
+	_, err = b.store.Claim(b.ctx, b.pool, ref, "fp", ownerA, time.Minute)
+	require.NoError(t, err)
+	require.True(t, notified(), "claim")
+	deferred := keystore.New(keystore.Config{DeferNotify: true})
+	_, err = deferred.Complete(b.ctx, b.pool, ref, ownerA, keystate.Response{Status: 201})
+	require.NoError(t, err)
+	require.False(t, notified(), "a completion with DeferNotify")
+	require.NoError(t, deferred.Notify(b.ctx, b.pool))
+	require.True(t, notified(), "Notify")
+}

@@ -11,39 +11,36 @@
 -- has not ended yet (a DoTx claim inside a caller's transaction may stay
 -- open long); lock_timeout ends such a wait, and the batch with it, so one
 -- key cannot hold up the others: the engine then claims each key alone.
--- With $7 it is left as it is: the NOTIFY's commit waits for a
+-- With @notify it is left as it is: the NOTIFY's commit waits for a
 -- database-wide lock, which a lock_timeout would turn into failed batches
 -- under load.
 --
--- $1 scopes   $2 keys   $3 fingerprints   $4 owners (uuid text), one per key
--- $5 lease (interval)   $6 how long the rows live (interval)
--- $7 notify the relays in this statement's transaction
--- $8 lock_timeout (text, e.g. '100ms')
+-- @scopes   @keys   @fingerprints   @owners (uuid text): one per key
+-- @lease (interval)   @ttl: how long the rows live (interval)
+-- @notify: notify the relays (on @channel) in this statement's transaction
+-- @lock_timeout (text, e.g. '100ms')
 -- The batch commits without waiting for the WAL flush, as claim_insert does
 -- outside a transaction.
 WITH settings AS MATERIALIZED (
-	SELECT set_config('lock_timeout', CASE WHEN $7 THEN current_setting('lock_timeout') ELSE $8 END, true),
+	SELECT set_config('lock_timeout', CASE WHEN @notify THEN current_setting('lock_timeout') ELSE @lock_timeout END, true),
 		set_config('synchronous_commit', 'off', true) AS durability
 ), input AS MATERIALIZED (
 	SELECT i.scope, i.key, i.fingerprint, i.owner
-	FROM settings, unnest($1::text[], $2::text[], $3::text[], $4::uuid[]) AS i (scope, key, fingerprint, owner)
+	FROM settings, unnest(@scopes::text[], @keys::text[], @fingerprints::text[], @owners::uuid[]) AS i (scope, key, fingerprint, owner)
 	ORDER BY i.scope, i.key
 ), claimed AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
 	SELECT scope, key, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
-		fingerprint, owner, now() + $5::interval, now() + $6::interval
+		fingerprint, owner, now() + @lease::interval, now() + @ttl::interval
 	FROM input
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
 )
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
-	(extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint AS lease_ms,
-	0 AS response_status, '' AS response_content_type, '' AS response_headers, NULL::bytea AS response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
-	(CASE WHEN $7 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
+SELECT {{key_columns}},
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified,
 	s.durability,
 	NULL::jsonb AS steps
 FROM claimed k, settings s

@@ -5,25 +5,23 @@
 -- versions never repeat. No row comes back when the key already has a row:
 -- read it (claim_peek).
 --
--- $1 scope   $2 key   $3 fingerprint   $4 owner (uuid)   $5 lease (interval)
--- $6 how long the row lives (interval)
--- $7 notify the relays in this statement's transaction
--- $8 commit without waiting for the WAL flush (the claim commits on its own)
+-- @scope   @key   @fingerprint   @owner (uuid)   @lease (interval)
+-- @ttl: how long the row lives (interval)
+-- @notify: notify the relays (on @channel) in this statement's transaction
+-- @async_commit: commit without waiting for the WAL flush (the claim
+--    commits on its own)
 WITH claimed AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
-	VALUES ($1, $2, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
-		$3, $4, now() + $5::interval, now() + $6::interval)
+	VALUES (@scope, @key, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
+		@fingerprint, @owner, now() + @lease::interval, now() + @ttl::interval)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
 )
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
-	(extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint AS lease_ms,
-	0 AS response_status, '' AS response_content_type, '' AS response_headers, NULL::bytea AS response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
-	(CASE WHEN $7 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
-	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true),
+SELECT {{key_columns}},
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified,
+	set_config('synchronous_commit', CASE WHEN @async_commit THEN 'off' ELSE current_setting('synchronous_commit') END, true),
 	NULL::jsonb AS steps
 FROM claimed k

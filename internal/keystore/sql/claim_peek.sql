@@ -6,15 +6,11 @@
 -- come back for a claim that finds its own row: an earlier try of it
 -- committed, and its answer was lost.
 --
--- $1 scope   $2 key   $3 fingerprint
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint,
-	coalesce(k.owner, '00000000-0000-0000-0000-000000000000'::uuid) AS owner,
-	coalesce((extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint, 0) AS lease_ms,
-	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), coalesce(k.response_headers, ''), k.response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
+-- @scope   @key   @fingerprint
+SELECT {{key_columns}},
 	(k.expires_at <= now()
-		OR (k.fingerprint = $3 AND (k.status = 'failed'
+		OR (k.fingerprint = @fingerprint AND (k.status = 'failed'
 			OR (k.status = 'in_progress' AND k.lease_expires_at <= now())))) AS takeable,
 	k.steps
 FROM idempotency_keys k
-WHERE k.scope = $1 AND k.key = $2
+WHERE k.scope = @scope AND k.key = @key

@@ -7,32 +7,30 @@
 -- handler, request and steps), so the new holder continues from its last
 -- recovery point; a failed or expired row starts afresh.
 --
--- $1 scope   $2 key   $3 fingerprint   $4 owner (uuid)   $5 lease (interval)
--- $6 how long the row lives (interval)
--- $7 notify the relays in this statement's transaction
--- $8 commit without waiting for the WAL flush (the claim commits on its own)
+-- @scope   @key   @fingerprint   @owner (uuid)   @lease (interval)
+-- @ttl: how long the row lives (interval)
+-- @notify: notify the relays (on @channel) in this statement's transaction
+-- @async_commit: commit without waiting for the WAL flush (the claim
+--    commits on its own)
 WITH claimed AS (
 	UPDATE idempotency_keys AS k SET
-		status = 'in_progress', version = k.version + 1, fingerprint = $3,
-		owner = $4, lease_expires_at = now() + $5::interval,
-		expires_at = now() + $6::interval, updated_at = now(),
+		status = 'in_progress', version = k.version + 1, fingerprint = @fingerprint,
+		owner = @owner, lease_expires_at = now() + @lease::interval,
+		expires_at = now() + @ttl::interval, updated_at = now(),
 		response_status = NULL, response_content_type = NULL, response_headers = NULL, response_body = NULL,
 		handler = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.handler END,
 		request = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.request END,
 		steps = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.steps END
-	WHERE k.scope = $1 AND k.key = $2
+	WHERE k.scope = @scope AND k.key = @key
 		AND (k.expires_at <= now()
-			OR (k.fingerprint = $3 AND (k.status = 'failed'
+			OR (k.fingerprint = @fingerprint AND (k.status = 'failed'
 				OR (k.status = 'in_progress' AND k.lease_expires_at <= now()))))
 	RETURNING k.*
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed
 )
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner,
-	(extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint AS lease_ms,
-	0 AS response_status, '' AS response_content_type, '' AS response_headers, NULL::bytea AS response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
-	(CASE WHEN $7 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified,
-	set_config('synchronous_commit', CASE WHEN $8 THEN 'off' ELSE current_setting('synchronous_commit') END, true),
+SELECT {{key_columns}},
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified,
+	set_config('synchronous_commit', CASE WHEN @async_commit THEN 'off' ELSE current_setting('synchronous_commit') END, true),
 	k.steps
 FROM claimed k

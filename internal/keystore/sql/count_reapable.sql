@@ -1,5 +1,5 @@
 -- count_reapable: counts the keys reap_leases would reap.
 --
--- $1 grace (interval)
+-- @grace (interval)
 SELECT count(*) FROM idempotency_keys
-WHERE status = 'in_progress' AND lease_expires_at < now() - $1::interval AND steps IS NULL
+WHERE status = 'in_progress' AND lease_expires_at < now() - @grace::interval AND steps IS NULL

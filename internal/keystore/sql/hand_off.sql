@@ -4,17 +4,15 @@
 -- outbox event, so the next client retry or a live engine's resumer takes it
 -- over at once and continues from its recovery points.
 --
--- $1 scope   $2 key   $3 owner (uuid)
--- $4 notify the relays in this statement's transaction
+-- @scope   @key   @owner (uuid)
+-- @notify: notify the relays (on @channel) in this statement's transaction
 WITH handed AS (
 	UPDATE idempotency_keys AS k SET version = k.version + 1, lease_expires_at = now(), updated_at = now()
-	WHERE k.scope = $1 AND k.key = $2 AND k.owner = $3 AND k.status = 'in_progress'
+	WHERE k.scope = @scope AND k.key = @key AND k.owner = @owner AND k.status = 'in_progress'
 	RETURNING k.*
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM handed
 )
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint, k.owner, 0::bigint AS lease_ms,
-	0 AS response_status, '' AS response_content_type, '' AS response_headers, NULL::bytea AS response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
-	(CASE WHEN $4 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified
+SELECT {{key_columns}},
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified
 FROM handed k

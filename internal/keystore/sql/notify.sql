@@ -1,3 +1,3 @@
--- notify: wakes the relays (LISTEN onceonly_outbox). Outside a transaction
--- it writes no WAL.
-SELECT pg_notify('onceonly_outbox', '')
+-- notify: wakes the relays, which LISTEN on @channel (keystore.NotifyChannel).
+-- Outside a transaction it writes no WAL.
+SELECT pg_notify(@channel, '')

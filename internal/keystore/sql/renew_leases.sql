@@ -1,15 +1,15 @@
--- renew_leases: the engine's heartbeat: extends every lease it holds to $4
--- from now, in one statement on a connection of its own (never one a
+-- renew_leases: the engine's heartbeat: extends every lease it holds to
+-- @lease from now, in one statement on a connection of its own (never one a
 -- handler waits for). Returns the leases still held; a lease missing from
 -- the answer was taken over or reaped, or ran out before the renewal
 -- arrived: a renewal late off the network (sent before a partition,
 -- delivered after it) never revives a lease its holder stopped under. Not
 -- a transition: no version bump, no outbox event.
 --
--- $1 scopes (text[])   $2 keys (text[])   $3 owners (uuid[], same length)
--- $4 lease (interval)
-UPDATE idempotency_keys AS k SET lease_expires_at = now() + $4::interval
-FROM unnest($1::text[], $2::text[], $3::uuid[]) AS l(scope, key, owner)
+-- @scopes (text[])   @keys (text[])   @owners (uuid[], same length)
+-- @lease (interval)
+UPDATE idempotency_keys AS k SET lease_expires_at = now() + @lease::interval
+FROM unnest(@scopes::text[], @keys::text[], @owners::uuid[]) AS l(scope, key, owner)
 WHERE k.scope = l.scope AND k.key = l.key AND k.owner = l.owner AND k.status = 'in_progress'
 	AND k.lease_expires_at > now()
 RETURNING k.owner

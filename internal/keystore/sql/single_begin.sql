@@ -9,8 +9,8 @@
 -- two-phase path then handles (replay, conflict, takeover). The lock, the
 -- limits and the transaction end together.
 --
--- $1 scope   $2 key   $3 lease (milliseconds, as text)
-SELECT pg_try_advisory_xact_lock(hashtextextended($1 || ':' || $2, 0)) AS locked,
-	EXISTS (SELECT FROM idempotency_keys WHERE scope = $1 AND key = $2) AS has_row,
-	set_config('statement_timeout', $3, true),
-	set_config('idle_in_transaction_session_timeout', $3, true)
+-- @scope   @key   @lease_ms: the lease (milliseconds, as text)
+SELECT pg_try_advisory_xact_lock(hashtextextended(@scope || ':' || @key, 0)) AS locked,
+	EXISTS (SELECT FROM idempotency_keys WHERE scope = @scope AND key = @key) AS has_row,
+	set_config('statement_timeout', @lease_ms, true),
+	set_config('idle_in_transaction_session_timeout', @lease_ms, true)

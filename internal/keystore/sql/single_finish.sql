@@ -4,29 +4,29 @@
 -- commits with it; or failed after that transaction rolled back, so a later
 -- request with another payload is still refused (I3) and a retry runs again.
 -- When the key has a row by now (a two-phase claim took it meanwhile),
--- nothing is written and no row comes back — or, with $10, the statement
--- fails (onceonly_lease_lost), so the COMMIT sent behind it is skipped.
+-- nothing is written and no row comes back — or, with @fail_when_lost, the
+-- statement fails (onceonly_lease_lost), so the COMMIT sent behind it is
+-- skipped.
 --
--- $1 scope   $2 key   $3 status ('completed' | 'failed')   $4 fingerprint
--- $5 response status   $6 response content type   $7 response body
--- $8 response headers (keystate.EncodeHeader)   $9 how long the row lives (interval)
--- $10 fail instead of returning no row   $11 notify the relays in this statement's transaction
+-- @scope   @key   @status ('completed' | 'failed')   @fingerprint
+-- @response_status   @response_content_type   @response_body
+-- @response_headers (keystate.EncodeHeader)
+-- @ttl: how long the row lives (interval)
+-- @fail_when_lost: fail instead of returning no row
+-- @notify: notify the relays (on @channel) in this statement's transaction
 WITH inserted AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint,
 		 response_status, response_content_type, response_body, response_headers, expires_at)
-	VALUES ($1, $2, $3, coalesce((SELECT version FROM idempotency_version_floor), 0) + 1, $4,
-		$5, $6, $7, $8, now() + $9::interval)
+	VALUES (@scope, @key, @status, coalesce((SELECT version FROM idempotency_version_floor), 0) + 1, @fingerprint,
+		@response_status, @response_content_type, @response_body, @response_headers, now() + @ttl::interval)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM inserted
 )
-SELECT k.scope, k.key, k.status, k.version, k.fingerprint,
-	'00000000-0000-0000-0000-000000000000'::uuid AS owner, 0::bigint AS lease_ms,
-	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), coalesce(k.response_headers, ''), k.response_body, false AS body_omitted,
-	(extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_ms,
-	(CASE WHEN $11 THEN pg_notify('onceonly_outbox', '') END) IS NULL AS notified
+SELECT {{key_columns}},
+	(CASE WHEN @notify THEN pg_notify(@channel, '') END) IS NULL AS notified
 FROM (VALUES (true)) AS one (row)
 	LEFT JOIN inserted k ON true
-WHERE CASE WHEN k.scope IS NOT NULL THEN true WHEN $10 THEN onceonly_lease_lost($1, $2) ELSE false END
+WHERE CASE WHEN k.scope IS NOT NULL THEN true WHEN @fail_when_lost THEN onceonly_lease_lost(@scope, @key) ELSE false END

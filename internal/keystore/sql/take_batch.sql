@@ -1,8 +1,9 @@
--- take_batch: the relay's take. Deletes up to $1 of the oldest unparked
+-- take_batch: the relay's take. Deletes up to @limit of the oldest unparked
 -- events that no other transaction holds and returns each with the current
--- row of its key, read in the same snapshot (the key columns of
--- current_keys; found is false when the key is gone). One statement, one
--- round trip: the relay sends it in the same round trip as its BEGIN.
+-- row of its key, read in the same snapshot (its key columns, bodies
+-- limited as current_keys limits them; found is false when the key is
+-- gone), then the event's columns. One statement, one round trip: the
+-- relay sends it in the same round trip as its BEGIN.
 --
 -- The ids are locked first (FOR UPDATE SKIP LOCKED, so the LIMIT and the
 -- locks apply once whatever plan the DELETE gets) and the rows deleted by
@@ -14,24 +15,17 @@
 -- (synchronous_commit off): a deletion lost in a crash puts the events back,
 -- and delivering them again is harmless (I8).
 --
--- $1 limit   $2 largest body read (longer ones: body_omitted)
+-- @limit   @max_body: largest body read (longer ones: body_omitted)
 WITH taken AS (
 	DELETE FROM outbox
 	WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM outbox WHERE parked_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))
+		SELECT ctid FROM outbox WHERE parked_at IS NULL ORDER BY id LIMIT @limit FOR UPDATE SKIP LOCKED))
 	RETURNING id, scope, key, version, created_at, attempts
 ), durability AS MATERIALIZED (
 	SELECT set_config('synchronous_commit', 'off', true)
 )
-SELECT coalesce(k.scope, t.scope), coalesce(k.key, t.key), coalesce(k.status, ''), coalesce(k.version, 0),
-	coalesce(k.fingerprint, ''),
-	coalesce(k.owner, '00000000-0000-0000-0000-000000000000'::uuid) AS owner,
-	coalesce((extract(epoch FROM k.lease_expires_at - now()) * 1000)::bigint, 0) AS lease_ms,
-	coalesce(k.response_status, 0), coalesce(k.response_content_type, ''), coalesce(k.response_headers, ''),
-	CASE WHEN octet_length(k.response_body) <= $2 THEN k.response_body END AS response_body,
-	coalesce(octet_length(k.response_body) > $2, false) AS body_omitted,
-	coalesce((extract(epoch FROM k.expires_at - now()) * 1000)::bigint, 0) AS expires_ms,
-	k.scope IS NOT NULL AS found, t.id, t.version, t.created_at, t.attempts
+SELECT {{key_columns @max_body}},
+	k.scope IS NOT NULL AS found, t.id, t.scope, t.key, t.version, t.created_at, t.attempts
 FROM taken t
 CROSS JOIN durability
 LEFT JOIN idempotency_keys k ON k.scope = t.scope AND k.key = t.key
