@@ -210,9 +210,13 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 	}
 }
 
-// RequestFingerprint is the default MiddlewareOptions.Fingerprint: the
-// fingerprint (see Fingerprint) of the method, path, query and body of r; a
-// JSON body is canonicalized, another one hashed as it is. A body that is
+// RequestFingerprint is the default MiddlewareOptions.Fingerprint, and the
+// one fingerprint entry point: a SHA-256 over the method, the path, the
+// query (parameters sorted by name, the values of one name kept in their
+// order) and the body of r; a JSON body is canonicalized first (members
+// sorted, no insignificant whitespace, numbers in their shortest form), so
+// whitespace, member order and parameter order do not make another
+// request, and another body is hashed as it is. A body that is
 // not JSON or names a member twice is an *HTTPError 400 invalid_json, a
 // query that does not parse a 400 invalid_request.
 func RequestFingerprint(r *http.Request, body []byte) (string, error) {

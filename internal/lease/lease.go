@@ -5,6 +5,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/startstop"
 )
 
 // Keeper renews the leases this engine holds, on a Postgres connection
@@ -39,14 +41,16 @@ type Keeper struct {
 	lease  time.Duration
 	log    func(msg string, args ...any)
 
+	// renewer is the goroutine that renews: it runs while leases are held
+	// and stops itself once none has been for linger.
+	renewer startstop.Base
+
 	mu       sync.Mutex
 	leases   map[keystate.Owner]*Lease
-	running  bool
+	running  bool // the renewer runs, or is starting
 	closed   bool
 	nextWake time.Time     // when the sleeping renewer next looks; zero while it is awake
 	wake     chan struct{} // wakes the renewer: a lease falls due before nextWake
-	stop     chan struct{}
-	done     chan struct{}
 
 	conn *pgx.Conn // only the renewing goroutine, or close once it stopped, uses it
 }
@@ -54,7 +58,10 @@ type Keeper struct {
 // NewKeeper returns a Keeper of leases of length lease, renewed through
 // store on connections made from config; log receives its warnings.
 func NewKeeper(store *keystore.Store, config *pgx.ConnConfig, lease time.Duration, log func(msg string, args ...any)) *Keeper {
-	return &Keeper{store: store, config: config, lease: lease, log: log, leases: map[keystate.Owner]*Lease{}}
+	return &Keeper{
+		store: store, config: config, lease: lease, log: log,
+		leases: map[keystate.Owner]*Lease{}, wake: make(chan struct{}, 1),
+	}
 }
 
 // Lease is one execution's hold on its key, as this process sees it.
@@ -114,10 +121,9 @@ func (k *Keeper) Hold(ctx context.Context, ref keystate.Ref, owner keystate.Owne
 	case k.closed:
 	case !k.running:
 		k.running = true
-		k.wake, k.stop, k.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 		k.nextWake = time.Time{}
 		// The renewals outlive the request that started them.
-		go k.run(context.WithoutCancel(ctx), k.wake, k.stop, k.done)
+		k.startRenewer(context.WithoutCancel(ctx))
 	case k.nextWake.IsZero() || due.Before(k.nextWake):
 		// The renewer is awake (it may have scheduled before this lease
 		// came) or sleeps past this lease's renewal: it looks again.
@@ -209,21 +215,34 @@ func (l *Lease) expire() {
 	l.onLost()
 }
 
+// startRenewer starts the renewer, once the one before it, which found
+// itself idle, has returned (it holds no lock as it returns). Called under
+// k.mu with running just set.
+func (k *Keeper) startRenewer(ctx context.Context) {
+	<-k.renewer.Stopped()
+	ctx, ok, started, stopped := k.renewer.StartInit(ctx)
+	if !ok {
+		return // unreachable: running was false, so no renewer runs
+	}
+	go func() {
+		defer stopped()
+		started()
+		k.run(ctx)
+	}()
+}
+
 // run renews the leases as they fall due until none has been left for
-// linger, or the keeper closes.
-func (k *Keeper) run(ctx context.Context, wake, stop, done chan struct{}) {
-	defer close(done)
+// linger, or the keeper closes (ctx ends).
+func (k *Keeper) run(ctx context.Context) {
 	var idleSince time.Time
 	for {
-		select {
-		case <-stop:
+		if ctx.Err() != nil {
 			return
-		default:
 		}
 		now := time.Now()
 		due, next, idle := k.schedule(now)
 		if len(due) > 0 {
-			k.renew(ctx, due, stop)
+			k.renew(ctx, due)
 			continue
 		}
 		switch {
@@ -247,24 +266,24 @@ func (k *Keeper) run(ctx context.Context, wake, stop, done chan struct{}) {
 		default:
 			next = idleSince.Add(k.linger())
 		}
-		if !k.sleep(next, wake, stop) {
+		if !k.sleep(ctx, next) {
 			return
 		}
 	}
 }
 
-// sleep waits until next, a wake-up or the stop; it reports false on the
-// stop.
-func (k *Keeper) sleep(next time.Time, wake, stop chan struct{}) bool {
+// sleep waits until next, a wake-up or the end of ctx; it reports false
+// when ctx ended.
+func (k *Keeper) sleep(ctx context.Context, next time.Time) bool {
 	k.mu.Lock()
 	k.nextWake = next
 	k.mu.Unlock()
 	t := time.NewTimer(time.Until(next))
 	defer t.Stop()
 	select {
-	case <-stop:
+	case <-ctx.Done():
 		return false
-	case <-wake:
+	case <-k.wake:
 	case <-t.C:
 	}
 	return true
@@ -321,7 +340,7 @@ type renewal struct {
 // held has ended, a failed attempt is made again after a short pause, and
 // an attempt that has not answered after hedgeAfter is joined by a second,
 // each on a connection of its own; the first answer counts.
-func (k *Keeper) renew(ctx context.Context, held []*Lease, stop chan struct{}) {
+func (k *Keeper) renew(ctx context.Context, held []*Lease) {
 	var end time.Time // past it, no lease of held can be renewed in time
 	leases := make([]keystore.Lease, len(held))
 	for i, l := range held {
@@ -409,10 +428,9 @@ func (k *Keeper) renew(ctx context.Context, held []*Lease, stop chan struct{}) {
 		case <-ctx.Done():
 			attempts := failures + inFlight
 			finish()
-			k.log("lease renewal failed; executions stopped before their leases end", "leases", len(held), "attempts", attempts)
-			return
-		case <-stop:
-			finish()
+			if !errors.Is(context.Cause(ctx), startstop.ErrStop) { // not the keeper closing
+				k.log("lease renewal failed; executions stopped before their leases end", "leases", len(held), "attempts", attempts)
+			}
 			return
 		}
 	}
@@ -458,13 +476,9 @@ func closeQuietly(ctx context.Context, conn *pgx.Conn) {
 func (k *Keeper) Close(ctx context.Context) {
 	k.mu.Lock()
 	k.closed = true
-	running, stop, done := k.running, k.stop, k.done
 	k.running = false
 	k.mu.Unlock()
-	if running {
-		close(stop)
-		<-done
-	}
+	k.renewer.Stop()
 	k.closeConn(ctx)
 }
 

@@ -37,7 +37,7 @@ func newKeeperFixture(t *testing.T, leaseTimeout time.Duration, dial func(ctx co
 		config.DialFunc = dial
 	}
 	config.RuntimeParams["application_name"] = "lease keeper"
-	f.k = &Keeper{store: f.store, config: config, lease: leaseTimeout, log: func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) }, leases: map[keystate.Owner]*Lease{}}
+	f.k = NewKeeper(f.store, config, leaseTimeout, func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) })
 	t.Cleanup(func() { f.k.Close(context.Background()) })
 	return f
 }
@@ -259,4 +259,42 @@ func TestLeaseKeeperHammer(t *testing.T) {
 	f.k.mu.Lock()
 	require.Empty(t, f.k.leases, "every lease released")
 	f.k.mu.Unlock()
+}
+
+// TestRenewerRestartsAfterIdle: the renewer stops itself once no lease has
+// been held for a lease (linger), and the next lease held starts a new
+// one, which renews it; Close stops a running renewer.
+func TestRenewerRestartsAfterIdle(t *testing.T) {
+	t.Parallel()
+	const lease = 1500 * time.Millisecond
+	f := newKeeperFixture(t, lease, nil)
+	l, _, err := f.claim("first")
+	require.NoError(t, err)
+	f.k.Release(l)
+	select {
+	case <-f.k.renewer.Stopped():
+	case <-time.After(4 * lease):
+		t.Fatal("the renewer did not stop once idle")
+	}
+	l, lost, err := f.claim("second")
+	require.NoError(t, err)
+	claimed := l.until()
+	select {
+	case <-f.k.renewer.Started():
+	case <-time.After(lease):
+		t.Fatal("no renewer started for the next lease")
+	}
+	testenv.Eventually(t, lease, "a renewal by the new renewer", func() bool { return l.until().After(claimed) })
+	select {
+	case cause := <-lost:
+		t.Fatalf("lease lost: %v", cause)
+	default:
+	}
+	f.k.Release(l)
+	f.k.Close(context.Background())
+	select {
+	case <-f.k.renewer.Stopped():
+	default:
+		t.Fatal("Close returned before the renewer stopped")
+	}
 }
