@@ -158,6 +158,7 @@ type Engine struct {
 	leases  *lease.Keeper
 	owners  *keystate.OwnerSource
 	wake    *relaywake.Waker
+	resumer resumer           // Resume's loop
 	claims  *claimbatch.Group // nil with Tuning.NoClaimBatching
 
 	mu    sync.Mutex
@@ -202,6 +203,7 @@ func New(cfg Config) (*Engine, error) {
 		funcs:   map[string]Func{},
 	}
 	e.closing = make(chan struct{})
+	e.resumer.e = e
 	e.leases = lease.NewKeeper(e.store, cfg.Pool.Config().ConnConfig.Copy(), cfg.LeaseTimeout, e.log.Warn)
 	if !cfg.Tuning.NoClaimBatching {
 		e.claims = claimbatch.New(e.store, cfg.Pool, cfg.LeaseTimeout, m.claimBatches, m.claimFailures)
@@ -219,13 +221,14 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Close ends the releases the engine retries in the background (a key
-// left claimed then waits for its lease), stops the engine's lease
-// renewals and closes their connection. Executions still running lose
-// their leases.
+// Close stops Resume (its executions are canceled and handed off), ends
+// the releases the engine retries in the background (a key left claimed
+// then waits for its lease), stops the engine's lease renewals and closes
+// their connection. Executions still running lose their leases.
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
+	e.resumer.Stop()
 	e.releasesMu.Lock()
 	if !e.closed {
 		e.closed = true

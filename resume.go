@@ -11,6 +11,7 @@ import (
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/pgretry"
+	"github.com/onceonly/onceonly/internal/startstop"
 )
 
 // Register names fn so this engine can resume its executions: one whose
@@ -53,21 +54,45 @@ func (e *Engine) registered(name string) (Func, bool) {
 // resumeBatch is the most executions one look takes over.
 const resumeBatch = 16
 
-// Resume finishes, every ResumeInterval until ctx ends, the executions of
-// registered handlers that started a step and whose lease ran out. Run it
-// in every process that registers handlers; any number may run at once.
-// It returns nil when ctx ends.
+// Resume finishes, every ResumeInterval until ctx ends or the engine
+// closes, the executions of registered handlers that started a step and
+// whose lease ran out. Run it in every process that registers handlers;
+// any number may run at once. It returns nil when ctx ends.
 func (e *Engine) Resume(ctx context.Context) error {
-	t := time.NewTicker(e.cfg.ResumeInterval)
+	return startstop.Run(ctx, &e.resumer)
+}
+
+// resumer is the loop of Resume, a startstop service; Close stops it.
+type resumer struct {
+	startstop.Base
+	e *Engine
+}
+
+// Start starts resuming every ResumeInterval until ctx ends or Stop.
+func (r *resumer) Start(ctx context.Context) error {
+	ctx, ok, started, stopped := r.StartInit(ctx)
+	if !ok {
+		return nil
+	}
+	go func() {
+		defer stopped()
+		started()
+		r.loop(ctx)
+	}()
+	return nil
+}
+
+func (r *resumer) loop(ctx context.Context) {
+	t := time.NewTicker(r.e.cfg.ResumeInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
 		}
-		if _, err := e.ResumeOnce(ctx); err != nil && ctx.Err() == nil {
-			e.log.Warn("resume executions", "err", err)
+		if _, err := r.e.ResumeOnce(ctx); err != nil && ctx.Err() == nil {
+			r.e.log.Warn("resume executions", "err", err)
 		}
 	}
 }

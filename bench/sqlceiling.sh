@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The SQL ceiling of a first execution: pgbench runs the statements the
-# engine sends, read from outbox/sql/ at run time, in the engine's round trips,
-# with no Go, no HTTP and no Redis in the loop, beside the bare INSERT of the
-# benchmark's handler and two floors that keep only what each shape cannot
-# do without:
+# engine sends, read from internal/keystore/sql/ at run time, in the engine's
+# round trips, with no Go, no HTTP and no Redis in the loop, beside the bare
+# INSERT of the benchmark's handler and two floors that keep only what each
+# shape cannot do without:
 #   bare         the bare handler's INSERT, autocommit (variant (b))
 #   default      claim_insert (its own commit, without waiting for the flush);
 #                BEGIN with the payment's INSERT; finish with COMMIT
@@ -23,6 +23,10 @@
 # Usage: bench/sqlceiling.sh HOST PORT DATABASE (migrated by `api migrate
 # up`); BENCH_SECONDS (10), BENCH_CONNS (32), SQLCEILING_ROUNDS (1): the
 # scripts run one after the other, round after round. Prints "NAME TPS" lines.
+# Each named parameter of a statement (@name) goes to pgbench as the variable
+# :name (the values below; :key is the new key of each transaction), and
+# {{key_columns}} markers are expanded as internal/keystore/sql.go expands
+# them; @channel is keystore.NotifyChannel, read from internal/keystore/store.go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host=$1 port=$2 db=$3
@@ -31,46 +35,127 @@ conns=${BENCH_CONNS:-32}
 dir=${SQLCEILING_DIR:-$(mktemp -d)}
 [ -n "${SQLCEILING_DIR:-}" ] || trap 'rm -rf "$dir"' EXIT
 
-# statement FILE VALUE...: the statement in outbox/sql/FILE on one line,
-# without its comments, each $N replaced by the Nth VALUE (a pgbench
-# variable, so it still goes as a parameter of the prepared statement).
+# The value of each named parameter the statements take, by name: pgbench
+# sends it as the parameter of the prepared statement (-D name=value); key
+# is set per transaction (\set key) instead.
+channel=$(sed -n 's/^const NotifyChannel = "\([^"]*\)"$/\1/p' internal/keystore/store.go)
+[ -n "$channel" ] || { echo "sqlceiling: no const NotifyChannel in internal/keystore/store.go" >&2; exit 1; }
+declare -A value=(
+	[scope]=acct_bench [fingerprint]=v1:bench [owner]=00000000-0000-0000-0000-0000000000b1
+	[lease]='30 seconds' [lease_ms]=30000 [ttl]='24 hours' [channel]=$channel
+	[notify]=false [async_commit]=true [fail_when_lost]=true
+	[status]=completed [response_status]=201 [response_content_type]=application/json
+	[response_body]='\x7b7d' [response_headers]=-
+)
+defines=()
+for name in "${!value[@]}"; do defines+=(-D "$name=${value[$name]}"); done
+
+# statement NAME: internal/keystore/sql/NAME.sql on one line, as sql.go
+# loads it: each {{key_columns}} marker replaced by the lines of
+# key_columns.sql after its leading comment, @max_body in them by NULL
+# ({{key_columns}}) or by the marker's parameter ({{key_columns @name}});
+# then without its comment lines, each named parameter @name (outside quotes,
+# as pgx reads it) replaced by the pgbench variable :name, so it still goes
+# as a parameter of the prepared statement. A parameter with no value above,
+# a $N, an unknown marker or a comment inside a line is an error.
 statement() {
-	local file=$1
-	shift
-	awk -v values="$*" '
-		BEGIN { split(values, v, " ") }
-		!/^[ \t]*--/ { text = text " " $0 }
+	local file=internal/keystore/sql/$1.sql
+	awk -v file="$file" -v columns_file=internal/keystore/sql/key_columns.sql -v names="key ${!value[*]}" '
+		function fail(msg) { print "sqlceiling: " file ": " msg > "/dev/stderr"; failed = 1; exit 1 }
+		BEGIN {
+			split(names, n, " ")
+			for (i in n) known[n[i]] = 1
+			# key_columns.sql as sql.go reads it: trimmed, then without the
+			# "--" lines it starts with.
+			nc = 0
+			while ((r = (getline line < columns_file)) > 0) c[++nc] = line
+			if (r < 0) fail("cannot read " columns_file)
+			first = 1
+			while (first <= nc && c[first] ~ /^[ \t\r]*$/) first++
+			while (nc >= first && c[nc] ~ /^[ \t\r]*$/) nc--
+			if (first <= nc) sub(/^[ \t\r]+/, "", c[first])
+			while (first <= nc && c[first] ~ /^--/) first++
+			if (first > nc) fail(columns_file " has no columns")
+			columns = ""
+			for (i = first; i <= nc; i++) columns = columns (i > first ? "\n" : "") c[i]
+			sub(/[ \t\r]+$/, "", columns)
+		}
+		{
+			# A marker stands in the statement, not in a comment.
+			if (index($0, "{{") && (d = index($0, "--")) && d < index($0, "{{")) fail("marker in a comment: " $0)
+			text = text $0 "\n"
+		}
 		END {
-			gsub(/\t/, " ", text)
-			while (match(text, /\$[0-9]+/)) {
-				out = out substr(text, 1, RSTART - 1) v[substr(text, RSTART + 1, RLENGTH - 1) + 0]
+			if (failed) exit 1
+			if (text == "") fail("missing or empty")
+			# The markers.
+			out = ""
+			while (match(text, /\{\{[^{}]*\}\}/)) {
+				marker = substr(text, RSTART, RLENGTH)
+				k = split(substr(text, RSTART + 2, RLENGTH - 4), f, " ")
+				if (k == 1 && f[1] == "key_columns") arg = "NULL"
+				else if (k == 2 && f[1] == "key_columns" && f[2] ~ /^@./) arg = f[2]
+				else fail("unknown marker " marker)
+				cols = columns; gsub(/@max_body/, arg, cols)
+				out = out substr(text, 1, RSTART - 1) cols
 				text = substr(text, RSTART + RLENGTH)
 			}
-			print out text ";"
-		}' "outbox/sql/$file"
+			text = out text
+			# One line, without the comment lines.
+			nl = split(text, lines, "\n"); text = ""
+			for (i = 1; i <= nl; i++) if (lines[i] !~ /^[ \t]*--/) text = text " " lines[i]
+			gsub(/[\t\r]/, " ", text)
+			# The named parameters, outside quoted strings and identifiers.
+			out = ""; quote = ""; len = length(text)
+			for (i = 1; i <= len; i++) {
+				ch = substr(text, i, 1)
+				if (quote != "") { if (ch == quote) quote = ""; out = out ch; continue }
+				if (ch == "\047" || ch == "\"") { quote = ch; out = out ch; continue }
+				two = substr(text, i, 2)
+				if (two == "--" || two == "/*") fail("a comment inside a line: write it on lines of its own")
+				if (ch == "$" && substr(text, i + 1, 1) ~ /[0-9]/) fail("positional parameter: the statements name theirs (@name)")
+				if (ch == "@" && substr(text, i + 1, 1) ~ /[A-Za-z_]/) {
+					j = i + 1
+					while (j <= len && substr(text, j, 1) ~ /[A-Za-z0-9_]/) j++
+					name = substr(text, i + 1, j - i - 1)
+					if (!(name in known)) fail("@" name " has no value in bench/sqlceiling.sh")
+					out = out ":" name; i = j - 1; continue
+				}
+				out = out ch
+			}
+			if (quote != "") fail("unterminated quote")
+			sub(/^ +/, "", out); sub(/ +$/, "", out)
+			print out ";"
+		}' "$file"
 }
 
-new_key='\set k random(1, 9000000000000)'
-payment="INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status) VALUES ('pay_' || :k, 'acct_bench', :k, 1000, 'usd', 'cus_bench', 'succeeded');"
+# Each statement once, so that a statement that fails to load stops the script.
+claim_insert=$(statement claim_insert)
+finish=$(statement finish)
+single_begin=$(statement single_begin)
+single_finish=$(statement single_finish)
+
+new_key='\set key random(1, 9000000000000)'
+payment="INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status) VALUES ('pay_' || :key, 'acct_bench', :key, 1000, 'usd', 'cus_bench', 'succeeded');"
 printf '%s\n' "$new_key" "$payment" >"$dir/bare.sql"
 printf '%s\n' "$new_key" \
-	"$(statement claim_insert.sql :scope :k :fp :owner :lease :ttl :no :yes)" \
+	"$claim_insert" \
 	'\startpipeline' 'BEGIN;' "$payment" '\endpipeline' \
-	'\startpipeline' "$(statement finish.sql :scope :k :owner :completed :status :ctype :body :ttl :no :headers :yes)" 'COMMIT;' '\endpipeline' \
+	'\startpipeline' "$finish" 'COMMIT;' '\endpipeline' \
 	>"$dir/default.sql"
 printf '%s\n' "$new_key" \
-	'\startpipeline' 'BEGIN;' "$(statement single_begin.sql :scope :k :lease_ms)" '\endpipeline' \
+	'\startpipeline' 'BEGIN;' "$single_begin" '\endpipeline' \
 	"$payment" \
-	'\startpipeline' "$(statement single_finish.sql :scope :k :completed :fp :status :ctype :body :headers :ttl :yes :no)" 'COMMIT;' '\endpipeline' \
+	'\startpipeline' "$single_finish" 'COMMIT;' '\endpipeline' \
 	>"$dir/single.sql"
 printf '%s\n' "$new_key" \
-	"INSERT INTO ceiling_keys (scope, key, status, owner, version) VALUES (:scope, :k, 'in_progress', :owner, 1) ON CONFLICT DO NOTHING RETURNING version, set_config('synchronous_commit', 'off', true);" \
+	"INSERT INTO ceiling_keys (scope, key, status, owner, version) VALUES (:scope, :key, 'in_progress', :owner, 1) ON CONFLICT DO NOTHING RETURNING version, set_config('synchronous_commit', 'off', true);" \
 	'\startpipeline' 'BEGIN;' "$payment" '\endpipeline' \
-	'\startpipeline' "UPDATE ceiling_keys SET status = 'completed', owner = NULL, version = version + 1, response = :body WHERE scope = :scope AND key = :k AND owner = :owner RETURNING version;" 'COMMIT;' '\endpipeline' \
+	'\startpipeline' "UPDATE ceiling_keys SET status = 'completed', owner = NULL, version = version + 1, response = :response_body WHERE scope = :scope AND key = :key AND owner = :owner RETURNING version;" 'COMMIT;' '\endpipeline' \
 	>"$dir/floor_2phase.sql"
 printf '%s\n' "$new_key" \
 	'\startpipeline' 'BEGIN;' "$payment" '\endpipeline' \
-	'\startpipeline' "INSERT INTO ceiling_keys (scope, key, status, version, response) VALUES (:scope, :k, 'completed', 1, :body) ON CONFLICT DO NOTHING RETURNING version;" 'COMMIT;' '\endpipeline' \
+	'\startpipeline' "INSERT INTO ceiling_keys (scope, key, status, version, response) VALUES (:scope, :key, 'completed', 1, :response_body) ON CONFLICT DO NOTHING RETURNING version;" 'COMMIT;' '\endpipeline' \
 	>"$dir/floor_1commit.sql"
 
 sql() { psql -h "$host" -p "$port" -U postgres -qX -v ON_ERROR_STOP=1 "$@" >/dev/null; }
@@ -100,10 +185,7 @@ fi
 for round in $(seq "${SQLCEILING_ROUNDS:-1}"); do
 for name in $names; do
 	out=$(pgbench -h "$host" -p "$port" -U postgres -n -M prepared -c "$conns" -j 2 -T "$secs" -f "$dir/$name.sql" \
-		-D scope=acct_bench -D fp=v1:bench -D owner=00000000-0000-0000-0000-0000000000b1 \
-		-D lease='30 seconds' -D lease_ms=30000 -D ttl='24 hours' -D no=false -D yes=true \
-		-D completed=completed -D status=201 -D ctype=application/json -D 'body=\x7b7d' -D headers=- \
-		"${database[$name]}" 2>&1) || { echo "$out" >&2; exit 1; }
+		"${defines[@]}" "${database[$name]}" 2>&1) || { echo "$out" >&2; exit 1; }
 	failed=$(echo "$out" | awk '/number of failed transactions/ {print $5}')
 	[ "${failed:-0}" = 0 ] || { echo "sqlceiling: $name: $failed transactions failed" >&2; echo "$out" >&2; exit 1; }
 	echo "$name $(echo "$out" | awk '/^tps =/ {printf "%.0f", $3}')"
