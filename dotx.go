@@ -59,23 +59,23 @@ func (m *callerTx) check(ctx context.Context, x *Execution) (Outcome, string, bo
 
 // claim claims the key in a savepoint of the caller's transaction; unless
 // complete releases it, the claim and the handler's writes are undone.
-func (m *callerTx) claim(ctx context.Context, x *Execution) (*keystate.Key, error) {
+func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	sp, err := m.outer.Begin(ctx)
 	if err != nil {
-		return nil, unavailable(fmt.Errorf("savepoint: %w", err))
+		return keystate.Key{}, false, unavailable(fmt.Errorf("savepoint: %w", err))
 	}
 	m.sp = sp
 	claim, err := m.e.store.Claim(ctx, sp, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
 	if err != nil {
 		_ = sp.Rollback(context.WithoutCancel(ctx))
-		return nil, fromStore(err)
+		return keystate.Key{}, false, fromStore(err)
 	}
 	if !claim.Claimed {
 		_ = sp.Rollback(context.WithoutCancel(ctx))
-		return &claim.Key, nil
+		return claim.Key, false, nil
 	}
 	x.fence = Fence{Owner: claim.Key.Owner, Version: claim.Key.Version}
-	return nil, nil
+	return claim.Key, true, nil
 }
 
 // hold returns no lease: the uncommitted row holds the key until the
@@ -86,22 +86,23 @@ func (m *callerTx) tx(*Execution) (pgx.Tx, error) { return m.sp, nil }
 
 // complete completes the key in the savepoint and releases it; the commit
 // is the caller's, so there is nothing to write through yet.
-func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (*keystate.Key, error) {
-	if _, err := m.e.store.Complete(ctx, m.sp, x.ref, x.fence.Owner, res); err != nil {
+func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
+	stored, err := m.e.store.Complete(ctx, m.sp, x.ref, x.fence.Owner, res)
+	if err != nil {
 		_ = m.sp.Rollback(context.WithoutCancel(ctx))
-		return nil, fromStore(fmt.Errorf("complete: %w", err))
+		return keystate.Key{}, false, fromStore(fmt.Errorf("complete: %w", err))
 	}
 	if err := m.sp.Commit(ctx); err != nil {
-		return nil, unavailable(fmt.Errorf("release savepoint: %w", err))
+		return keystate.Key{}, false, unavailable(fmt.Errorf("release savepoint: %w", err))
 	}
-	return nil, nil
+	return stored, false, nil
 }
 
 // release rolls back to the savepoint, which undoes the claim: the key is
 // as it was, and nothing changed that Redis should learn.
-func (m *callerTx) release(ctx context.Context, _ *Execution, _ bool) (*keystate.Key, error) {
+func (m *callerTx) release(ctx context.Context, _ *Execution, _ bool) (keystate.Key, bool, error) {
 	_ = m.sp.Rollback(context.WithoutCancel(ctx)) // a no-op once rolled back or released
-	return nil, nil
+	return keystate.Key{}, false, nil
 }
 
 func (*callerTx) keepsRow() bool      { return false }

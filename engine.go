@@ -174,6 +174,8 @@ type Engine struct {
 }
 
 // New returns an Engine.
+//
+//nolint:contextcheck,nolintlint // New starts the engine's own loop (the relay waker), which belongs to no request and which Close stops (contextcheck reads this on the callee; nolintlint cannot see that use).
 func New(cfg Config) (*Engine, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("onceonly: Config.Pool is required")
@@ -298,7 +300,7 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 	}
 
 	since := time.Now()
-	held, err := m.claim(ctx, x)
+	held, claimed, err := m.claim(ctx, x)
 	var inFlight *InFlightError
 	switch {
 	case errors.As(err, &inFlight):
@@ -310,12 +312,12 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 			return Outcome{}, ctx.Err()
 		}
 		return Outcome{}, unavailable(err)
-	case held != nil:
+	case !claimed:
 		if legacy := fp.legacyFor(held.Fingerprint); legacy != "" {
 			outcome = outcomeAskedAgain
 			return e.execute(ctx, m, scope, key, fingerprint{value: legacy}, handler, request, fn)
 		}
-		out, outcome, err = e.answerHeld(*held, fp.value)
+		out, outcome, err = e.answerHeld(held, fp.value)
 		return out, err
 	}
 	if ctx.Err() != nil {
@@ -432,11 +434,11 @@ func (e *Engine) run(ctx context.Context, x *Execution, since time.Time, fn Func
 		res.Status = http.StatusOK
 	}
 	if handleErr == nil && e.cfg.ShouldStore(res.Status) {
-		stored, err := e.complete(hctx, x, res)
+		stored, committed, err := e.complete(hctx, x, res)
 		switch {
 		case err == nil:
-			if stored != nil {
-				e.writeThrough(ctx, *stored)
+			if committed {
+				e.writeThrough(ctx, stored)
 			}
 			return Outcome{Result: res}, outcomeExecuted, nil
 		case e.leaseLost(hctx, err):
@@ -484,14 +486,14 @@ func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error
 }
 
 // complete stores res and completes the key with the handler's writes, in
-// one round trip with the COMMIT where the engine commits. stored is nil
-// while the commit is still to come (the caller's).
-func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored *keystate.Key, err error) {
+// one round trip with the COMMIT where the engine commits. committed is
+// false while the commit is still to come (the caller's).
+func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored keystate.Key, committed bool, err error) {
 	ctx, span := e.startSpan(ctx, spanComplete)
 	defer func() { endSpan(span, err) }()
 	if !x.lease.Valid() {
 		x.rollback(ctx)
-		return nil, ErrLeaseLost
+		return keystate.Key{}, false, ErrLeaseLost
 	}
 	return x.mode.complete(ctx, x, res)
 }
@@ -609,16 +611,16 @@ const (
 // with a nil error when the key is no longer x's; the error when Postgres
 // did not answer.
 func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool, error) {
-	k, err := x.mode.release(ctx, x, handOff)
+	k, released, err := x.mode.release(ctx, x, handOff)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		return false, nil
 	case err != nil:
 		return false, err
-	case k == nil:
+	case !released:
 		return false, nil
 	}
-	e.writeThrough(ctx, *k)
+	e.writeThrough(ctx, k)
 	return true, nil
 }
 

@@ -18,7 +18,7 @@ func TestFingerprint(t *testing.T) {
 	t.Parallel()
 	fp := func(method, path, query, body string) string {
 		t.Helper()
-		r := httptest.NewRequest(method, (&url.URL{Path: path, RawQuery: query}).String(), strings.NewReader(body))
+		r := httptest.NewRequestWithContext(t.Context(), method, (&url.URL{Path: path, RawQuery: query}).String(), strings.NewReader(body))
 		r.Header.Set("Content-Type", "application/json")
 		f, err := onceonly.RequestFingerprint(r, []byte(body))
 		require.NoError(t, err)

@@ -31,10 +31,10 @@ type mode interface {
 	// true when Redis answered the request.
 	check(ctx context.Context, x *Execution) (out Outcome, outcome string, done bool, err error)
 	// claim takes x's key, setting x's fence and recovery points, and
-	// returns nil; or it returns the row of the execution that holds the
-	// key (held). An error is Postgres's, or an *InFlightError. A mode may
-	// hand x to another mode here (x.mode).
-	claim(ctx context.Context, x *Execution) (held *keystate.Key, err error)
+	// reports true; or it reports false with the row of the execution that
+	// holds the key (held). An error is Postgres's, or an *InFlightError.
+	// A mode may hand x to another mode here (x.mode).
+	claim(ctx context.Context, x *Execution) (held keystate.Key, claimed bool, err error)
 	// hold returns the lease x runs under from since; onLost stops x's
 	// handler. A nil lease never ends: the key is held otherwise.
 	hold(ctx context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease
@@ -42,13 +42,14 @@ type mode interface {
 	// when the mode's transaction is not a pgx.Tx.
 	tx(x *Execution) (pgx.Tx, error)
 	// complete stores res as the key's answer with the handler's writes.
-	// stored is the key's new state once committed; nil while the commit
-	// is still to come (the caller's).
-	complete(ctx context.Context, x *Execution, res Result) (stored *keystate.Key, err error)
+	// stored is the key's new state once committed (committed true); while
+	// the commit is still to come (the caller's), committed is false.
+	complete(ctx context.Context, x *Execution, res Result) (stored keystate.Key, committed bool, err error)
 	// release fails x's key, or hands it off for a resumption, once the
-	// handler's writes are rolled back. changed is the key's new state;
-	// nil with a nil error when nothing of x's was left to release.
-	release(ctx context.Context, x *Execution, handOff bool) (changed *keystate.Key, err error)
+	// handler's writes are rolled back. changed is the key's new state
+	// (released true); released is false, with a nil error, when nothing
+	// of x's was left to release.
+	release(ctx context.Context, x *Execution, handOff bool) (changed keystate.Key, released bool, err error)
 	// keepsRow reports whether x's key has a committed row of x's that
 	// holds it until its lease ends, so a release Postgres did not take is
 	// tried again in the background (releaseLater).

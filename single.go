@@ -27,7 +27,7 @@ func (m singleCommit) check(ctx context.Context, x *Execution) (Outcome, string,
 
 // claim begins the transaction with the key's lock. A key that has a row
 // (failed, expired, taken over) is claimed the two-phase way instead.
-func (m singleCommit) claim(ctx context.Context, x *Execution) (*keystate.Key, error) {
+func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	e := m.e
 	var opened keystore.SingleBegin
 	x.tx = e.newTx(e.store.SetKeepalives) // keepalives: Postgres finds a dead client host within the lease
@@ -36,16 +36,16 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (*keystate.Key, e
 	case err != nil:
 		x.rollback(ctx)
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
-		return nil, fromStore(err)
+		return keystate.Key{}, false, fromStore(err)
 	case opened.HasRow:
 		x.rollback(ctx)
 		x.tx, x.mode = nil, twoPhase{e}
 		return x.mode.claim(ctx, x)
 	case !opened.Locked:
 		x.rollback(ctx)
-		return nil, &InFlightError{RetryAfter: time.Second}
+		return keystate.Key{}, false, &InFlightError{RetryAfter: time.Second}
 	}
-	return nil, nil
+	return keystate.Key{Ref: x.ref, Owner: x.fence.Owner}, true, nil
 }
 
 // hold returns a lease that is never renewed: the transaction must end
@@ -57,21 +57,21 @@ func (m singleCommit) hold(_ context.Context, x *Execution, since time.Time, onL
 func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
 
 // complete writes the key's row, completed, and commits in one round trip.
-func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (*keystate.Key, error) {
+func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
 	var stored keystate.Key
 	err := x.transaction().CommitWith(ctx, func(b *pgx.Batch) {
 		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, &stored)
 	})
 	if err != nil {
-		return nil, fromStore(fmt.Errorf("complete and commit: %w", err))
+		return keystate.Key{}, false, fromStore(fmt.Errorf("complete and commit: %w", err))
 	}
-	return &stored, nil
+	return stored, true, nil
 }
 
 // release writes the key's row, failed, once the transaction rolled back,
 // so a retry runs again (I3); nothing when the key has a row of another
 // execution.
-func (m singleCommit) release(ctx context.Context, x *Execution, _ bool) (*keystate.Key, error) {
+func (m singleCommit) release(ctx context.Context, x *Execution, _ bool) (keystate.Key, bool, error) {
 	e := m.e
 	var written bool
 	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (k keystate.Key, err error) {
@@ -79,9 +79,9 @@ func (m singleCommit) release(ctx context.Context, x *Execution, _ bool) (*keyst
 		return k, err
 	})
 	if err != nil || !written {
-		return nil, fromStore(err)
+		return keystate.Key{}, false, fromStore(err)
 	}
-	return &k, nil
+	return k, true, nil
 }
 
 // keepsRow is false: the execution's transaction ended with Postgres, and

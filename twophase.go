@@ -26,24 +26,24 @@ func (m twoPhase) check(ctx context.Context, x *Execution) (Outcome, string, boo
 // claim claims x's key in Postgres. A key another execution holds is read
 // into Redis (read-repair); should Redis not take it, this request's
 // provisional claim is dropped, as it would answer 409 for a whole lease.
-func (m twoPhase) claim(ctx context.Context, x *Execution) (*keystate.Key, error) {
+func (m twoPhase) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	e := m.e
 	claim, err := e.claim(ctx, x.ref, x.fingerprint, x.fence.Owner)
 	if err != nil {
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
-		return nil, fromStore(err)
+		return keystate.Key{}, false, fromStore(err)
 	}
 	if !claim.Claimed {
 		if !e.applyCache(ctx, claim.Key) {
 			e.releaseCache(ctx, x.ref, x.fence.Owner)
 		}
-		return &claim.Key, nil
+		return claim.Key, false, nil
 	}
 	x.fence = Fence{Owner: claim.Key.Owner, Version: claim.Key.Version}
 	if err := x.loadSteps(claim.Steps); err != nil {
 		e.log.Error("resume from recorded steps: calling them again", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
 	}
-	return nil, nil
+	return claim.Key, true, nil
 }
 
 func (m twoPhase) hold(ctx context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease {
@@ -54,18 +54,18 @@ func (twoPhase) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
 
 // complete sends the key's completion, fenced by the owner, and the COMMIT
 // in one round trip.
-func (m twoPhase) complete(ctx context.Context, x *Execution, res Result) (*keystate.Key, error) {
+func (m twoPhase) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
 	var stored keystate.Key
 	err := x.transaction().CommitWith(ctx, func(b *pgx.Batch) {
 		m.e.store.QueueComplete(b, x.ref, x.fence.Owner, res, &stored)
 	})
 	if err != nil {
-		return nil, fromStore(fmt.Errorf("complete and commit: %w", err))
+		return keystate.Key{}, false, fromStore(fmt.Errorf("complete and commit: %w", err))
 	}
-	return &stored, nil
+	return stored, true, nil
 }
 
-func (m twoPhase) release(ctx context.Context, x *Execution, handOff bool) (*keystate.Key, error) {
+func (m twoPhase) release(ctx context.Context, x *Execution, handOff bool) (keystate.Key, bool, error) {
 	e := m.e
 	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystate.Key, error) {
 		if handOff {
@@ -74,9 +74,9 @@ func (m twoPhase) release(ctx context.Context, x *Execution, handOff bool) (*key
 		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
 	})
 	if err != nil {
-		return nil, fromStore(err)
+		return keystate.Key{}, false, fromStore(err)
 	}
-	return &k, nil
+	return k, true, nil
 }
 
 func (twoPhase) keepsRow() bool      { return true }

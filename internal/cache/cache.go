@@ -231,6 +231,7 @@ func interpretCheck(reply []any) (CheckResult, error) {
 		return CheckResult{Verdict: InFlight, RetryAfter: time.Duration(ms) * time.Millisecond}, nil
 	case Mismatch:
 		return CheckResult{Verdict: Mismatch}, nil
+	case Undecided: // Peek's alone: the script never answers it
 	}
 	return CheckResult{}, fmt.Errorf("check key: unexpected reply %v", reply)
 }

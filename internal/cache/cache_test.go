@@ -456,7 +456,7 @@ func TestCheckHammer(t *testing.T) {
 					claimed.Add(1)
 				case cache.InFlight:
 					inFlight.Add(1)
-				case cache.Replay, cache.Mismatch:
+				case cache.Replay, cache.Mismatch, cache.Undecided:
 					t.Errorf("a concurrent check of an unfinished key got %v", res.Verdict)
 				}
 			})

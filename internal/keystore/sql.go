@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -179,12 +180,7 @@ func (s *statement) args(named pgx.StrictNamedArgs) []any {
 
 // hasParam reports whether name is one of the statement's parameters.
 func (s *statement) hasParam(name string) bool {
-	for _, p := range s.params {
-		if p == name {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(s.params, name)
 }
 
 // argsError returns the arguments of a statement that fails, unsent, with

@@ -18,13 +18,13 @@ func TestEveryStatementIsLoaded(t *testing.T) {
 	t.Parallel()
 	files, err := fs.Glob(sqlFiles, "sql/*.sql")
 	require.NoError(t, err)
-	var names []string
+	names := make([]string, 0, len(files))
 	for _, f := range files {
 		if name := strings.TrimSuffix(path.Base(f), ".sql"); name != "key_columns" {
 			names = append(names, name)
 		}
 	}
-	var got []string
+	got := make([]string, 0, len(loaded))
 	for name := range loaded {
 		got = append(got, name)
 	}
@@ -84,8 +84,9 @@ func TestNewStatement(t *testing.T) {
 // in its order, and every statement that returns keys selects it first.
 func TestKeyColumns(t *testing.T) {
 	t.Parallel()
-	var aliases []string
-	for _, m := range regexp.MustCompile(`AS (\w+)(,|$)`).FindAllStringSubmatch(keyColumns, -1) {
+	matches := regexp.MustCompile(`AS (\w+)(,|$)`).FindAllStringSubmatch(keyColumns, -1)
+	aliases := make([]string, 0, len(matches))
+	for _, m := range matches {
 		aliases = append(aliases, m[1])
 	}
 	require.Equal(t, []string{"scope", "key", "status", "version", "fingerprint", "owner", "lease_ms",
