@@ -1,4 +1,4 @@
-package onceonly_test
+package deploytest
 
 import (
 	"context"
@@ -54,7 +54,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 		Logger: testenv.QuietLogger(), Registerer: reg})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
-	relayd := testenv.StartDaemon(t, testenv.BuildBinary(t, "./cmd/relay"), "DATABASE_URL="+dbURL,
+	relayd := testenv.StartDaemon(t, testenv.BuildBinary(t, root+"/cmd/relay"), "DATABASE_URL="+dbURL,
 		"REDIS_SENTINEL_URL="+g.URL(), "REDIS_PREFIX="+prefix, "RELAY_POLL_INTERVAL=100ms",
 		"RELAY_REDIS_WAIT_TIMEOUT=200ms")
 	require.Contains(t, relayd.Logs.String(), "redis_wait_replicas=1", "the guard is on under Sentinel")
@@ -72,10 +72,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 
 	// The relay catches up on the new primary.
 	caughtUp := time.Now()
-	testenv.Eventually(t, 20*time.Second, "outbox drained", func() bool {
-		var n int
-		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
-	})
+	awaitOutboxDrained(t, ctx, pool, 20*time.Second)
 	t.Logf("the relay drained the outbox %s after the load ended", time.Since(caughtUp).Round(time.Millisecond))
 
 	// No key below its Postgres version; in fact every key equal.
@@ -103,7 +100,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	}
 	testenv.RequireConverged(t, ctx, pool, c, "%")
 	// The reconciler, on REDIS_SENTINEL_URL too, finds every key in sync.
-	reconciler := exec.CommandContext(ctx, testenv.BuildBinary(t, "./cmd/reconciler"), "--once", "--dry-run")
+	reconciler := exec.CommandContext(ctx, testenv.BuildBinary(t, root+"/cmd/reconciler"), "--once", "--dry-run")
 	reconciler.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_SENTINEL_URL="+g.URL(), "REDIS_PREFIX="+prefix)
 	out, err := reconciler.Output()
 	require.NoError(t, err, "reconciler --once")
