@@ -9,9 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
@@ -19,14 +17,7 @@ import (
 // through PgBouncer in transaction mode, in pgx query mode mode.
 func setupBouncer(t *testing.T, mode string) *bundle {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
-	return &bundle{&testenv.Stack{
-		Ctx:   testenv.Context(t),
-		Pool:  testenv.Pool(t, testenv.PgBouncerURL(t, testenv.DatabaseURL(t), mode)),
-		Redis: rdb,
-		Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
-		Store: keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
-	}}
+	return setup(t, testenv.OnPool(testenv.Pool(t, testenv.PgBouncerURL(t, testenv.DatabaseURL(t), mode))))
 }
 
 // TestPassesThroughPgBouncer: behind PgBouncer in transaction mode every
@@ -61,7 +52,7 @@ func TestPassesThroughPgBouncer(t *testing.T) {
 				require.EqualValues(t, 20, rep.Scanned)
 				require.EqualValues(t, 20, rep.InSync)
 			}
-			testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+			b.RequireConverged(t)
 
 			// Racing passes: the lock still admits one at a time.
 			var wg sync.WaitGroup

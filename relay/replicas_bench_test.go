@@ -35,7 +35,7 @@ func BenchmarkDrainReplicated(b *testing.B) {
 					wait := (i + j) % 2
 					b.StopTimer()
 					rdb := testenv.SentinelClient(b, url)
-					bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+					bd := setup(b, testenv.OnRedis(rdb))
 					seedBacklog(b, bd, events)
 					r := bd.relay(b, Config{BatchSize: batch, WaitReplicas: wait})
 					b.StartTimer()
@@ -92,7 +92,7 @@ func BenchmarkLagReplicated(b *testing.B) {
 		for j := range 2 {
 			wait := (i + j) % 2
 			rdb := testenv.SentinelClient(b, url)
-			bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+			bd := setup(b, testenv.OnRedis(rdb))
 			measured, _, _ := measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), notifyAfterCommit, rate, seconds)
 			lags[wait] = append(lags[wait], measured...)
 		}

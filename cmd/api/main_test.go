@@ -130,9 +130,8 @@ func TestGracefulShutdown(t *testing.T) {
 func TestKeysShowAndPurge(t *testing.T) {
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		dbURL := testenv.DatabaseURL(t)
-		prefix := testenv.KeyPrefix(t, rdb)
-		st := testenv.NewStackOn(t, rdb, prefix)
-		st.Pool = testenv.Pool(t, dbURL)
+		st := testenv.NewStack(t, testenv.OnPool(testenv.Pool(t, dbURL)), testenv.OnRedis(rdb))
+		prefix := st.Cache.Prefix()
 		st.Complete(t, "acct_k", "order-1", `{"ok":true}`)
 		k, _, err := st.Store.Get(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"})
 		require.NoError(t, err)
