@@ -168,7 +168,7 @@ func sendEach(t *testing.T, ctx context.Context, engine *onceonly.Engine, keys [
 				for {
 					out, err := engine.Do(ctx, "m", key, []byte("p"), keyedPayment(key))
 					if _, inFlight := onceonly.IsInFlight(err); inFlight {
-						time.Sleep(5 * time.Millisecond)
+						time.Sleep(5 * time.Millisecond) // a client's pause before it retries, not a wait for an event
 						continue
 					}
 					if err != nil {

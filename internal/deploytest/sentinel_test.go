@@ -183,7 +183,7 @@ func failover(t *testing.T, ctx context.Context, g *testenv.SentinelGroup, rdb *
 	// link too, and the frozen replica cannot reconnect.
 	replica.Freeze()
 	require.NoError(t, old.Client(t).ClientKillByFilter(ctx, "TYPE", "replica").Err())
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond) // the replica's time cut off, while the primary acknowledges writes it never gets
 	killed := time.Now()
 	old.Stop()
 	replica.Thaw()
@@ -239,7 +239,7 @@ func (l *failoverLoad) handler(key string) onceonly.Handler {
 			l.running[key]--
 			l.mu.Unlock()
 		}()
-		time.Sleep(time.Duration(20+rand.IntN(100)) * time.Millisecond)
+		time.Sleep(time.Duration(20+rand.IntN(100)) * time.Millisecond) // the execution's length, so executions span the failover
 		var id string
 		if err := tx.QueryRow(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status)
 			VALUES (gen_random_uuid()::text, 'm', $1, 100, 'usd', 'c', 'succeeded') RETURNING id`, key).Scan(&id); err != nil {
@@ -267,7 +267,7 @@ func (l *failoverLoad) send(ctx context.Context, key string, reuse bool) {
 	for {
 		out, err := l.engine.Do(ctx, "m", key, payload, l.handler(key))
 		if _, inFlight := onceonly.IsInFlight(err); inFlight && time.Since(began) < inFlightLimit {
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // a client's pause before it retries, not a wait for an event
 			continue
 		}
 		l.mu.Lock()
