@@ -37,7 +37,7 @@ func TestPassesThroughPgBouncer(t *testing.T) {
 			require.NoError(t, err)
 			_, err = b.Pool.Exec(b.Ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s' WHERE key = 'k0'`)
 			require.NoError(t, err)
-			time.Sleep(20 * time.Millisecond)
+			testenv.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, time.Millisecond)
 
 			r := b.reconciler(t, Config{ReapGrace: time.Millisecond, PageSize: 7})
 			first := b.pass(t, r, false)
@@ -63,7 +63,7 @@ func TestPassesThroughPgBouncer(t *testing.T) {
 					if active.Add(1) > 1 {
 						overlaps.Add(1)
 					}
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // a pass that takes a while, so racing passes would overlap it
 					active.Add(-1)
 				}
 				wg.Go(func() {

@@ -107,7 +107,7 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		extended, err := b.Redis.PExpire(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "abandoned"}), time.Hour).Result()
 		require.NoError(t, err)
 		require.True(t, extended, "the claim outlived its lease before the test could extend it")
-		time.Sleep(lease + 50*time.Millisecond) // its lease is over: an orphan
+		testenv.AwaitCacheLeaseOver(t, b.Ctx, b.Cache, keystate.Ref{Scope: "s", Key: "abandoned"}) // an orphan now
 
 		dry := b.pass(t, r, true)
 		rep = b.pass(t, r, false)
@@ -169,8 +169,9 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "alive"}, "v1:fp", owner, time.Hour)
 		require.NoError(t, err)
-		time.Sleep(50 * time.Millisecond)
-		r := b.reconciler(t, Config{ReapGrace: 10 * time.Millisecond})
+		const grace = 10 * time.Millisecond
+		testenv.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, grace)
+		r := b.reconciler(t, Config{ReapGrace: grace})
 
 		dry := b.pass(t, r, true)
 		require.EqualValues(t, 1, dry.LeasesReaped)
@@ -333,7 +334,7 @@ func TestOnePassAtATime(t *testing.T) {
 			if active.Add(1) > 1 {
 				overlaps.Add(1)
 			}
-			time.Sleep(30 * time.Millisecond)
+			time.Sleep(30 * time.Millisecond) // a pass that takes a while, so racing passes would overlap it
 			active.Add(-1)
 		}
 		wg.Go(func() {

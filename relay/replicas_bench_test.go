@@ -142,7 +142,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, secon
 	ctx, cancel := context.WithCancel(bd.Ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	time.Sleep(200 * time.Millisecond) // LISTEN is up
+	bd.awaitListening(b, r)
 
 	// The writers have a pool of their own, as the api has in its process:
 	// sharing the relay's would queue the relay behind them.
@@ -167,7 +167,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, secon
 	for w := range writers {
 		wg.Go(func() {
 			for i := w; i < total; i += writers {
-				time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
+				time.Sleep(time.Until(began.Add(time.Duration(i) * interval))) // the writers' schedule (open loop), not a wait for an event
 				ref := keystate.Ref{Scope: "bench", Key: "lag-" + strconv.Itoa(i)}
 				if _, err := store.Claim(bd.Ctx, pool, ref, "v1:fp", owner, time.Minute); err != nil {
 					b.Error(err)
