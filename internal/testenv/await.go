@@ -84,3 +84,16 @@ func AwaitCacheLeaseOver(tb testing.TB, ctx context.Context, c *cache.Cache, ref
 		return now > e.LeaseUntilMs
 	})
 }
+
+// AwaitClaimed waits until Postgres holds key (of any scope) in progress:
+// an execution claimed it and is running. It fails the test after 10s.
+func AwaitClaimed(tb testing.TB, ctx context.Context, pool *pgxpool.Pool, key string) {
+	tb.Helper()
+	Eventually(tb, 10*time.Second, key+" claimed", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND status = 'in_progress'`, key).Scan(&n); err != nil {
+			tb.Fatalf("read the status of %s: %v", key, err)
+		}
+		return n > 0
+	})
+}
