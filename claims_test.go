@@ -33,7 +33,7 @@ func doUntilAnswered(ctx context.Context, e *onceonly.Engine, key string) (strin
 	for {
 		out, err := e.Do(ctx, "tenant", key, []byte("p"), chargeKey(key))
 		if _, inFlight := onceonly.IsInFlight(err); inFlight {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // a client's pause before it retries, not a wait for an event
 			continue
 		}
 		return string(out.Body), err
@@ -104,8 +104,14 @@ func TestClaimBatchDoesNotWaitOnAnOpenTransaction(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.engine.DoTx(b.ctx, tx, "tenant", "open", []byte("p"), chargeKey("open"))
 	require.NoError(t, err)
+	// The transaction stays open until the other keys are answered, or for
+	// held at most.
+	answered := make(chan struct{})
 	go func() {
-		time.Sleep(held)
+		select {
+		case <-answered:
+		case <-time.After(held):
+		}
 		_ = tx.Commit(context.WithoutCancel(b.ctx))
 	}()
 
@@ -131,7 +137,9 @@ func TestClaimBatchDoesNotWaitOnAnOpenTransaction(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.Less(t, time.Since(began), held/2, "the other keys waited for the open transaction")
+	took := time.Since(began)
+	close(answered)
+	require.Less(t, took, held/2, "the other keys waited for the open transaction")
 	err = <-blocked
 	require.True(t, err == nil || isInFlight(err), "the key of the open transaction: %v", err)
 }

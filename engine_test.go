@@ -333,7 +333,11 @@ func TestCrashedClaimRecoversAfterLease(t *testing.T) {
 		_, inFlight := onceonly.IsInFlight(err)
 		require.True(t, inFlight, "got %v", err)
 
-		time.Sleep(700 * time.Millisecond)
+		// The lease ends in Postgres, and in Redis, where the in-flight
+		// answer left a claim.
+		ref := keystate.Ref{Scope: "m", Key: "k"}
+		testenv.AwaitLeaseOver(t, b.ctx, b.pool, ref, 0)
+		testenv.AwaitCacheLeaseOver(t, b.ctx, cache.New(rdb, cache.Options{Prefix: b.prefix}), ref)
 		var wg sync.WaitGroup
 		var executed atomic.Int32
 		for range 10 {
@@ -431,7 +435,7 @@ func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 		}()
 		<-inside
 		for began := time.Now(); time.Since(began) < 3*lease+100*time.Millisecond; {
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // the pace of the duplicates over three leases, not a wait for an event
 			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, "{}"))
 			_, inFlight := onceonly.IsInFlight(err)
 			require.True(t, inFlight, "got %v", err)

@@ -456,7 +456,7 @@ func delayingProxy(t *testing.T, addr string, delay time.Duration) (string, uint
 				for {
 					n, err := server.Read(buf)
 					if n > 0 {
-						time.Sleep(delay)
+						time.Sleep(delay) // the injected latency, not a wait for an event
 						if _, werr := client.Write(buf[:n]); werr != nil {
 							return
 						}
@@ -545,18 +545,21 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 		err := admin.QueryRow(ctx, `SELECT lease_expires_at FROM idempotency_keys WHERE scope = 'tenant' AND key = $1`, key).Scan(&end)
 		return end, err
 	}
-	// renewed waits until a renewal of key's lease has committed.
+	// renewed waits until a renewal of key's lease has committed (it runs
+	// in the handler's goroutine, so it returns what went wrong).
 	renewed := func(key string) error {
 		claimed, err := leaseEnd(key)
 		if err != nil {
 			return err
 		}
-		for deadline := time.Now().Add(lease); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if end, err := leaseEnd(key); err != nil || end.After(claimed) {
-				return err
-			}
+		if !testenv.Poll(lease, func() bool {
+			end, e := leaseEnd(key)
+			err = e
+			return err != nil || end.After(claimed)
+		}) {
+			return fmt.Errorf("%s: no renewal committed within a lease", key)
 		}
-		return fmt.Errorf("%s: no renewal committed within a lease", key)
+		return err
 	}
 	var wg sync.WaitGroup
 	for i := range 4 {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
 )
 
 // singleEngine is an engine of b's pool and Redis in SingleCommit mode.
@@ -61,7 +62,7 @@ func TestSingleCommitTurnsDuplicatesAway(t *testing.T) {
 		defer running.Add(-1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // a handler that takes a while, so duplicates would overlap it
 		return payment(201, `{}`)(ctx, tx)
 	}
 	for round := range 5 {
@@ -129,7 +130,9 @@ func TestSingleCommitStuckHolderBlocksNoLongerThanLease(t *testing.T) {
 	const lease = time.Second
 	b := setup(t, setupOpts{noRedis: true})
 	e := b.singleEngine(t, lease)
-	started := make(chan struct{})
+	started, woken := make(chan struct{}), make(chan struct{})
+	wake := sync.OnceFunc(func() { close(woken) })
+	t.Cleanup(wake) // a failing assertion must not leave the handler stuck
 	stuck := make(chan error, 1)
 	go func() {
 		_, err := e.Do(b.ctx, "s", "k", nil, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
@@ -137,23 +140,24 @@ func TestSingleCommitStuckHolderBlocksNoLongerThanLease(t *testing.T) {
 				return onceonly.Result{}, err
 			}
 			close(started)
-			time.Sleep(5 * lease) // deaf to ctx: stuck
+			<-woken // deaf to ctx: stuck until the duplicate has run
 			return onceonly.Result{Status: 201}, nil
 		})
 		stuck <- err
 	}()
 	<-started
-	begin := time.Now()
-	for {
-		out, err := e.Do(b.ctx, "s", "k", nil, payment(201, `{"second":true}`))
-		if err == nil {
-			require.False(t, out.Replayed)
-			break
+	var out onceonly.Outcome
+	testenv.Eventually(t, 4*lease, "the duplicate to run: the stuck holder no longer blocks the key", func() bool {
+		var err error
+		out, err = e.Do(b.ctx, "s", "k", nil, payment(201, `{"second":true}`))
+		if err != nil {
+			require.True(t, isInFlight(err), "unexpected error: %v", err)
+			return false
 		}
-		require.True(t, isInFlight(err), "unexpected error: %v", err)
-		require.Less(t, time.Since(begin), 4*lease, "the stuck holder still blocks the key")
-		time.Sleep(50 * time.Millisecond)
-	}
+		return true
+	})
+	require.False(t, out.Replayed)
+	wake()
 	require.Error(t, <-stuck)
 	require.Equal(t, 1, b.payments(t))
 }

@@ -214,7 +214,7 @@ func TestLeaseSurvivesAStarvedPool(t *testing.T) {
 		if err != nil {
 			return
 		}
-		time.Sleep(3 * lease)
+		time.Sleep(3 * lease) // the hold is the condition under test: several leases without the pool
 		conn.Release()
 	}}
 	require.NoError(t, holder.Register("ledger", h.run))

@@ -401,7 +401,7 @@ func injectFaults(ctx context.Context, duration time.Duration, apis, relays []*p
 	pgDone := false
 	restart := func(p *proc, fault string) {
 		p.kill()
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the time the process stays down (kill waits for its exit)
 		if err := p.start(); err != nil {
 			errs = append(errs, err.Error())
 		}
@@ -481,7 +481,7 @@ func runLoad(ctx context.Context, payments int, duration time.Duration, apis []*
 			}
 			api := apis[(i+j)%len(apis)]
 			wg.Go(func() {
-				time.Sleep(delay)
+				time.Sleep(delay) // the operation's place in the load's schedule
 				sem <- struct{}{}
 				defer func() { <-sem }()
 				opCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -520,8 +520,13 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 		violate(fmt.Sprintf("I9: the outbox did not drain within 30 s (%d events left, err %v)", pending, pendingErr))
 	}
 	// I5: nothing stays in progress past its lease plus one reconcile
-	// interval (and the grace).
-	time.Sleep(leaseTimeout + reapGrace + 2*reconcileInterval)
+	// interval (and the grace). Every key settles by then unless one is
+	// stuck: wait for that, or as long as that at most, then count.
+	settle(leaseTimeout+reapGrace+2*reconcileInterval, func() bool {
+		var inProgress int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'`).Scan(&inProgress) == nil &&
+			inProgress == 0
+	})
 	var stuck int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'
 		AND lease_expires_at < now() - $1::interval`, reapGrace+reconcileInterval).Scan(&stuck); err != nil {
@@ -737,14 +742,7 @@ func allGaveUp(as []answer) bool {
 	return true
 }
 
-// settle polls cond for up to timeout.
+// settle polls cond for up to timeout and reports whether it held.
 func settle(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return true
+	return testenv.Poll(timeout, cond)
 }

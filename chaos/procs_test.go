@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/onceonly/onceonly/internal/testenv"
 )
 
 // buildCommands builds api, relay, reconciler and gateway (without -race:
@@ -64,18 +66,18 @@ func (p *proc) start() error {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
 	p.cmd = cmd
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var lastErr error
+	if testenv.Poll(20*time.Second, func() bool {
 		res, err := p.get("/healthz")
 		if err == nil {
 			res.Body.Close()
-			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not come up: %w\n%s", p.name, err, p.tail())
-		}
-		time.Sleep(50 * time.Millisecond)
+		lastErr = err
+		return err == nil
+	}) {
+		return nil
 	}
+	return fmt.Errorf("%s did not come up: %w\n%s", p.name, lastErr, p.tail())
 }
 
 // get sends a GET for path to the process.
@@ -102,7 +104,7 @@ func (p *proc) pause(d time.Duration) {
 	if cmd.Process.Signal(syscall.SIGSTOP) != nil {
 		return
 	}
-	time.Sleep(d)
+	time.Sleep(d) // the pause's length, not a wait for an event
 	_ = cmd.Process.Signal(syscall.SIGCONT)
 	p.mu.Lock()
 	p.pausedTo = time.Now()

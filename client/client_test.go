@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
@@ -21,7 +22,12 @@ import (
 // api starts the demo payments API on real Postgres and Redis.
 func api(t *testing.T) http.Handler {
 	t.Helper()
-	pool := testenv.DB(t)
+	return apiOn(t, testenv.DB(t))
+}
+
+// apiOn is api on pool.
+func apiOn(t *testing.T, pool *pgxpool.Pool) http.Handler {
+	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 10 * time.Second})
 	require.NoError(t, err)
@@ -66,7 +72,8 @@ func TestFirstCallThenReplay(t *testing.T) {
 }
 
 func TestWaitsOutAnInFlightDuplicate(t *testing.T) {
-	srv := httptest.NewServer(api(t))
+	pool := testenv.DB(t)
+	srv := httptest.NewServer(apiOn(t, pool))
 	defer srv.Close()
 	ctx := testenv.Context(t)
 	req := payment(srv.URL, "tok_slow")
@@ -76,7 +83,7 @@ func TestWaitsOutAnInFlightDuplicate(t *testing.T) {
 	var firstErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { first, firstErr = fastClient().Do(ctx, req) })
-	time.Sleep(150 * time.Millisecond)
+	testenv.AwaitClaimed(t, ctx, pool, req.Key)
 	began := time.Now()
 	second, err := fastClient().Do(ctx, req)
 	require.NoError(t, err)

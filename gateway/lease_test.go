@@ -65,7 +65,11 @@ func TestStaleCallDoesNotCharge(t *testing.T) {
 	owned, err := gateway.Claim(ctx, h, "stale", req, "old", time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, owned)
-	time.Sleep(20 * time.Millisecond)
+	testenv.Eventually(t, 5*time.Second, "the old call's lease over", func() bool {
+		var over bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT lease_until < now() FROM gateway.charges WHERE idempotency_key = 'stale'`).Scan(&over))
+		return over
+	})
 	took, err := gateway.TakeOver(ctx, h, "stale", "new", time.Minute)
 	require.NoError(t, err)
 	require.True(t, took)

@@ -99,7 +99,7 @@ func TestKilledWorkersChargeOncePerOrder(t *testing.T) {
 			waitUncommittedCharge(t, ctx, pool, startedAt)
 		} else {
 			testenv.Eventually(t, 10*time.Second, "a job running in "+id, func() bool { return runningIn(t, ctx, pool, id) > 0 })
-			time.Sleep(time.Duration(150+rand.IntN(450)) * time.Millisecond)
+			time.Sleep(time.Duration(150+rand.IntN(450)) * time.Millisecond) // a random point of the job's run to kill at
 		}
 		require.NoError(t, proc.Cmd.Process.Kill()) // SIGKILL
 		_ = proc.Cmd.Wait()

@@ -443,7 +443,7 @@ func TestConcurrentDuplicatesWithFlushAll(t *testing.T) {
 		require.NoError(t, rdb.FlushAll(b.ctx).Err())
 		tl := b.burst(t, key, 100, func() {
 			for range 5 {
-				time.Sleep(15 * time.Millisecond)
+				time.Sleep(15 * time.Millisecond) // the pace of the flushes during the burst, not a wait for an event
 				require.NoError(t, rdb.FlushAll(b.ctx).Err())
 			}
 		})

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -86,7 +85,7 @@ func TestOpenAPIMatchesTheHandler(t *testing.T) {
 			record(create, res)
 		}
 	})
-	time.Sleep(200 * time.Millisecond)
+	testenv.AwaitClaimed(t, b.ctx, b.pool, "oa-7")
 	require.Equal(t, http.StatusConflict, pay("oa-7", slow).status)
 	wg.Wait()
 	require.NoError(t, slowErr)

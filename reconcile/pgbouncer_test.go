@@ -9,9 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
@@ -19,14 +17,7 @@ import (
 // through PgBouncer in transaction mode, in pgx query mode mode.
 func setupBouncer(t *testing.T, mode string) *bundle {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
-	return &bundle{&testenv.Stack{
-		Ctx:   testenv.Context(t),
-		Pool:  testenv.Pool(t, testenv.PgBouncerURL(t, testenv.DatabaseURL(t), mode)),
-		Redis: rdb,
-		Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
-		Store: keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
-	}}
+	return setup(t, testenv.OnPool(testenv.Pool(t, testenv.PgBouncerURL(t, testenv.DatabaseURL(t), mode))))
 }
 
 // TestPassesThroughPgBouncer: behind PgBouncer in transaction mode every
@@ -46,7 +37,7 @@ func TestPassesThroughPgBouncer(t *testing.T) {
 			require.NoError(t, err)
 			_, err = b.Pool.Exec(b.Ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s' WHERE key = 'k0'`)
 			require.NoError(t, err)
-			time.Sleep(20 * time.Millisecond)
+			testenv.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, time.Millisecond)
 
 			r := b.reconciler(t, Config{ReapGrace: time.Millisecond, PageSize: 7})
 			first := b.pass(t, r, false)
@@ -61,7 +52,7 @@ func TestPassesThroughPgBouncer(t *testing.T) {
 				require.EqualValues(t, 20, rep.Scanned)
 				require.EqualValues(t, 20, rep.InSync)
 			}
-			testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+			b.RequireConverged(t)
 
 			// Racing passes: the lock still admits one at a time.
 			var wg sync.WaitGroup
@@ -72,7 +63,7 @@ func TestPassesThroughPgBouncer(t *testing.T) {
 					if active.Add(1) > 1 {
 						overlaps.Add(1)
 					}
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // a pass that takes a while, so racing passes would overlap it
 					active.Add(-1)
 				}
 				wg.Go(func() {

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -20,28 +19,21 @@ import (
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
-// bundle is a test's stack.
+// bundle is a test's stack, with the reconciler's helpers.
 type bundle struct{ *testenv.Stack }
 
-func setup(t testing.TB) *bundle {
+// setup returns a stack on the shared test servers unless opts say
+// otherwise (testenv.OnRedis, testenv.OnPool).
+func setup(t testing.TB, opts ...testenv.StackOption) *bundle {
 	t.Helper()
-	return &bundle{testenv.NewStack(t)}
+	return &bundle{testenv.NewStack(t, opts...)}
 }
 
-func setupWith(t testing.TB, rdb redis.UniversalClient, prefix string) *bundle {
-	t.Helper()
-	return &bundle{testenv.NewStackOn(t, rdb, prefix)}
-}
-
+// reconciler returns a reconciler on the stack, configured by cfg
+// otherwise; failed keys live a minute unless cfg says how long.
 func (b *bundle) reconciler(t testing.TB, cfg Config) *Reconciler {
 	t.Helper()
-	cfg.Pool, cfg.Redis, cfg.RedisPrefix = b.Pool, b.Redis, b.Cache.Prefix()
-	if cfg.Logger == nil {
-		cfg.Logger = testenv.QuietLogger()
-	}
-	if cfg.Registerer == nil {
-		cfg.Registerer = prometheus.NewRegistry()
-	}
+	b.Configure(t, &cfg)
 	if cfg.FailedTTL == 0 {
 		cfg.FailedTTL = time.Minute
 	}
@@ -83,7 +75,7 @@ func (b *bundle) set(t *testing.T, name, value string) {
 func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		b := setup(t, testenv.OnRedis(rdb))
 		for i := range 8 {
 			b.complete(t, fmt.Sprintf("k%d", i))
 		}
@@ -94,7 +86,7 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		require.EqualValues(t, 8, rep.Scanned)
 		require.EqualValues(t, 8, rep.Missing)
 		require.EqualValues(t, 8, rep.Repaired)
-		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+		b.RequireConverged(t)
 
 		// Inject one of each kind.
 		require.NoError(t, b.Redis.Del(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "k0"})).Err())    // missing
@@ -115,7 +107,7 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		extended, err := b.Redis.PExpire(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "abandoned"}), time.Hour).Result()
 		require.NoError(t, err)
 		require.True(t, extended, "the claim outlived its lease before the test could extend it")
-		time.Sleep(lease + 50*time.Millisecond) // its lease is over: an orphan
+		testenv.AwaitCacheLeaseOver(t, b.Ctx, b.Cache, keystate.Ref{Scope: "s", Key: "abandoned"}) // an orphan now
 
 		dry := b.pass(t, r, true)
 		rep = b.pass(t, r, false)
@@ -133,7 +125,7 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		require.True(t, dry.DryRun)
 		require.EqualValues(t, 9, rep.Repaired)
 
-		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+		b.RequireConverged(t)
 		for _, name := range []string{b.Cache.Key(keystate.Ref{Scope: "s", Key: "ghost"}), b.Cache.Key(keystate.Ref{Scope: "s", Key: "abandoned"}), b.Cache.Prefix() + "no-scope-separator"} {
 			require.Zero(t, b.Redis.Exists(b.Ctx, name).Val(), "%s deleted", name)
 		}
@@ -156,7 +148,7 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 func TestFlushedRedisIsRefilled(t *testing.T) {
 	t.Parallel()
 	srv := testenv.NewRedisServer(t)
-	b := setupWith(t, testenv.RedisClient(t, srv.URL()), "f:")
+	b := setup(t, testenv.OnRedis(testenv.RedisClient(t, srv.URL())))
 	for i := range 25 {
 		b.complete(t, fmt.Sprintf("k%d", i))
 	}
@@ -166,19 +158,20 @@ func TestFlushedRedisIsRefilled(t *testing.T) {
 	rep := b.pass(t, r, false)
 	require.EqualValues(t, 25, rep.Missing)
 	require.EqualValues(t, 25, rep.Repaired)
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+	b.RequireConverged(t)
 }
 
 func TestDeadLeasesAreReaped(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		b := setup(t, testenv.OnRedis(rdb))
 		_, err := b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, "v1:fp", owner, time.Millisecond)
 		require.NoError(t, err)
 		_, err = b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "alive"}, "v1:fp", owner, time.Hour)
 		require.NoError(t, err)
-		time.Sleep(50 * time.Millisecond)
-		r := b.reconciler(t, Config{ReapGrace: 10 * time.Millisecond})
+		const grace = 10 * time.Millisecond
+		testenv.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, grace)
+		r := b.reconciler(t, Config{ReapGrace: grace})
 
 		dry := b.pass(t, r, true)
 		require.EqualValues(t, 1, dry.LeasesReaped)
@@ -196,7 +189,7 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox WHERE key = 'dead' AND version = 2`).Scan(&events))
 		require.Equal(t, 1, events, "the reap is an outbox event like any transition")
 		// The same pass repaired Redis after reaping.
-		testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+		b.RequireConverged(t)
 		// The dead worker can no longer complete.
 		_, err = b.Store.Complete(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, owner, keystate.Response{Status: 201})
 		require.ErrorIs(t, err, keystore.ErrLeaseLost)
@@ -211,7 +204,7 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 func TestOrphanScanCoversEveryMaster(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.RedisClusterClient(t)
-	b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+	b := setup(t, testenv.OnRedis(rdb))
 	b.complete(t, "live")
 	const orphans = 60
 	for i := range orphans {
@@ -286,13 +279,13 @@ func TestMasterDownMakesAPartialPass(t *testing.T) {
 	require.Zero(t, rep.Unreachable+rep.UnreachableNodes)
 	require.EqualValues(t, keys, rep.Scanned)
 	require.Positive(t, rep.Repaired, "the restarted master is refilled")
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+	b.RequireConverged(t)
 }
 
 func TestExpiredKeysAreDeletedInBatches(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		b := setup(t, testenv.OnRedis(rdb))
 		for i := range 7 {
 			b.complete(t, fmt.Sprintf("old%d", i))
 		}
@@ -341,7 +334,7 @@ func TestOnePassAtATime(t *testing.T) {
 			if active.Add(1) > 1 {
 				overlaps.Add(1)
 			}
-			time.Sleep(30 * time.Millisecond)
+			time.Sleep(30 * time.Millisecond) // a pass that takes a while, so racing passes would overlap it
 			active.Add(-1)
 		}
 		wg.Go(func() {
@@ -364,7 +357,7 @@ func TestOnePassAtATime(t *testing.T) {
 	require.Less(t, ran, int64(len(reports)), "racing passes skip rather than queue")
 	require.Zero(t, overlaps.Load(), "passes never overlap")
 	require.EqualValues(t, 50, repaired, "each key repaired once, by whichever pass ran first")
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+	b.RequireConverged(t)
 }
 
 // TestOnlyDisagreeingBucketsAreProbed: a pass with nothing out of step
@@ -373,7 +366,7 @@ func TestOnePassAtATime(t *testing.T) {
 func TestOnlyDisagreeingBucketsAreProbed(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+		b := setup(t, testenv.OnRedis(rdb))
 		const keys = 300
 		b.CompleteKeys(t, "s", "k", keys)
 		r := b.reconciler(t, Config{PageSize: 50})
@@ -429,7 +422,7 @@ func TestWriteSinceTheScanIsNotDrift(t *testing.T) {
 	require.NoError(t, r.repair(b.Ctx, &rep, []drift{{ref: ref, header: headers[0]}}))
 	require.EqualValues(t, 1, rep.Missing)
 	require.EqualValues(t, 1, rep.Repaired)
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "%")
+	b.RequireConverged(t)
 }
 
 // TestStartStop: Start runs passes on the schedule in the background, Stop

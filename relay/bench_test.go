@@ -73,7 +73,7 @@ func BenchmarkDrain(b *testing.B) {
 					} else {
 						rdb = testenv.RedisClient(b, testenv.RedisURL(b))
 					}
-					bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+					bd := setup(b, testenv.OnRedis(rdb))
 					seedBacklog(b, bd, events)
 					rs := make([]*Relay, relays)
 					for i := range rs {

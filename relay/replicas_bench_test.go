@@ -35,7 +35,7 @@ func BenchmarkDrainReplicated(b *testing.B) {
 					wait := (i + j) % 2
 					b.StopTimer()
 					rdb := testenv.SentinelClient(b, url)
-					bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+					bd := setup(b, testenv.OnRedis(rdb))
 					seedBacklog(b, bd, events)
 					r := bd.relay(b, Config{BatchSize: batch, WaitReplicas: wait})
 					b.StartTimer()
@@ -92,7 +92,7 @@ func BenchmarkLagReplicated(b *testing.B) {
 		for j := range 2 {
 			wait := (i + j) % 2
 			rdb := testenv.SentinelClient(b, url)
-			bd := setupWith(b, rdb, testenv.KeyPrefix(b, rdb))
+			bd := setup(b, testenv.OnRedis(rdb))
 			measured, _, _ := measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), notifyAfterCommit, rate, seconds)
 			lags[wait] = append(lags[wait], measured...)
 		}
@@ -142,7 +142,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, secon
 	ctx, cancel := context.WithCancel(bd.Ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	time.Sleep(200 * time.Millisecond) // LISTEN is up
+	bd.awaitListening(b, r)
 
 	// The writers have a pool of their own, as the api has in its process:
 	// sharing the relay's would queue the relay behind them.
@@ -167,7 +167,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, secon
 	for w := range writers {
 		wg.Go(func() {
 			for i := w; i < total; i += writers {
-				time.Sleep(time.Until(began.Add(time.Duration(i) * interval)))
+				time.Sleep(time.Until(began.Add(time.Duration(i) * interval))) // the writers' schedule (open loop), not a wait for an event
 				ref := keystate.Ref{Scope: "bench", Key: "lag-" + strconv.Itoa(i)}
 				if _, err := store.Claim(bd.Ctx, pool, ref, "v1:fp", owner, time.Minute); err != nil {
 					b.Error(err)

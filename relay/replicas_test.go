@@ -24,7 +24,7 @@ func TestWaitReplicasKeepsEventsTheReplicaLacks(t *testing.T) {
 	t.Parallel()
 	g := testenv.NewSentinelGroup(t)
 	rdb := g.Client(t)
-	b := setupWith(t, rdb, testenv.KeyPrefix(t, rdb))
+	b := setup(t, testenv.OnRedis(rdb))
 	reg := prometheus.NewRegistry()
 	r := b.relay(t, Config{WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond, Registerer: reg})
 	replica := g.Servers[1]

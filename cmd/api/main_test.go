@@ -110,7 +110,8 @@ func TestGracefulShutdown(t *testing.T) {
 		res.Body.Close()
 		done <- result{status: res.StatusCode}
 	}()
-	time.Sleep(300 * time.Millisecond)
+	pool := testenv.Pool(t, dbURL)
+	testenv.AwaitClaimed(t, ctx, pool, "shutdown-1") // the request is in flight
 	start := time.Now()
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	res := <-done
@@ -119,7 +120,6 @@ func TestGracefulShutdown(t *testing.T) {
 	require.NoError(t, cmd.Wait(), logs.String())
 	require.Less(t, time.Since(start), 10*time.Second)
 
-	pool := testenv.Pool(t, dbURL)
 	var claimed, paid int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'in_progress'), count(*) FROM idempotency_keys`).Scan(&claimed, &paid))
 	require.Equal(t, 0, claimed, "nothing left claimed")
@@ -130,9 +130,8 @@ func TestGracefulShutdown(t *testing.T) {
 func TestKeysShowAndPurge(t *testing.T) {
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		dbURL := testenv.DatabaseURL(t)
-		prefix := testenv.KeyPrefix(t, rdb)
-		st := testenv.NewStackOn(t, rdb, prefix)
-		st.Pool = testenv.Pool(t, dbURL)
+		st := testenv.NewStack(t, testenv.OnPool(testenv.Pool(t, dbURL)), testenv.OnRedis(rdb))
+		prefix := st.Cache.Prefix()
 		st.Complete(t, "acct_k", "order-1", `{"ok":true}`)
 		k, _, err := st.Store.Get(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"})
 		require.NoError(t, err)

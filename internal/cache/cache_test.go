@@ -150,12 +150,16 @@ func TestCheck(t *testing.T) {
 		t.Run("ExpiredProvisionalClaimIsTakenOver", func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
-			// The lease ends (1ms) before the key's TTL would: set a long TTL by hand.
-			_, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, time.Millisecond)
+			// The lease ends before the key's TTL would: set a long TTL by
+			// hand. (The claim's PX is its lease: a 1 ms lease could expire
+			// the key before the test read it.)
+			const lease = 300 * time.Millisecond
+			_, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerA, lease)
 			require.NoError(t, err)
-			raw := b.rdb.Get(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"})).Val()
-			require.NoError(t, b.rdb.Set(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"}), raw, time.Minute).Err())
-			time.Sleep(5 * time.Millisecond)
+			extended, err := b.rdb.PExpire(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "k"}), time.Minute).Result()
+			require.NoError(t, err)
+			require.True(t, extended, "the claim outlived its lease before the test could extend it")
+			testenv.AwaitCacheLeaseOver(t, b.ctx, b.cache, keystate.Ref{Scope: "s", Key: "k"})
 			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp2, ownerB, time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, cache.Claimed, res.Verdict)
@@ -568,7 +572,7 @@ func TestCompareAndSetApply(t *testing.T) {
 			extended, err := b.rdb.PExpire(b.ctx, b.cache.Key(keystate.Ref{Scope: "s", Key: "dead"}), time.Minute).Result()
 			require.NoError(t, err)
 			require.True(t, extended, "the claim outlived its lease before the test could extend it")
-			time.Sleep(lease + 50*time.Millisecond)
+			testenv.AwaitCacheLeaseOver(t, b.ctx, b.cache, keystate.Ref{Scope: "s", Key: "dead"})
 			require.True(t, b.apply(t, update{Key: "dead", Deleted: true, Expect: h.Expect()}), "an expired provisional claim is an orphan")
 		})
 

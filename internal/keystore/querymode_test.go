@@ -146,7 +146,7 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	// count_reapable, reap_leases.
 	_, err = store.Claim(ctx, pool, c, "v1:fp", ownerA, time.Millisecond)
 	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
+	testenv.AwaitLeaseOver(t, ctx, pool, c, 0)
 	n, err := store.CountReapable(ctx, pool, 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)

@@ -120,7 +120,7 @@ func (c *faultyConn) Read(p []byte) (int, error) {
 	c.written = false
 	c.mu.Unlock()
 	if answer && c.lag > 0 {
-		time.Sleep(c.lag)
+		time.Sleep(c.lag) // the injected round-trip lag, not a wait for an event
 	}
 	return c.Conn.Read(p)
 }
@@ -245,7 +245,7 @@ func TestLeaseKeeperHammer(t *testing.T) {
 	}
 	wg.Go(func() { // cuts the keeper's connection now and then
 		for os.Getenv("ONCEONLY_LEASE_HAMMER_CUTS") != "0" && time.Now().Before(stop) {
-			time.Sleep(time.Duration(rand.Int64N(int64(lease))))
+			time.Sleep(time.Duration(rand.Int64N(int64(lease)))) // the pace of the cuts, not a wait for an event
 			var n int64
 			if err := f.pool.QueryRow(f.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 				WHERE datname = current_database() AND application_name = 'lease keeper'`).Scan(&n); err == nil {

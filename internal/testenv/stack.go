@@ -4,11 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"reflect"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/internal/cache"
@@ -27,24 +29,78 @@ type Stack struct {
 	Store *keystore.Store
 }
 
-// NewStack returns a Stack on the shared test servers.
-func NewStack(tb testing.TB) *Stack {
-	tb.Helper()
-	rdb, prefix := Redis(tb)
-	return NewStackOn(tb, rdb, prefix)
+// StackOption changes what NewStack builds a Stack on.
+type StackOption func(tb testing.TB, s *Stack)
+
+// OnRedis puts the stack's cache on rdb (a server or cluster of the
+// test's own, say) under a key prefix of the test's own, instead of on the
+// shared test Redis.
+func OnRedis(rdb redis.UniversalClient) StackOption {
+	return func(tb testing.TB, s *Stack) {
+		s.Redis = rdb
+		s.Cache = cache.New(rdb, cache.Options{Prefix: KeyPrefix(tb, rdb)})
+	}
 }
 
-// NewStackOn returns a Stack whose cache uses rdb and prefix (a private
-// Redis server, say).
-func NewStackOn(tb testing.TB, rdb redis.UniversalClient, prefix string) *Stack {
+// OnPool gives the stack pool (on PgBouncer, say, or on a database the
+// test made) instead of a pool on a fresh database of its own.
+func OnPool(pool *pgxpool.Pool) StackOption {
+	return func(_ testing.TB, s *Stack) { s.Pool = pool }
+}
+
+// NewStack returns a Stack on a fresh database of the test's own and on the
+// shared test Redis under a key prefix of the test's own, unless opts say
+// otherwise.
+func NewStack(tb testing.TB, opts ...StackOption) *Stack {
 	tb.Helper()
-	return &Stack{
+	s := &Stack{
 		Ctx:   Context(tb),
-		Pool:  DB(tb),
-		Redis: rdb,
-		Cache: cache.New(rdb, cache.Options{Prefix: prefix}),
 		Store: keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}),
 	}
+	for _, opt := range opts {
+		opt(tb, s)
+	}
+	if s.Pool == nil {
+		s.Pool = DB(tb)
+	}
+	if s.Redis == nil {
+		OnRedis(RedisClient(tb, RedisURL(tb)))(tb, s)
+	}
+	return s
+}
+
+// Configure fills in the daemon Config that cfg points to (the relay's,
+// the reconciler's) what it takes from the stack: Pool, Redis and
+// RedisPrefix, and, where cfg leaves them nil, Logger (QuietLogger) and
+// Registerer (a registry of its own). The fields are set by name, as the
+// daemons' Configs share them; a Config without one fails the test.
+func (s *Stack) Configure(tb testing.TB, cfg any) {
+	tb.Helper()
+	v := reflect.ValueOf(cfg)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		tb.Fatalf("Configure takes a pointer to a Config struct, not %T", cfg)
+	}
+	set := func(name string, value any, onlyIfNil bool) {
+		f := v.Elem().FieldByName(name)
+		if !f.IsValid() || !f.CanSet() || !reflect.TypeOf(value).AssignableTo(f.Type()) {
+			tb.Fatalf("%T has no field %s of a type that takes %T", cfg, name, value)
+		}
+		if !onlyIfNil || f.IsNil() {
+			f.Set(reflect.ValueOf(value))
+		}
+	}
+	set("Pool", s.Pool, false)
+	set("Redis", s.Redis, false)
+	set("RedisPrefix", s.Cache.Prefix(), false)
+	set("Logger", QuietLogger(), true)
+	set("Registerer", prometheus.NewRegistry(), true)
+}
+
+// RequireConverged checks that the stack's Redis holds every live key of
+// its database at the key's state and version (see RequireConverged).
+func (s *Stack) RequireConverged(tb testing.TB) {
+	tb.Helper()
+	RequireConverged(tb, s.Ctx, s.Pool, s.Cache, "%")
 }
 
 // Complete runs (scope, key) through claim and complete in Postgres only,
@@ -88,6 +144,5 @@ func EnvWith(base map[string]string, k, v string) map[string]string {
 func NewClusterStack(tb testing.TB) (*Stack, *RedisCluster) {
 	tb.Helper()
 	c := NewRedisCluster(tb)
-	rdb := c.Client(tb)
-	return NewStackOn(tb, rdb, KeyPrefix(tb, rdb)), c
+	return NewStack(tb, OnRedis(c.Client(tb))), c
 }

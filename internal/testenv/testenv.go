@@ -330,18 +330,6 @@ func RedisClient(tb testing.TB, url string) *redis.Client {
 	return rdb
 }
 
-// Eventually polls cond every 10ms until it holds or timeout passes.
-func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func init() { //nolint:gochecknoinits // must run before any test opens a client, whichever helper it calls first
 	// Tests stop Redis on purpose; go-redis's own dial-failure lines are noise.
 	logging.Disable()

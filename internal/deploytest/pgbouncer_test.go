@@ -1,4 +1,4 @@
-package onceonly_test
+package deploytest
 
 import (
 	"context"
@@ -65,18 +65,18 @@ func TestThroughPgBouncer(t *testing.T) {
 			t.Cleanup(e.Close)
 
 			// First execution, replays from Redis and from Postgres.
-			first, err := e.Do(ctx, "m", "k1", []byte("p"), payment(201, `{"id":1}`))
+			first, err := e.Do(ctx, "m", "k1", []byte("p"), payment(`{"id":1}`))
 			require.NoError(t, err)
 			require.False(t, first.Replayed)
-			again, err := e.Do(ctx, "m", "k1", []byte("p"), payment(201, `{"id":2}`))
+			again, err := e.Do(ctx, "m", "k1", []byte("p"), payment(`{"id":2}`))
 			require.NoError(t, err)
 			require.True(t, again.Replayed)
 			require.NoError(t, rdb.Del(ctx, prefix+"m:k1").Err())
-			again, err = e.Do(ctx, "m", "k1", []byte("p"), payment(201, `{"id":3}`))
+			again, err = e.Do(ctx, "m", "k1", []byte("p"), payment(`{"id":3}`))
 			require.NoError(t, err)
 			require.True(t, again.Replayed)
 			require.Equal(t, first.Result, again.Result)
-			_, err = e.Do(ctx, "m", "k1", []byte("other"), payment(201, `{}`))
+			_, err = e.Do(ctx, "m", "k1", []byte("other"), payment(`{}`))
 			require.ErrorIs(t, err, onceonly.ErrKeyReused)
 
 			// A failure is retried; a handler with a step completes.
@@ -84,7 +84,7 @@ func TestThroughPgBouncer(t *testing.T) {
 				return onceonly.Result{}, errors.New("boom")
 			})
 			require.Error(t, err)
-			out, err := e.Do(ctx, "m", "k2", []byte("p"), payment(201, `{}`))
+			out, err := e.Do(ctx, "m", "k2", []byte("p"), payment(`{}`))
 			require.NoError(t, err)
 			require.False(t, out.Replayed)
 			require.NoError(t, e.Register("charge", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
@@ -120,10 +120,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			rctx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() { done <- rl.Run(rctx) }()
-			testenv.Eventually(t, 5*time.Second, "the relay drains the outbox", func() bool {
-				var n int
-				return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
-			})
+			awaitOutboxDrained(t, ctx, pool, 5*time.Second)
 			stop()
 			require.NoError(t, <-done)
 			testenv.RequireConverged(t, ctx, pool, c, "%")

@@ -1,4 +1,4 @@
-package onceonly_test
+package deploytest
 
 import (
 	"context"
@@ -11,6 +11,10 @@ import (
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/stretchr/testify/require"
 )
+
+// root is the module's directory, where docker-compose.yml, the Dockerfile
+// and cmd/ are, relative to this package's.
+const root = "../.."
 
 // commands are the mains of cmd/ and the subcommands each accepts as its
 // first argument in a container command.
@@ -26,8 +30,9 @@ var commands = map[string][]string{
 // this project, the daemons wait for a healthy Redis and a finished
 // migration, everything has a health check, and no secret is written down.
 func TestComposeFile(t *testing.T) {
-	opts, err := cli.NewProjectOptions([]string{"docker-compose.yml"},
-		cli.WithWorkingDirectory("."), cli.WithName("onceonly"),
+	compose := filepath.Join(root, "docker-compose.yml")
+	opts, err := cli.NewProjectOptions([]string{compose},
+		cli.WithWorkingDirectory(root), cli.WithName("onceonly"),
 		cli.WithEnv([]string{"POSTGRES_PASSWORD=test-only", "API_KEYS=sk_x=acct_x"}))
 	require.NoError(t, err)
 	project, err := opts.LoadProject(context.Background())
@@ -45,7 +50,7 @@ func TestComposeFile(t *testing.T) {
 		require.NotEmpty(t, svc.Command, name)
 		main := svc.Command[0]
 		require.Contains(t, commands, main, "%s runs a command of cmd/", name)
-		_, err := os.Stat(filepath.Join("cmd", main, "main.go"))
+		_, err := os.Stat(filepath.Join(root, "cmd", main, "main.go"))
 		require.NoError(t, err, "%s: cmd/%s exists", name, main)
 		if len(svc.Command) > 1 {
 			require.Contains(t, commands[main], svc.Command[1], "%s: %v", name, svc.Command)
@@ -67,12 +72,12 @@ func TestComposeFile(t *testing.T) {
 		require.Equal(t, "service_healthy", svc.DependsOn["redis"].Condition, name)
 	}
 
-	raw, err := os.ReadFile("docker-compose.yml")
+	raw, err := os.ReadFile(compose)
 	require.NoError(t, err)
 	require.NotRegexp(t, `(?im)^\s*\w*(password|api_keys):\s*[^$\s]`, string(raw), "no literal secrets")
 
 	// Without the password the file refuses to load rather than run open.
-	opts, err = cli.NewProjectOptions([]string{"docker-compose.yml"}, cli.WithWorkingDirectory("."), cli.WithEnv(nil))
+	opts, err = cli.NewProjectOptions([]string{compose}, cli.WithWorkingDirectory(root), cli.WithEnv(nil))
 	require.NoError(t, err)
 	_, err = opts.LoadProject(context.Background())
 	require.ErrorContains(t, err, "POSTGRES_PASSWORD")
@@ -81,13 +86,13 @@ func TestComposeFile(t *testing.T) {
 // TestDockerfileBuildsEveryCommand checks that the image contains every main
 // of cmd/ and runs as a non-root user.
 func TestDockerfileBuildsEveryCommand(t *testing.T) {
-	raw, err := os.ReadFile("Dockerfile")
+	raw, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
 	require.NoError(t, err)
 	text := string(raw)
 	for main := range commands {
 		require.Contains(t, text, "./cmd/"+main, "the image builds %s", main)
 	}
-	dirs, err := os.ReadDir("cmd")
+	dirs, err := os.ReadDir(filepath.Join(root, "cmd"))
 	require.NoError(t, err)
 	for _, d := range dirs {
 		require.Contains(t, commands, d.Name(), "cmd/%s is listed here and built into the image", d.Name())

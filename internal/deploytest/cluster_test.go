@@ -1,4 +1,4 @@
-package onceonly_test
+package deploytest
 
 import (
 	"context"
@@ -33,12 +33,16 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	t.Parallel()
 	cluster := testenv.NewRedisCluster(t)
 	rdb := cluster.Client(t)
-	b := setup(t, setupOpts{rdb: rdb, lease: 5 * time.Second})
-	c := cache.New(rdb, cache.Options{Prefix: b.prefix, MaxBody: 1024})
-	rl, err := relay.New(relay.Config{Pool: b.pool, Redis: rdb, RedisPrefix: b.prefix, MaxCachedBody: 1024, PollInterval: 50 * time.Millisecond,
+	ctx, pool, prefix := testenv.Context(t), testenv.DB(t), testenv.KeyPrefix(t, rdb)
+	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 5 * time.Second,
+		MaxCachedBody: 1024, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	t.Cleanup(engine.Close)
+	c := cache.New(rdb, cache.Options{Prefix: prefix, MaxBody: 1024})
+	rl, err := relay.New(relay.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, MaxCachedBody: 1024, PollInterval: 50 * time.Millisecond,
 		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	relayCtx, stopRelay := context.WithCancel(b.ctx)
+	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- rl.Run(relayCtx) }()
 	t.Cleanup(func() {
@@ -56,47 +60,47 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	for i := range 150 {
 		keys = append(keys, fmt.Sprintf("plain-%d", i))
 	}
-	slot, err := rdb.ClusterKeySlot(b.ctx, c.Key(keystate.Ref{Scope: "m", Key: keys[0]})).Result()
+	slot, err := rdb.ClusterKeySlot(ctx, c.Key(keystate.Ref{Scope: "m", Key: keys[0]})).Result()
 	require.NoError(t, err)
-	from, err := cluster.Owner(b.ctx, int(slot))
+	from, err := cluster.Owner(ctx, int(slot))
 	require.NoError(t, err)
 	to := cluster.Nodes[0]
 	if to == from {
 		to = cluster.Nodes[1]
 	}
-	b.sendEach(t, keys, answers, func() {
-		require.NoError(t, cluster.MoveSlot(b.ctx, int(slot), to))
+	sendEach(t, ctx, engine, keys, answers, func() {
+		require.NoError(t, cluster.MoveSlot(ctx, int(slot), to))
 	})
-	owner, err := cluster.Owner(b.ctx, int(slot))
+	owner, err := cluster.Owner(ctx, int(slot))
 	require.NoError(t, err)
 	require.Equal(t, to.Addr(), owner.Addr(), "the slot moved")
-	b.awaitOutboxDrained(t)
-	testenv.RequireConverged(t, b.ctx, b.pool, c, "%")
+	awaitOutboxDrained(t, ctx, pool, 20*time.Second)
+	testenv.RequireConverged(t, ctx, pool, c, "%")
 
 	// Phase 2: a master restarts empty while requests run.
 	more := make([]string, 0, 300)
 	for i := range 300 {
 		more = append(more, fmt.Sprintf("restart-%d", i))
 	}
-	b.sendEach(t, more, answers, func() {
+	sendEach(t, ctx, engine, more, answers, func() {
 		cluster.Nodes[2].Restart()
 		cluster.WaitHealthy()
 	})
-	b.awaitOutboxDrained(t)
-	rc, err := reconcile.New(reconcile.Config{Pool: b.pool, Redis: rdb, RedisPrefix: b.prefix, MaxCachedBody: 1024, FailedTTL: time.Minute,
+	awaitOutboxDrained(t, ctx, pool, 20*time.Second)
+	rc, err := reconcile.New(reconcile.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, MaxCachedBody: 1024, FailedTTL: time.Minute,
 		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
-	_, err = rc.Pass(b.ctx, false)
+	_, err = rc.Pass(ctx, false)
 	require.NoError(t, err)
-	testenv.RequireConverged(t, b.ctx, b.pool, c, "%")
-	again, err := rc.Pass(b.ctx, false)
+	testenv.RequireConverged(t, ctx, pool, c, "%")
+	again, err := rc.Pass(ctx, false)
 	require.NoError(t, err)
 	require.Zero(t, again.Drift(), "a second pass finds nothing: %+v", again)
 
 	// I1 and I2.
 	all := slices.Concat(keys, more)
 	rows := map[string]int{}
-	r, err := b.pool.Query(b.ctx, `SELECT idempotency_key, count(*) FROM payments GROUP BY 1`)
+	r, err := pool.Query(ctx, `SELECT idempotency_key, count(*) FROM payments GROUP BY 1`)
 	require.NoError(t, err)
 	for r.Next() {
 		var key string
@@ -112,7 +116,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 		for _, res := range got[1:] {
 			require.Equal(t, got[0], res, "I2: %s answered twice differently", key)
 		}
-		out, err := b.engine.Do(b.ctx, "m", key, []byte("p"), keyedPayment(key))
+		out, err := engine.Do(ctx, "m", key, []byte("p"), keyedPayment(key))
 		require.NoError(t, err)
 		require.True(t, out.Replayed, key)
 		require.Equal(t, got[0], out.Result, "I2: %s replays its first answer", key)
@@ -145,10 +149,10 @@ func keyedPayment(key string) onceonly.Handler {
 	}
 }
 
-// sendEach sends every key three times, shuffled, from 16 workers, retrying
-// in-flight answers as a client would, and runs disrupt once the load is
-// under way. It returns when every request has its answer.
-func (b *testBundle) sendEach(t *testing.T, keys []string, answers *answerLog, disrupt func()) {
+// sendEach sends every key three times through engine, shuffled, from 16
+// workers, retrying in-flight answers as a client would, and runs disrupt
+// once the load is under way. It returns when every request has its answer.
+func sendEach(t *testing.T, ctx context.Context, engine *onceonly.Engine, keys []string, answers *answerLog, disrupt func()) {
 	t.Helper()
 	jobs := make([]string, 0, 3*len(keys))
 	for _, k := range keys {
@@ -162,9 +166,9 @@ func (b *testBundle) sendEach(t *testing.T, keys []string, answers *answerLog, d
 		wg.Go(func() {
 			for key := range queue {
 				for {
-					out, err := b.engine.Do(b.ctx, "m", key, []byte("p"), keyedPayment(key))
+					out, err := engine.Do(ctx, "m", key, []byte("p"), keyedPayment(key))
 					if _, inFlight := onceonly.IsInFlight(err); inFlight {
-						time.Sleep(5 * time.Millisecond)
+						time.Sleep(5 * time.Millisecond) // a client's pause before it retries, not a wait for an event
 						continue
 					}
 					if err != nil {
@@ -202,13 +206,4 @@ func (b *testBundle) sendEach(t *testing.T, keys []string, answers *answerLog, d
 	for err := range errs {
 		t.Error(err)
 	}
-}
-
-// awaitOutboxDrained waits until the relay has delivered every event.
-func (b *testBundle) awaitOutboxDrained(t *testing.T) {
-	t.Helper()
-	testenv.Eventually(t, 20*time.Second, "outbox drained", func() bool {
-		var n int
-		return b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
-	})
 }

@@ -1,4 +1,4 @@
-package onceonly_test
+package deploytest
 
 import (
 	"context"
@@ -54,7 +54,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 		Logger: testenv.QuietLogger(), Registerer: reg})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
-	relayd := testenv.StartDaemon(t, testenv.BuildBinary(t, "./cmd/relay"), "DATABASE_URL="+dbURL,
+	relayd := testenv.StartDaemon(t, testenv.BuildBinary(t, root+"/cmd/relay"), "DATABASE_URL="+dbURL,
 		"REDIS_SENTINEL_URL="+g.URL(), "REDIS_PREFIX="+prefix, "RELAY_POLL_INTERVAL=100ms",
 		"RELAY_REDIS_WAIT_TIMEOUT=200ms")
 	require.Contains(t, relayd.Logs.String(), "redis_wait_replicas=1", "the guard is on under Sentinel")
@@ -72,10 +72,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 
 	// The relay catches up on the new primary.
 	caughtUp := time.Now()
-	testenv.Eventually(t, 20*time.Second, "outbox drained", func() bool {
-		var n int
-		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
-	})
+	awaitOutboxDrained(t, ctx, pool, 20*time.Second)
 	t.Logf("the relay drained the outbox %s after the load ended", time.Since(caughtUp).Round(time.Millisecond))
 
 	// No key below its Postgres version; in fact every key equal.
@@ -103,7 +100,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	}
 	testenv.RequireConverged(t, ctx, pool, c, "%")
 	// The reconciler, on REDIS_SENTINEL_URL too, finds every key in sync.
-	reconciler := exec.CommandContext(ctx, testenv.BuildBinary(t, "./cmd/reconciler"), "--once", "--dry-run")
+	reconciler := exec.CommandContext(ctx, testenv.BuildBinary(t, root+"/cmd/reconciler"), "--once", "--dry-run")
 	reconciler.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_SENTINEL_URL="+g.URL(), "REDIS_PREFIX="+prefix)
 	out, err := reconciler.Output()
 	require.NoError(t, err, "reconciler --once")
@@ -186,7 +183,7 @@ func failover(t *testing.T, ctx context.Context, g *testenv.SentinelGroup, rdb *
 	// link too, and the frozen replica cannot reconnect.
 	replica.Freeze()
 	require.NoError(t, old.Client(t).ClientKillByFilter(ctx, "TYPE", "replica").Err())
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(700 * time.Millisecond) // the replica's time cut off, while the primary acknowledges writes it never gets
 	killed := time.Now()
 	old.Stop()
 	replica.Thaw()
@@ -242,7 +239,7 @@ func (l *failoverLoad) handler(key string) onceonly.Handler {
 			l.running[key]--
 			l.mu.Unlock()
 		}()
-		time.Sleep(time.Duration(20+rand.IntN(100)) * time.Millisecond)
+		time.Sleep(time.Duration(20+rand.IntN(100)) * time.Millisecond) // the execution's length, so executions span the failover
 		var id string
 		if err := tx.QueryRow(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status)
 			VALUES (gen_random_uuid()::text, 'm', $1, 100, 'usd', 'c', 'succeeded') RETURNING id`, key).Scan(&id); err != nil {
@@ -270,7 +267,7 @@ func (l *failoverLoad) send(ctx context.Context, key string, reuse bool) {
 	for {
 		out, err := l.engine.Do(ctx, "m", key, payload, l.handler(key))
 		if _, inFlight := onceonly.IsInFlight(err); inFlight && time.Since(began) < inFlightLimit {
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // a client's pause before it retries, not a wait for an event
 			continue
 		}
 		l.mu.Lock()
