@@ -531,7 +531,7 @@ func TestStartStop(t *testing.T) {
 		}
 		r.Stop()
 	}
-	b.requireConverged(t)
+	b.RequireConverged(t)
 }
 
 func TestShutdownLeavesNoEventBehind(t *testing.T) {
