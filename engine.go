@@ -2,7 +2,6 @@ package onceonly
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -332,13 +331,10 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 }
 
 // newExecution returns an execution in mode m of ref for owner, which has
-// not claimed its key yet.
+// not claimed its key yet. Every request makes one, a replay too, so its
+// step maps are made only when a step is recorded (setStep).
 func (e *Engine) newExecution(m mode, ref keystate.Ref, owner keystate.Owner, handler string, request func() []byte) *Execution {
-	return &Execution{
-		engine: e, mode: m, ref: ref, fence: Fence{Owner: owner},
-		handler: handler, request: request,
-		outcomes: map[string]json.RawMessage{}, started: map[string]bool{},
-	}
+	return &Execution{engine: e, mode: m, ref: ref, fence: Fence{Owner: owner}, handler: handler, request: request}
 }
 
 // checkCache asks Redis first, claiming the key there provisionally for

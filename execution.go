@@ -216,7 +216,8 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 		if err != nil {
 			return fromStore(err)
 		}
-		x.started[name], x.stored = true, true
+		x.setStep(name, nil)
+		x.stored = true
 	}
 	if !x.lease.Valid() {
 		return ErrLeaseLost
@@ -244,7 +245,7 @@ func (x *Execution) recordOutcome(ctx context.Context, name string, outcome json
 		x.engine.log.Warn("record step outcome; a later attempt calls again with the same key",
 			"scope", x.ref.Scope, "key", x.ref.Key, "step", name, "err", err)
 	}
-	x.outcomes[name] = outcome
+	x.setStep(name, outcome)
 	return nil
 }
 
@@ -258,13 +259,22 @@ func (x *Execution) loadSteps(raw []byte) error {
 		return fmt.Errorf("decode recorded steps: %w", err)
 	}
 	for name, s := range steps {
-		x.started[name] = true
-		if len(s.Outcome) > 0 {
-			x.outcomes[name] = s.Outcome
-		}
+		x.setStep(name, s.Outcome)
 	}
 	x.stored = len(steps) > 0
 	return nil
+}
+
+// setStep records that the step name started and, when outcome is not
+// empty, its outcome; x.mu is held.
+func (x *Execution) setStep(name string, outcome json.RawMessage) {
+	if x.started == nil {
+		x.started, x.outcomes = map[string]bool{}, map[string]json.RawMessage{}
+	}
+	x.started[name] = true
+	if len(outcome) > 0 {
+		x.outcomes[name] = outcome
+	}
 }
 
 // unsettled reports whether a step started without a recorded outcome.
