@@ -53,8 +53,8 @@ type callerTx struct {
 
 // check reads Redis without claiming anything there: the key is held by
 // the uncommitted row, which a provisional claim in Redis would outlive.
-func (m *callerTx) check(ctx context.Context, x *Execution) (Outcome, string, bool, error) {
-	return m.e.readCache(ctx, x.ref, x.fingerprint)
+func (m *callerTx) check(ctx context.Context, ref keystate.Ref, fp string, _ keystate.Owner) (Outcome, string, bool, error) {
+	return m.e.readCache(ctx, ref, fp)
 }
 
 // claim claims the key in a savepoint of the caller's transaction; unless

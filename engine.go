@@ -284,10 +284,8 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 		outcome = outcomeInvalid
 		return Outcome{}, err
 	}
-	x := e.newExecution(m, keystate.Ref{Scope: scope, Key: key}, e.owners.Next(), handler, request)
-	x.fingerprint = fp.value
-
-	out, outcome, done, err := m.check(ctx, x)
+	ref, owner := keystate.Ref{Scope: scope, Key: key}, e.owners.Next()
+	out, outcome, done, err := m.check(ctx, ref, fp.value, owner)
 	if done {
 		if errors.Is(err, ErrKeyReused) && fp.legacy != nil {
 			// The key may be stored under an older fingerprint version,
@@ -298,6 +296,8 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 		return out, err
 	}
 
+	x := e.newExecution(m, ref, owner, handler, request)
+	x.fingerprint = fp.value
 	since := time.Now()
 	held, claimed, err := m.claim(ctx, x)
 	var inFlight *InFlightError

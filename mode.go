@@ -27,9 +27,10 @@ import (
 // A new mode is one new type implementing mode, picked where its entry
 // point makes an execution.
 type mode interface {
-	// check asks Redis about x's key before Postgres is asked; done is
-	// true when Redis answered the request.
-	check(ctx context.Context, x *Execution) (out Outcome, outcome string, done bool, err error)
+	// check asks Redis about ref for a request of fingerprint fp, before
+	// Postgres is asked and before any execution is made (a replay needs
+	// none); done is true when Redis answered the request.
+	check(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (out Outcome, outcome string, done bool, err error)
 	// claim takes x's key, setting x's fence and recovery points, and
 	// reports true; or it reports false with the row of the execution that
 	// holds the key (held). An error is Postgres's, or an *InFlightError.

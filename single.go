@@ -21,8 +21,8 @@ import (
 // (I5). A key that has a row goes the two-phase way.
 type singleCommit struct{ e *Engine }
 
-func (m singleCommit) check(ctx context.Context, x *Execution) (Outcome, string, bool, error) {
-	return m.e.checkCache(ctx, x.ref, x.fingerprint, x.fence.Owner)
+func (m singleCommit) check(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (Outcome, string, bool, error) {
+	return m.e.checkCache(ctx, ref, fp, owner)
 }
 
 // claim begins the transaction with the key's lock. A key that has a row

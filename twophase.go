@@ -19,8 +19,8 @@ import (
 // the handler's writes, fenced by the owner.
 type twoPhase struct{ e *Engine }
 
-func (m twoPhase) check(ctx context.Context, x *Execution) (Outcome, string, bool, error) {
-	return m.e.checkCache(ctx, x.ref, x.fingerprint, x.fence.Owner)
+func (m twoPhase) check(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (Outcome, string, bool, error) {
+	return m.e.checkCache(ctx, ref, fp, owner)
 }
 
 // claim claims x's key in Postgres. A key another execution holds is read
