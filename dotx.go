@@ -3,7 +3,6 @@ package onceonly
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -39,7 +38,12 @@ import (
 // the relay delivers the key's event: on its poll, or at the commit with
 // Tuning.NotifyInTransaction and a listening relay.
 func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	return e.execute(ctx, &callerTx{e: e, outer: tx}, scope, key, fingerprint{value: payloadFingerprint(payload)}, "",
+	m := &callerTx{e: e, outer: tx}
+	// Unless complete released it, the savepoint is rolled back, whatever
+	// the way out: the claim and fn's writes are undone, and tx stays
+	// usable.
+	defer m.rollback(ctx)
+	return e.execute(ctx, m, scope, key, fingerprint{value: payloadFingerprint(payload)}, "",
 		func() []byte { return payload }, withTx(fn))
 }
 
@@ -80,7 +84,7 @@ func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool,
 
 // hold returns no lease: the uncommitted row holds the key until the
 // caller's transaction ends.
-func (*callerTx) hold(context.Context, *Execution, time.Time, func()) *lease.Lease { return nil }
+func (*callerTx) hold(context.Context, *Execution, func()) *lease.Lease { return nil }
 
 func (m *callerTx) tx(*Execution) (pgx.Tx, error) { return m.sp, nil }
 
@@ -101,8 +105,16 @@ func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keys
 // release rolls back to the savepoint, which undoes the claim: the key is
 // as it was, and nothing changed that Redis should learn.
 func (m *callerTx) release(ctx context.Context, _ *Execution, _ bool) (keystate.Key, bool, error) {
-	_ = m.sp.Rollback(context.WithoutCancel(ctx)) // a no-op once rolled back or released
+	m.rollback(ctx)
 	return keystate.Key{}, false, nil
+}
+
+// rollback rolls back to the savepoint, if claim made one; a no-op once
+// rolled back or released.
+func (m *callerTx) rollback(ctx context.Context) {
+	if m.sp != nil {
+		_ = m.sp.Rollback(context.WithoutCancel(ctx))
+	}
 }
 
 func (*callerTx) keepsRow() bool      { return false }

@@ -157,7 +157,6 @@ type Engine struct {
 	leases  *lease.Keeper
 	owners  *keystate.OwnerSource
 	wake    *relaywake.Waker
-	resumer resumer           // Resume's loop
 	claims  *claimbatch.Group // nil with Tuning.NoClaimBatching
 
 	mu    sync.Mutex
@@ -204,7 +203,6 @@ func New(cfg Config) (*Engine, error) {
 		funcs:   map[string]Func{},
 	}
 	e.closing = make(chan struct{})
-	e.resumer.e = e
 	e.leases = lease.NewKeeper(e.store, cfg.Pool.Config().ConnConfig.Copy(), cfg.LeaseTimeout, e.log.Warn)
 	if !cfg.Tuning.NoClaimBatching {
 		e.claims = claimbatch.New(e.store, cfg.Pool, cfg.LeaseTimeout, m.claimBatches, m.claimFailures)
@@ -222,14 +220,13 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Close stops Resume (its executions are canceled and handed off), ends
-// the releases the engine retries in the background (a key left claimed
-// then waits for its lease), stops the engine's lease renewals and closes
-// their connection. Executions still running lose their leases.
+// Close ends the releases the engine retries in the background (a key
+// left claimed then waits for its lease), stops the engine's lease
+// renewals and closes their connection. Executions still running lose
+// their leases. End Resume (its context) first.
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
-	e.resumer.Stop()
 	e.releasesMu.Lock()
 	if !e.closed {
 		e.closed = true
@@ -298,7 +295,6 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 
 	x := e.newExecution(m, ref, owner, handler, request)
 	x.fingerprint = fp.value
-	since := time.Now()
 	held, claimed, err := m.claim(ctx, x)
 	var inFlight *InFlightError
 	switch {
@@ -307,7 +303,7 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 		return Outcome{}, err
 	case err != nil:
 		outcome = outcomeUnavailable
-		if ctx.Err() != nil {
+		if callerLeft(ctx, m) {
 			return Outcome{}, ctx.Err()
 		}
 		return Outcome{}, unavailable(err)
@@ -319,15 +315,23 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 		out, outcome, err = e.answerHeld(held, fp.value)
 		return out, err
 	}
-	if ctx.Err() != nil {
+	if callerLeft(ctx, m) {
 		// The caller left while the claim ran: give the key back now.
 		x.rollback(ctx)
 		e.abandon(ctx, x, x.anyStep())
 		outcome = outcomeFailed
 		return Outcome{}, ctx.Err()
 	}
-	out, outcome, err = e.run(ctx, x, since, fn)
+	out, outcome, err = e.run(ctx, x, fn)
 	return out, err
+}
+
+// callerLeft reports whether the caller went away (ctx ended) from an
+// execution whose transaction the engine owns: it then gets ctx's error.
+// In the caller's own transaction (DoTx) the caller decides what its end
+// means, and gets the error of what failed.
+func callerLeft(ctx context.Context, m mode) bool {
+	return !m.callerCommits() && ctx.Err() != nil
 }
 
 // newExecution returns an execution in mode m of ref for owner, which has
@@ -412,14 +416,14 @@ func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string
 	return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: time.Second}
 }
 
-// run executes fn as x, which holds its key since the time since, and
+// run executes fn as x, which holds its key since x.claimedAt, and
 // records the result: a stored result completes the key in the execution's
 // transaction; otherwise the key is failed (retryable), or handed off for a
 // resumption when a step may have had an effect the key must not forget.
-func (e *Engine) run(ctx context.Context, x *Execution, since time.Time, fn Func) (Outcome, string, error) {
+func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (Outcome, string, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	x.lease = x.mode.hold(ctx, x, since, func() { cancel(ErrLeaseLost) })
+	x.lease = x.mode.hold(ctx, x, func() { cancel(ErrLeaseLost) })
 	defer e.leases.Release(x.lease)
 	hctx = context.WithValue(hctx, executionKey{}, x)
 
@@ -437,7 +441,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, since time.Time, fn Func
 				e.writeThrough(ctx, stored)
 			}
 			return Outcome{Result: res}, outcomeExecuted, nil
-		case e.leaseLost(hctx, err):
+		case x.lostLease(hctx, err):
 			e.releaseLost(ctx, x)
 			return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 		}
@@ -445,14 +449,14 @@ func (e *Engine) run(ctx context.Context, x *Execution, since time.Time, fn Func
 		// connection went through is unknown, so the key is left to the
 		// lease if abandon cannot run either, and the client retries.
 		e.abandon(ctx, x, x.anyStep())
-		if ctx.Err() != nil {
+		if callerLeft(ctx, x.mode) {
 			return Outcome{}, outcomeFailed, ctx.Err()
 		}
 		return Outcome{}, outcomeUnavailable, unavailable(err)
 	}
 	x.rollback(ctx)
 	switch {
-	case e.leaseLost(hctx, handleErr):
+	case x.lostLease(hctx, handleErr):
 		e.releaseLost(ctx, x)
 		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 	case handleErr == nil:
@@ -462,7 +466,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, since time.Time, fn Func
 		return Outcome{Result: res}, outcomeFailed, nil
 	}
 	e.abandon(ctx, x, x.anyStep())
-	if ctx.Err() != nil {
+	if callerLeft(ctx, x.mode) {
 		return Outcome{}, outcomeFailed, ctx.Err()
 	}
 	return Outcome{}, outcomeHandlerError, handleErr
@@ -504,10 +508,12 @@ func (x *Execution) rollback(ctx context.Context) {
 	}
 }
 
-// leaseLost reports whether err, or the cause of ctx, says the execution
-// lost its lease.
-func (e *Engine) leaseLost(ctx context.Context, err error) bool {
-	return errors.Is(err, ErrLeaseLost) || errors.Is(context.Cause(ctx), ErrLeaseLost)
+// lostLease reports whether err, or the cause of ctx, says x lost its
+// lease. An execution without a lease (the caller's transaction holds its
+// key) loses none: an ErrLeaseLost its handler returns is another
+// execution's, and an error like any other.
+func (x *Execution) lostLease(ctx context.Context, err error) bool {
+	return x.lease != nil && (errors.Is(err, ErrLeaseLost) || errors.Is(context.Cause(ctx), ErrLeaseLost))
 }
 
 // abandon ends an execution that has no stored result: the key is handed

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -45,6 +46,9 @@ type Execution struct {
 	request func() []byte
 	// fingerprint is the request's, which the key's row is written with.
 	fingerprint string
+	// claimedAt is when the claim that holds the key was sent; the lease
+	// runs from later.
+	claimedAt time.Time
 
 	mu       sync.Mutex
 	tx       *exectx.Tx                 // set by the first Tx

@@ -303,6 +303,36 @@ func TestDoTx(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE idempotency_key = 'undone'), count(*) FILTER (WHERE idempotency_key = 'caller') FROM payments`).Scan(&undone, &caller))
 	require.Equal(t, [2]int{0, 1}, [2]int{undone, caller}, "the handler's writes are undone, the caller's commit")
 
+	// Every way out undoes the savepoint, also the one a handler error
+	// that reads as a lost lease takes (a nested Run's, say), and that of
+	// a handler whose caller canceled its context meanwhile: the caller
+	// gets the handler's error and commits nothing of the key's.
+	for i, c := range []struct {
+		cancel bool
+		err    error
+	}{{false, fmt.Errorf("nested: %w", onceonly.ErrLeaseLost)}, {true, boom}} {
+		key := fmt.Sprintf("lost-%d", i)
+		ctx, cancel := context.WithCancel(b.ctx)
+		inTx(func(tx pgx.Tx) error {
+			_, err := b.engine.DoTx(ctx, tx, "tenant", key, []byte("p"), func(_ context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				if _, err := ledger(b.ctx, tx, key); err != nil {
+					return onceonly.Result{}, err
+				}
+				if c.cancel {
+					cancel()
+				}
+				return onceonly.Result{}, c.err
+			})
+			require.ErrorIs(t, err, c.err)
+			return nil
+		}, true)
+		cancel()
+		require.Equal(t, "absent", b.keyStatus(t, key), "case %d: the claim is undone", i)
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM payments WHERE idempotency_key = $1`, key).Scan(&n))
+		require.Zero(t, n, "case %d: the handler's writes are undone", i)
+	}
+
 	// A key another engine holds in flight is in flight for DoTx too.
 	hold := make(chan struct{})
 	done := make(chan error, 1)

@@ -2,7 +2,6 @@ package onceonly
 
 import (
 	"context"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -31,14 +30,15 @@ type mode interface {
 	// Postgres is asked and before any execution is made (a replay needs
 	// none); done is true when Redis answered the request.
 	check(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (out Outcome, outcome string, done bool, err error)
-	// claim takes x's key, setting x's fence and recovery points, and
-	// reports true; or it reports false with the row of the execution that
+	// claim takes x's key, setting x's fence, recovery points and
+	// claimedAt (the time the claim was sent: the lease runs from later),
+	// and reports true; or it reports false with the row of the execution that
 	// holds the key (held). An error is Postgres's, or an *InFlightError.
 	// A mode may hand x to another mode here (x.mode).
 	claim(ctx context.Context, x *Execution) (held keystate.Key, claimed bool, err error)
-	// hold returns the lease x runs under from since; onLost stops x's
-	// handler. A nil lease never ends: the key is held otherwise.
-	hold(ctx context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease
+	// hold returns the lease x runs under, from x.claimedAt; onLost stops
+	// x's handler. A nil lease never ends: the key is held otherwise.
+	hold(ctx context.Context, x *Execution, onLost func()) *lease.Lease
 	// tx returns the transaction the handler writes through, or an error
 	// when the mode's transaction is not a pgx.Tx.
 	tx(x *Execution) (pgx.Tx, error)

@@ -54,15 +54,15 @@ func (e *Engine) registered(name string) (Func, bool) {
 // resumeBatch is the most executions one look takes over.
 const resumeBatch = 16
 
-// Resume finishes, every ResumeInterval until ctx ends or the engine
-// closes, the executions of registered handlers that started a step and
-// whose lease ran out. Run it in every process that registers handlers;
-// any number may run at once. It returns nil when ctx ends.
+// Resume finishes, every ResumeInterval until ctx ends, the executions of
+// registered handlers that started a step and whose lease ran out. Run it
+// in every process that registers handlers; any number may run at once.
+// It returns nil when ctx ends.
 func (e *Engine) Resume(ctx context.Context) error {
-	return startstop.Run(ctx, &e.resumer)
+	return startstop.Run(ctx, &resumer{e: e})
 }
 
-// resumer is the loop of Resume, a startstop service; Close stops it.
+// resumer is the loop of one Resume, a startstop service.
 type resumer struct {
 	startstop.Base
 	e *Engine
@@ -126,20 +126,20 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		fn, _ := e.registered(r.Handler)
 		request := r.Request
 		x := e.newExecution(twoPhase{e}, r.Key.Ref, r.Key.Owner, r.Handler, func() []byte { return request })
-		x.fence.Version, x.fingerprint = r.Key.Version, r.Key.Fingerprint
+		x.fence.Version, x.fingerprint, x.claimedAt = r.Key.Version, r.Key.Fingerprint, claimedAt
 		if err := x.loadSteps(r.Steps); err != nil {
 			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
 		}
-		wg.Go(func() { e.resume(ctx, x, claimedAt, fn) })
+		wg.Go(func() { e.resume(ctx, x, fn) })
 	}
 	wg.Wait()
 	return len(due), nil
 }
 
-// resume finishes x, an execution this engine took over at claimedAt. A
+// resume finishes x, an execution this engine took over at x.claimedAt. A
 // panic of the handler is logged, not raised: it would end the process,
 // and call has handed the key off already.
-func (e *Engine) resume(ctx context.Context, x *Execution, claimedAt time.Time, fn Func) {
+func (e *Engine) resume(ctx context.Context, x *Execution, fn Func) {
 	ctx, span := e.startSpan(ctx, spanExecute)
 	if span.IsRecording() {
 		span.SetAttributes(attrScope.String(x.ref.Scope), attrHandler.String(x.handler), attrResumed.Bool(true))
@@ -156,5 +156,5 @@ func (e *Engine) resume(ctx context.Context, x *Execution, claimedAt time.Time, 
 		}
 		e.log.Info("execution resumed", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler, "outcome", outcome, "err", err)
 	}()
-	_, outcome, err = e.run(ctx, x, claimedAt, fn)
+	_, outcome, err = e.run(ctx, x, fn)
 }

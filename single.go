@@ -30,6 +30,7 @@ func (m singleCommit) check(ctx context.Context, ref keystate.Ref, fp string, ow
 func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	e := m.e
 	var opened keystore.SingleBegin
+	x.claimedAt = time.Now()
 	x.tx = e.newTx(e.store.SetKeepalives) // keepalives: Postgres finds a dead client host within the lease
 	err := x.tx.BeginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, x.ref, e.cfg.LeaseTimeout, &opened) })
 	switch {
@@ -50,8 +51,8 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 
 // hold returns a lease that is never renewed: the transaction must end
 // within it, which Postgres enforces as well.
-func (m singleCommit) hold(_ context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease {
-	return m.e.leases.Fixed(x.ref, x.fence.Owner, since, onLost)
+func (m singleCommit) hold(_ context.Context, x *Execution, onLost func()) *lease.Lease {
+	return m.e.leases.Fixed(x.ref, x.fence.Owner, x.claimedAt, onLost)
 }
 
 func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }

@@ -28,6 +28,7 @@ func (m twoPhase) check(ctx context.Context, ref keystate.Ref, fp string, owner 
 // provisional claim is dropped, as it would answer 409 for a whole lease.
 func (m twoPhase) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	e := m.e
+	x.claimedAt = time.Now()
 	claim, err := e.claim(ctx, x.ref, x.fingerprint, x.fence.Owner)
 	if err != nil {
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
@@ -46,8 +47,8 @@ func (m twoPhase) claim(ctx context.Context, x *Execution) (keystate.Key, bool, 
 	return claim.Key, true, nil
 }
 
-func (m twoPhase) hold(ctx context.Context, x *Execution, since time.Time, onLost func()) *lease.Lease {
-	return m.e.leases.Hold(ctx, x.ref, x.fence.Owner, since, onLost)
+func (m twoPhase) hold(ctx context.Context, x *Execution, onLost func()) *lease.Lease {
+	return m.e.leases.Hold(ctx, x.ref, x.fence.Owner, x.claimedAt, onLost)
 }
 
 func (twoPhase) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
