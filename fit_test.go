@@ -314,8 +314,8 @@ func TestDoTx(t *testing.T) {
 		key := fmt.Sprintf("lost-%d", i)
 		ctx, cancel := context.WithCancel(b.ctx)
 		inTx(func(tx pgx.Tx) error {
-			_, err := b.engine.DoTx(ctx, tx, "tenant", key, []byte("p"), func(_ context.Context, tx pgx.Tx) (onceonly.Result, error) {
-				if _, err := ledger(b.ctx, tx, key); err != nil {
+			_, err := b.engine.DoTx(ctx, tx, "tenant", key, []byte("p"), func(hctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				if _, err := ledger(hctx, tx, key); err != nil {
 					return onceonly.Result{}, err
 				}
 				if c.cancel {
