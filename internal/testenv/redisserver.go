@@ -2,10 +2,14 @@ package testenv
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,9 +93,23 @@ func (s *RedisServer) Stop() {
 // Port returns the server's port.
 func (s *RedisServer) Port() int { return s.port }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a loopback TCP port that was free a moment ago, for a
+// server a test starts. It takes it above the kernel's ephemeral range
+// where there is room (as scripts/test.sh does): a port from that range,
+// freed here, may become the source port of any outgoing connection before
+// the server binds it (a redis-server that then never answers; seen once).
+// Ports are handed out in turn from a random start, so two calls of one
+// process never meet and two processes seldom do.
 func freePort(tb testing.TB) int {
 	tb.Helper()
+	if portsAboveEphemeral() {
+		for range testPorts {
+			port := testPortsFrom + int(nextPort.Add(1)%testPorts)
+			if portFree(tb, port) {
+				return port
+			}
+		}
+	}
 	var lc net.ListenConfig
 	l, err := lc.Listen(tb.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
@@ -103,6 +121,47 @@ func freePort(tb testing.TB) int {
 		tb.Fatalf("find a free port: %v is not a TCP address", l.Addr())
 	}
 	return addr.Port
+}
+
+// The ports freePort hands out when the ephemeral range ends below them:
+// testPorts from testPortsFrom, clear of the fixed ports of scripts/test.sh
+// and scripts/services.sh (61390-61779).
+const (
+	testPortsFrom = 62000
+	testPorts     = 3000
+)
+
+// nextPort counts the ports freePort tried, from a random start.
+var nextPort = func() *atomic.Uint64 {
+	var n atomic.Uint64
+	n.Store(rand.Uint64N(testPorts))
+	return &n
+}()
+
+// portsAboveEphemeral reports whether the kernel's ephemeral range ends
+// below testPortsFrom.
+func portsAboveEphemeral() bool {
+	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(raw))
+	if len(fields) != 2 {
+		return false
+	}
+	top, err := strconv.Atoi(fields[1])
+	return err == nil && top < testPortsFrom
+}
+
+// portFree reports whether port can be listened on now.
+func portFree(tb testing.TB, port int) bool {
+	var lc net.ListenConfig
+	l, err := lc.Listen(tb.Context(), "tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 // Restart stops and starts the server: an empty cache on the same address.
