@@ -103,6 +103,17 @@ func (x *Execution) Tx(context.Context) (pgx.Tx, error) {
 	return x.mode.tx(x)
 }
 
+// commitWith sends the statement queue puts on a batch (the key's
+// completion, which scans the stored key) and the COMMIT of the
+// execution's transaction in one round trip (exectx.Tx.CommitWith).
+func (x *Execution) commitWith(ctx context.Context, queue func(b *pgx.Batch, stored *keystate.Key)) (keystate.Key, bool, error) {
+	var stored keystate.Key
+	if err := x.transaction().CommitWith(ctx, func(b *pgx.Batch) { queue(b, &stored) }); err != nil {
+		return keystate.Key{}, false, fromStore(fmt.Errorf("complete and commit: %w", err))
+	}
+	return stored, true, nil
+}
+
 // transaction returns the execution's transaction, made if the handler
 // never asked for it.
 func (x *Execution) transaction() *exectx.Tx {

@@ -2,7 +2,6 @@ package onceonly
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,14 +58,9 @@ func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), n
 
 // complete writes the key's row, completed, and commits in one round trip.
 func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
-	var stored keystate.Key
-	err := x.transaction().CommitWith(ctx, func(b *pgx.Batch) {
-		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, &stored)
+	return x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
+		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, stored)
 	})
-	if err != nil {
-		return keystate.Key{}, false, fromStore(fmt.Errorf("complete and commit: %w", err))
-	}
-	return stored, true, nil
 }
 
 // release writes the key's row, failed, once the transaction rolled back,

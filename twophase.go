@@ -2,7 +2,6 @@ package onceonly
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,14 +55,9 @@ func (twoPhase) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
 // complete sends the key's completion, fenced by the owner, and the COMMIT
 // in one round trip.
 func (m twoPhase) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
-	var stored keystate.Key
-	err := x.transaction().CommitWith(ctx, func(b *pgx.Batch) {
-		m.e.store.QueueComplete(b, x.ref, x.fence.Owner, res, &stored)
+	return x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
+		m.e.store.QueueComplete(b, x.ref, x.fence.Owner, res, stored)
 	})
-	if err != nil {
-		return keystate.Key{}, false, fromStore(fmt.Errorf("complete and commit: %w", err))
-	}
-	return stored, true, nil
 }
 
 func (m twoPhase) release(ctx context.Context, x *Execution, handOff bool) (keystate.Key, bool, error) {
