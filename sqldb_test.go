@@ -292,6 +292,38 @@ func TestSQLTakenOverExecutionCannotCommit(t *testing.T) {
 	})
 }
 
+// TestSQLLostLeaseStopsTheHandler: a renewal that finds the key taken
+// cancels the handler's context (cause ErrLeaseLost) while it waits in
+// its database/sql transaction; the engine rolls that transaction back
+// and returns its connection.
+func TestSQLLostLeaseStopsTheHandler(t *testing.T) {
+	t.Parallel()
+	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+		b := setupSQL(t, driver, time.Second) // renewed every third of a second
+		written := make(chan struct{})
+		done := make(chan error)
+		go func() {
+			_, err := b.engine.DoSQL(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx *sql.Tx) (onceonly.Result, error) {
+				if err := writePayment(ctx, tx, "k"); err != nil {
+					return onceonly.Result{}, err
+				}
+				close(written)
+				<-ctx.Done()
+				return onceonly.Result{}, context.Cause(ctx)
+			})
+			done <- err
+		}()
+		<-written
+		_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET owner = gen_random_uuid() WHERE key = 'k'`)
+		require.NoError(t, err)
+		require.ErrorIs(t, <-done, onceonly.ErrLeaseLost)
+		require.Equal(t, 0, paymentRows(t, b.ctx, b.pool, "k"))
+		testenv.Eventually(t, 5*time.Second, "the transaction's connection back in the pool", func() bool {
+			return b.db.Stats().InUse == 0
+		})
+	})
+}
+
 // TestSQLStepThenSQLTx: a registered Func steps, then writes through
 // SQLTx. The step's outcome is reused by the retry after a failed write,
 // and an unknown outcome is settled by the engine's own resumption, whose
