@@ -118,8 +118,8 @@ func benchEngine(b *testing.B, driver string) (*onceonly.Engine, *pgxpool.Pool, 
 // replays, and first executions in the caller's transaction.
 func benchEntries(b *testing.B, entry benchEntry) {
 	ctx := testenv.Context(b)
-	run := testenv.RandomSuffix(8)
 	b.Run("first", func(b *testing.B) {
+		run := testenv.RandomSuffix(8) // keys of their own in every round (-count)
 		for i := range b.N {
 			if err := entry.do(ctx, run+"-first-"+strconv.Itoa(i)); err != nil {
 				b.Fatal(err)
@@ -127,7 +127,7 @@ func benchEntries(b *testing.B, entry benchEntry) {
 		}
 	})
 	b.Run("replay", func(b *testing.B) {
-		key := run + "-replay"
+		key := testenv.RandomSuffix(8) + "-replay"
 		if err := entry.do(ctx, key); err != nil {
 			b.Fatal(err)
 		}
@@ -139,6 +139,7 @@ func benchEntries(b *testing.B, entry benchEntry) {
 		}
 	})
 	b.Run("caller-tx", func(b *testing.B) {
+		run := testenv.RandomSuffix(8)
 		for i := range b.N {
 			if err := entry.doTx(ctx, run+"-tx-"+strconv.Itoa(i)); err != nil {
 				b.Fatal(err)
