@@ -18,8 +18,8 @@ import (
 // path side by side, with Redis, each execution writing one payment row:
 // first executions in the engine's transaction (Do, DoSQL), replays (from
 // Redis), and first executions in a transaction the caller begins and
-// commits (DoTx, DoSQLTx); the database/sql path on pgx's stdlib (pgx)
-// and on lib/pq (pq):
+// commits (DoTx, DoSQLTx); the database/sql path on each driver of
+// testenv.SQLDrivers (pgx's stdlib, lib/pq, lib/pq with binary_parameters):
 //
 //	go test -run '^$' -bench '^BenchmarkDo(SQL)?$' -benchtime 2000x -benchmem .
 func BenchmarkDo(b *testing.B) {
@@ -52,9 +52,8 @@ func BenchmarkDo(b *testing.B) {
 }
 
 func BenchmarkDoSQL(b *testing.B) {
-	for _, driver := range []string{"pgx", "postgres"} {
-		name := map[string]string{"pgx": "pgx", "postgres": "pq"}[driver]
-		b.Run(name, func(b *testing.B) {
+	for _, driver := range testenv.SQLDrivers {
+		b.Run(driver, func(b *testing.B) {
 			e, _, db := benchEngine(b, driver)
 			insert := func(ctx context.Context, tx *sql.Tx, key string) (onceonly.Result, error) {
 				_, err := tx.ExecContext(ctx, benchInsert, key)
