@@ -120,6 +120,12 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.Equal(t, []byte("request\x00body"), resumed[0].Request)
 	require.JSONEq(t, `{"charge":{"outcome":{"id":"ch_1"}}}`, string(resumed[0].Steps))
 
+	// steps_in_progress: a settled step and one in flight.
+	require.NoError(t, store.RecordStep(ctx, pool, a, ownerC, "capture", []byte(`{}`), "h", nil, false))
+	steps, err := store.StepsInProgress(ctx, pool, []keystate.Ref{a, batched, b})
+	require.NoError(t, err)
+	require.Equal(t, map[keystate.Ref][]keystore.StepState{a: {{Name: "capture"}, {Name: "charge", Settled: true}}}, steps)
+
 	// finish (completed), get_key.
 	resp := keystate.Response{Status: 201, ContentType: "application/json",
 		Header: http.Header{"Location": {"/v1/x"}}, Body: []byte(`{"ok":true}`)}
