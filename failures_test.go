@@ -98,6 +98,9 @@ func TestNotStoredResultCountsButIsNoError(t *testing.T) {
 	require.Equal(t, 1, b.failures(t, "k"))
 	_, err = b.engine.Do(b.ctx, "m", "k", []byte("p"), failing(errors.New("boom")))
 	require.Equal(t, 2, requireExecutionError(t, err).Failures)
+	in, err := b.engine.Inspect(b.ctx, "m", "k")
+	require.NoError(t, err)
+	require.Equal(t, 2, in.Postgres.Failures, "Inspect shows the count")
 }
 
 // TestCanceledCallerIsNoFailure: a handler that fails because its caller
