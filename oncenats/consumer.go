@@ -143,6 +143,12 @@ type Options struct {
 	// AckTimeout bounds the wait for the server to confirm an ack or a
 	// dead letter's publication (default DefaultAckTimeout).
 	AckTimeout time.Duration
+	// Settled, when set, is called after each message is settled: acked,
+	// dead-lettered, or given back for a later delivery (s.Disposition
+	// Retry, s.After). It runs on the worker that handled the message, so
+	// it must return quickly. Audit trails and tests use it, as River's
+	// Client.Subscribe.
+	Settled func(msg jetstream.Msg, s onceonly.Settlement)
 	// Logger receives the consumer's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the consumer's Prometheus metrics; nil keeps

@@ -89,6 +89,9 @@ func TestInvalidMessagesAreDeadLettered(t *testing.T) {
 	b := setup(t, setupOpts{})
 	opts := b.options()
 	opts.Payload = func(msg jetstream.Msg) ([]byte, error) {
+		if string(msg.Data()) == "panic" {
+			panic("a decoder bug")
+		}
 		var order struct {
 			Amount int `json:"amount"`
 		}
@@ -106,16 +109,17 @@ func TestInvalidMessagesAreDeadLettered(t *testing.T) {
 	b.publish(t, "order 1", `{"amount":100}`) // a key with a space
 	b.publish(t, "order-2", `not json`)       // a payload Options.Payload refuses
 	b.publish(t, "order-3", `{"amount":-1}`)  // likewise
+	b.publish(t, "order-5", `panic`)          // a payload Options.Payload panics on
 	b.publish(t, "order-4", `{"amount":100}`) // valid
 
-	dead := b.awaitDeadLetters(t, 4)
+	dead := b.awaitDeadLetters(t, 5)
 	for _, msg := range dead {
 		require.Equal(t, onceonly.ReasonInvalid, msg.Headers().Get(oncenats.HeaderReason), msg.Headers().Get(oncenats.HeaderError))
 	}
 	b.awaitSettled(t, 10*time.Second)
 	require.Equal(t, 1, b.keyRows(t), "an invalid message leaves no key")
 	require.Equal(t, 1, b.rows(t, "order-4"))
-	require.Equal(t, 4, b.count(t, "dead_letter", onceonly.ReasonInvalid))
+	require.Equal(t, 5, b.count(t, "dead_letter", onceonly.ReasonInvalid))
 }
 
 func TestFailedExecutionRunsAgain(t *testing.T) {
@@ -123,8 +127,11 @@ func TestFailedExecutionRunsAgain(t *testing.T) {
 	b := setup(t, setupOpts{})
 	var calls atomic.Int32
 	b.run(t, func(ctx context.Context, msg oncenats.Message) error {
-		if calls.Add(1) <= 2 {
+		switch calls.Add(1) {
+		case 1:
 			return errors.New("the ledger is down")
+		case 2:
+			panic("a handler bug") // a failure too, and the process lives on
 		}
 		return effect(ctx, msg)
 	}, b.options())
@@ -133,6 +140,7 @@ func TestFailedExecutionRunsAgain(t *testing.T) {
 	b.awaitSettled(t, 20*time.Second)
 	require.Equal(t, 1, b.rows(t, "order-1"))
 	require.Equal(t, int32(3), calls.Load())
+	require.Equal(t, []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}, b.retries(), "MinBackoff doubled per failure")
 	require.Equal(t, 2, b.count(t, "retry", "failed"))
 	require.Equal(t, 1, b.count(t, "ack", "executed"))
 }
@@ -194,6 +202,9 @@ func TestCopyOfKeyInFlightComesBack(t *testing.T) {
 	require.Equal(t, 1, b.count(t, "ack", "executed"))
 	require.Equal(t, 1, b.count(t, "ack", "replayed"))
 	require.Empty(t, b.deadLetters(t), "a key in flight is never dead-lettered")
+	for _, after := range b.retries() {
+		require.LessOrEqual(t, after, onceonly.MaxInFlightRetry, "a copy comes back within about its Retry-After")
+	}
 }
 
 func TestLongExecutionKeepsItsMessage(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +39,9 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, progress time.
 	s := c.process(ctx, msg)
 	keep()
 	disposition, reason := c.settle(ctx, msg, s)
+	if c.opts.Settled != nil {
+		c.opts.Settled(msg, s)
+	}
 
 	c.metrics.messages.WithLabelValues(disposition, reason).Inc()
 	c.metrics.duration.WithLabelValues(disposition).Observe(time.Since(start).Seconds())
@@ -52,10 +56,7 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) onceonly.Sett
 	var out onceonly.Outcome
 	if c.txHandler != nil {
 		out, err = c.engine.Do(ctx, m.Scope, m.Key, m.Payload, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			if err := c.txHandler(ctx, tx, m); err != nil {
-				return onceonly.Result{}, err
-			}
-			return onceonly.Result{Status: 200}, nil
+			return c.call(ctx, m, func() error { return c.txHandler(ctx, tx, m) })
 		})
 	} else {
 		out, err = c.engine.Run(context.WithValue(ctx, msgKey{}, msg), c.name, m.Scope, m.Key, m.Payload)
@@ -66,9 +67,17 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) onceonly.Sett
 // identify returns the message a JetStream message carries; an error wraps
 // onceonly.ErrInvalidMessage (or another error Settle reads as invalid), so
 // an invalid message settles before the engine sees it and leaves no key.
-func (c *Consumer) identify(msg jetstream.Msg) (Message, error) {
-	m := Message{Scope: c.opts.Scope, Payload: msg.Data(), Msg: msg}
-	var err error
+//
+// A panic in Options.Key, ScopeOf or Payload is such an error too: they
+// depend on the message alone, so it would panic again on every delivery.
+func (c *Consumer) identify(msg jetstream.Msg) (m Message, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("oncenats: Options.Key, ScopeOf or Payload panicked", "subject", msg.Subject(), "seq", streamSeq(msg), "panic", p)
+			err = invalid("identify", fmt.Errorf("panic: %v", p))
+		}
+	}()
+	m = Message{Scope: c.opts.Scope, Payload: msg.Data(), Msg: msg}
 	if m.Key, err = c.opts.Key(msg); err != nil {
 		return m, invalid("key", err)
 	}
@@ -106,7 +115,21 @@ func (c *Consumer) execute(ctx context.Context, x *onceonly.Execution) (onceonly
 	if msg, ok := ctx.Value(msgKey{}).(jetstream.Msg); ok {
 		m.Msg = msg
 	}
-	if err := c.handler(ctx, m); err != nil {
+	return c.call(ctx, m, func() error { return c.handler(ctx, m) })
+}
+
+// call runs a handler. A panic becomes the execution's error, so the key
+// fails and the message comes back, as after any failure, and is
+// dead-lettered after SettlePolicy.MaxFailures: a handler that panics on
+// one message never takes the process down again and again.
+func (c *Consumer) call(ctx context.Context, m Message, fn func() error) (res onceonly.Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.ErrorContext(ctx, "oncenats: handler panicked", "key", m.Key, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("oncenats: handler panicked: %v", p)
+		}
+	}()
+	if err := fn(); err != nil {
 		return onceonly.Result{}, err
 	}
 	return onceonly.Result{Status: 200}, nil

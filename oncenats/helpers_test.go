@@ -36,6 +36,9 @@ type testBundle struct {
 	topo   oncenats.Topology
 	cons   jetstream.Consumer
 	reg    *prometheus.Registry
+
+	mu      sync.Mutex
+	settled []onceonly.Settlement // every settlement of the consumers options() made
 }
 
 // setupOpts vary setup.
@@ -47,7 +50,7 @@ type setupOpts struct {
 // setup gives a test a database with an effects table, an engine on it
 // and the test Redis, and a stream, subjects and a durable consumer of its
 // own on the NATS server.
-func setup(t *testing.T, opts setupOpts) *testBundle {
+func setup(t testing.TB, opts setupOpts) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), reg: prometheus.NewRegistry()}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (scope text NOT NULL, key text NOT NULL, payload text NOT NULL)`)
@@ -110,19 +113,38 @@ func (b *testBundle) options() oncenats.Options {
 		LeaseTimeout:      leaseTimeout,
 		Logger:            testenv.QuietLogger(),
 		Registerer:        b.reg,
+		Settled: func(_ jetstream.Msg, s onceonly.Settlement) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.settled = append(b.settled, s)
+		},
 	}
+}
+
+// retries returns the delays of the settlements that gave a message back
+// for a later delivery, in order.
+func (b *testBundle) retries() []time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var after []time.Duration
+	for _, s := range b.settled {
+		if s.Disposition == onceonly.Retry {
+			after = append(after, s.After)
+		}
+	}
+	return after
 }
 
 // run creates a consumer running fn with opts and runs it until the test
 // ends (or stop is called); the test fails if Run returns an error.
-func (b *testBundle) run(t *testing.T, fn oncenats.Handler, opts oncenats.Options) (stop func()) {
+func (b *testBundle) run(t testing.TB, fn oncenats.Handler, opts oncenats.Options) (stop func()) {
 	t.Helper()
 	c, err := oncenats.NewConsumer(b.engine, fn, opts)
 	require.NoError(t, err)
 	return b.runConsumer(t, c)
 }
 
-func (b *testBundle) runConsumer(t *testing.T, c *oncenats.Consumer) (stop func()) {
+func (b *testBundle) runConsumer(t testing.TB, c *oncenats.Consumer) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
@@ -145,7 +167,7 @@ func (b *testBundle) runConsumer(t *testing.T, c *oncenats.Consumer) (stop func(
 
 // publish publishes body with the key in the Idempotency-Key header (none
 // when key is "").
-func (b *testBundle) publish(t *testing.T, key, body string) {
+func (b *testBundle) publish(t testing.TB, key, body string) {
 	t.Helper()
 	msg := &nats.Msg{Subject: b.topo.Subject, Header: nats.Header{}, Data: []byte(body)}
 	if key != "" {
@@ -167,7 +189,7 @@ func effect(ctx context.Context, msg oncenats.Message) error {
 }
 
 // rows counts the effects rows of key.
-func (b *testBundle) rows(t *testing.T, key string) int {
+func (b *testBundle) rows(t testing.TB, key string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM effects WHERE key = $1`, key).Scan(&n))
@@ -175,7 +197,7 @@ func (b *testBundle) rows(t *testing.T, key string) int {
 }
 
 // keyRows counts the idempotency_keys rows of the test's database.
-func (b *testBundle) keyRows(t *testing.T) int {
+func (b *testBundle) keyRows(t testing.TB) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&n))
@@ -183,7 +205,7 @@ func (b *testBundle) keyRows(t *testing.T) int {
 }
 
 // info returns the consumer's state on the server.
-func (b *testBundle) info(t *testing.T) *jetstream.ConsumerInfo {
+func (b *testBundle) info(t testing.TB) *jetstream.ConsumerInfo {
 	t.Helper()
 	ci, err := b.cons.Info(b.ctx)
 	require.NoError(t, err)
@@ -192,7 +214,7 @@ func (b *testBundle) info(t *testing.T) *jetstream.ConsumerInfo {
 
 // awaitSettled waits until every message published was delivered and
 // settled: none pending delivery, none waiting for an ack.
-func (b *testBundle) awaitSettled(t *testing.T, timeout time.Duration) {
+func (b *testBundle) awaitSettled(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	testenv.Eventually(t, timeout, "every message settled", func() bool {
 		ci, err := b.cons.Info(b.ctx)
@@ -204,7 +226,7 @@ func (b *testBundle) awaitSettled(t *testing.T, timeout time.Duration) {
 }
 
 // deadLetters returns the copies on the dead-letter subject.
-func (b *testBundle) deadLetters(t *testing.T) []jetstream.Msg {
+func (b *testBundle) deadLetters(t testing.TB) []jetstream.Msg {
 	t.Helper()
 	stream, err := b.js.Stream(b.ctx, b.topo.Stream)
 	require.NoError(t, err)
@@ -230,7 +252,7 @@ func (b *testBundle) deadLetters(t *testing.T) []jetstream.Msg {
 
 // awaitDeadLetters waits until n copies are on the dead-letter subject and
 // returns them.
-func (b *testBundle) awaitDeadLetters(t *testing.T, n int) []jetstream.Msg {
+func (b *testBundle) awaitDeadLetters(t testing.TB, n int) []jetstream.Msg {
 	t.Helper()
 	var msgs []jetstream.Msg
 	testenv.Eventually(t, 10*time.Second, "dead letters", func() bool {
@@ -242,7 +264,7 @@ func (b *testBundle) awaitDeadLetters(t *testing.T, n int) []jetstream.Msg {
 }
 
 // count reads onceonly_nats_messages_total{disposition, reason}.
-func (b *testBundle) count(t *testing.T, disposition, reason string) int {
+func (b *testBundle) count(t testing.TB, disposition, reason string) int {
 	t.Helper()
 	mfs, err := b.reg.Gather()
 	require.NoError(t, err)
