@@ -37,9 +37,9 @@ func BenchmarkConsumer(b *testing.B) {
 			b.StartTimer()
 			began := time.Now()
 			if variant == 0 {
-				bd.drainBare(b, messages, workers)
+				bd.drainBare(b, workers)
 			} else {
-				bd.drainConsumer(b, messages, workers)
+				bd.drainConsumer(b, workers)
 			}
 			took[variant] += time.Since(began)
 			b.StopTimer()
@@ -81,8 +81,8 @@ func (b *testBundle) publishBacklog(tb testing.TB, n int) {
 	}
 }
 
-// drainConsumer runs a Consumer until n messages are settled.
-func (b *testBundle) drainConsumer(tb testing.TB, n, workers int) {
+// drainConsumer runs a Consumer until the backlog is settled.
+func (b *testBundle) drainConsumer(tb testing.TB, workers int) {
 	tb.Helper()
 	opts := b.options()
 	opts.Workers = workers
@@ -98,15 +98,14 @@ func (b *testBundle) drainConsumer(tb testing.TB, n, workers int) {
 	b.awaitDrained(tb)
 }
 
-// drainBare consumes n messages the plain way: insert the row in a
+// drainBare consumes the backlog the plain way: insert the row in a
 // transaction, then ack once it committed.
-func (b *testBundle) drainBare(tb testing.TB, n, workers int) {
+func (b *testBundle) drainBare(tb testing.TB, workers int) {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
 	var (
 		work   = make(chan jetstream.Msg)
-		done   atomic.Int64
 		wg     sync.WaitGroup
 		failed atomic.Value
 	)
@@ -135,7 +134,6 @@ func (b *testBundle) drainBare(tb testing.TB, n, workers int) {
 					if err != nil {
 						failed.Store(err)
 					}
-					done.Add(1)
 				}
 			}
 		})

@@ -331,9 +331,12 @@ func (c *Consumer) loop(ctx context.Context) error {
 		if err == nil {
 			err = c.consume(ctx, cons)
 		}
+		select {
+		case <-ctx.Done():
+			return nil // a stop: what ended consuming is no error
+		default:
+		}
 		switch {
-		case ctx.Err() != nil:
-			return nil
 		case errors.Is(err, errMisconfigured):
 			return err
 		case c.opts.JetStream.Conn().IsClosed():

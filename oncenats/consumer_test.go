@@ -178,14 +178,10 @@ func TestCopyOfKeyInFlightComesBack(t *testing.T) {
 	b := setup(t, setupOpts{})
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
+	held := effectAfter(release)
 	b.run(t, func(ctx context.Context, msg oncenats.Message) error {
 		once.Do(func() { close(started) })
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return effect(ctx, msg)
+		return held(ctx, msg)
 	}, b.options())
 
 	b.publish(t, "order-1", `{"amount":100}`)
@@ -214,6 +210,7 @@ func TestLongExecutionKeepsItsMessage(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	var delivered atomic.Uint64
+	held := effectAfter(release)
 	b.run(t, func(ctx context.Context, msg oncenats.Message) error {
 		calls.Add(1)
 		md, err := msg.Msg.Metadata()
@@ -222,12 +219,7 @@ func TestLongExecutionKeepsItsMessage(t *testing.T) {
 		}
 		delivered.Store(md.NumDelivered)
 		close(started)
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return effect(ctx, msg)
+		return held(ctx, msg)
 	}, b.options())
 
 	b.publish(t, "order-1", `{"amount":100}`)

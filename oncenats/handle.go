@@ -190,9 +190,10 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, s onceonly.Set
 	case onceonly.Retry:
 	}
 	reason = retryReason(s.Err)
-	if reason == reasonFailed {
+	switch reason {
+	case reasonFailed:
 		c.log.InfoContext(ctx, "oncenats: execution failed; the message comes again", "err", s.Err, "failures", s.Failures, "after", s.After, "seq", streamSeq(msg))
-	} else if reason == reasonError {
+	case reasonError:
 		c.log.WarnContext(ctx, "oncenats: message not settled; it comes again", "err", s.Err, "after", s.After, "seq", streamSeq(msg))
 	}
 	c.nak(ctx, msg, s.After)

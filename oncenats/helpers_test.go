@@ -188,6 +188,19 @@ func effect(ctx context.Context, msg oncenats.Message) error {
 	return err
 }
 
+// effectAfter returns a handler that waits until release is closed (or
+// its context ends), then writes the effect.
+func effectAfter(release <-chan struct{}) oncenats.Handler {
+	return func(ctx context.Context, msg oncenats.Message) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return effect(ctx, msg)
+	}
+}
+
 // rows counts the effects rows of key.
 func (b *testBundle) rows(t testing.TB, key string) int {
 	t.Helper()
