@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -220,6 +221,10 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 		return nil, errors.New("oncenats: Options.Scope or Options.ScopeOf is required")
 	case opts.Workers < 0, opts.Prefetch < 0, opts.LeaseTimeout < 0, opts.ShutdownTimeout < 0, opts.AckTimeout < 0:
 		return nil, errors.New("oncenats: Options.Workers, Prefetch, LeaseTimeout, ShutdownTimeout and AckTimeout must not be negative")
+	}
+	if opts.ScopeOf == nil && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")) {
+		// Caught here, or every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("oncenats: Options.Scope %q: %w", opts.Scope, onceonly.ErrInvalidScope)
 	}
 	if opts.Name == "" {
 		opts.Name = "nats." + opts.Stream + "." + opts.Consumer

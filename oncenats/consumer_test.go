@@ -392,6 +392,7 @@ func TestNewConsumerChecksOptions(t *testing.T) {
 		"no stream":    func(o *oncenats.Options) { o.Stream = "" },
 		"no consumer":  func(o *oncenats.Options) { o.Consumer = "" },
 		"no scope":     func(o *oncenats.Options) { o.Scope = "" },
+		"bad scope":    func(o *oncenats.Options) { o.Scope = "a:b" },
 		"negative":     func(o *oncenats.Options) { o.Workers = -1 },
 	} {
 		opts := b.options()
