@@ -22,8 +22,8 @@
 //		JetStream: js, Stream: topo.Stream, Consumer: topo.Consumer, Declare: topo.Declare,
 //		Scope: "payments", DeadLetterSubject: topo.DeadLetterSubject,
 //	})
-//	go engine.Resume(ctx)
-//	err = c.Run(ctx) // until ctx ends; survives server restarts
+//	err = engine.Start(ctx) // the relay, the reconciler and the resumer, beside the consumer
+//	err = c.Run(ctx)        // until ctx ends; survives server restarts
 //
 // # The key
 //
@@ -96,8 +96,9 @@
 //
 // # Alongside
 //
-// Run engine.Resume in every process that registers the handler (it
-// finishes an execution whose process died after a step started, with no
-// redelivery needed), and the relay and the reconciler as for every use of
-// the engine. See docs/consumers/nats.md.
+// Every process that creates the consumer (which registers the handler)
+// runs the engine's resumer, which finishes an execution whose process died
+// after a step started with no redelivery needed, and the relay and the
+// reconciler run as for every use of the engine: engine.Start(ctx) runs all
+// three. See docs/consumers/nats.md.
 package oncenats

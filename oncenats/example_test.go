@@ -51,6 +51,10 @@ func Example() {
 		panic(err)
 	}
 	defer engine.Close()
+	// The relay, the reconciler and the resumer, beside the consumer.
+	if err := engine.Start(ctx); err != nil {
+		panic(err)
+	}
 
 	// NATS: reconnect forever; the stream and the durable consumer.
 	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
