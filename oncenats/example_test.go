@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,30 +21,26 @@ import (
 // and another body: one order row, the copy acked, the reuse
 // dead-lettered with its reason.
 func Example() {
-	// The servers scripts/test.sh starts; any Postgres, Redis and
-	// nats-server with JetStream will do.
-	pgURL, redisURL, natsURL := os.Getenv("TEST_DATABASE_URL"), os.Getenv("TEST_REDIS_URL"), os.Getenv("TEST_NATS_URL")
-	if pgURL == "" || redisURL == "" || natsURL == "" {
-		panic("set TEST_DATABASE_URL, TEST_REDIS_URL and TEST_NATS_URL (scripts/test.sh does)")
-	}
 	ctx := context.Background()
-	run := strconv.FormatInt(time.Now().UnixNano(), 36) // names of this run's own
-
-	// Postgres: onceonly's tables and the orders in a schema of their own.
-	pool, dropSchema := openSchema(ctx, pgURL, "oncenats_example_"+run)
-	defer dropSchema()
-	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, body text)`); err != nil {
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
 		panic(err)
 	}
-	opts, err := redis.ParseURL(redisURL)
+	defer pool.Close()
+	if _, err := migrations.Up(ctx, pool); err != nil { // onceonly's tables
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, body text)`); err != nil {
+		panic(err)
+	}
+	opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 	if err != nil {
 		panic(err)
 	}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	engine, err := onceonly.New(onceonly.Config{
-		Pool: pool, Redis: rdb, RedisPrefix: "oncenats-example-" + run + ":",
-		Logger: slog.New(slog.DiscardHandler),
+		Pool: pool, Redis: rdb, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		panic(err)
@@ -57,7 +52,7 @@ func Example() {
 	}
 
 	// NATS: reconnect forever; the stream and the durable consumer.
-	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
+	nc, err := nats.Connect(os.Getenv("NATS_URL"), nats.MaxReconnects(-1))
 	if err != nil {
 		panic(err)
 	}
@@ -67,14 +62,13 @@ func Example() {
 		panic(err)
 	}
 	topo := oncenats.Topology{
-		Stream: "ORDERS_" + run, Subject: "orders." + run + ".placed", DeadLetterSubject: "orders." + run + ".dead",
+		Stream: "ORDERS", Subject: "orders.placed", DeadLetterSubject: "orders.dead",
 		Consumer: "orders", AckWait: 30 * time.Second,
 	}
 	cons, err := topo.Declare(ctx, js)
 	if err != nil {
 		panic(err)
 	}
-	defer js.DeleteStream(ctx, topo.Stream) //nolint:errcheck // the example's own stream
 
 	c, err := oncenats.NewConsumer(engine, func(ctx context.Context, msg oncenats.Message) error {
 		fmt.Println("placing", msg.Key)
@@ -134,33 +128,4 @@ func Example() {
 	// placing order-1
 	// orders: 1
 	// dead letter: {"sku":"lamp"} reused
-}
-
-// openSchema returns a pool whose tables live in schema (created, and
-// migrated), and a function that drops the schema and closes the pool.
-func openSchema(ctx context.Context, url, schema string) (*pgxpool.Pool, func()) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		panic(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+schema); err != nil {
-		panic(err)
-	}
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		panic(err)
-	}
-	defer m.Close()
-	if _, err := m.Up(ctx); err != nil {
-		panic(err)
-	}
-	return pool, func() {
-		_, _ = pool.Exec(context.Background(), `DROP SCHEMA `+schema+` CASCADE`)
-		pool.Close()
-	}
 }

@@ -19,9 +19,10 @@ import (
 	"github.com/onceonly/onceonly/oncenats"
 )
 
-// TestMain fails the package's tests when a goroutine outlives them.
+// TestMain fails the package's tests when a goroutine outlives them, and
+// gives the runnable example DATABASE_URL, REDIS_URL and NATS_URL.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "oncenats"))
 }
 
 // leaseTimeout is the engine's lease in these tests.
