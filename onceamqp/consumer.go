@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,6 +198,9 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 		return nil, errors.New("onceamqp: Options.Queue is required")
 	case opts.Scope == "" && opts.ScopeOf == nil:
 		return nil, errors.New("onceamqp: Options.Scope or Options.ScopeOf is required")
+	case opts.ScopeOf == nil && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")):
+		// Every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("onceamqp: Options.Scope: %w", onceonly.ErrInvalidScope)
 	case opts.Workers < 0, opts.Prefetch < 0:
 		return nil, errors.New("onceamqp: Options.Workers and Options.Prefetch must not be negative")
 	}

@@ -68,6 +68,9 @@ func TestInvalidMessagesAreDeadLettered(t *testing.T) {
 	// A TxHandler (Engine.Do) that decodes the body as JSON first.
 	c, err := onceamqp.NewTxConsumer(b.engine, recordEffect, b.options(onceamqp.Options{
 		Payload: func(d *amqp.Delivery) ([]byte, error) {
+			if string(d.Body) == "panic" {
+				panic("a decoder bug")
+			}
 			var v map[string]any
 			if err := json.Unmarshal(d.Body, &v); err != nil {
 				return nil, err
@@ -83,13 +86,14 @@ func TestInvalidMessagesAreDeadLettered(t *testing.T) {
 		{"", `{"amount":100}`},          // no message-id
 		{"has space", `{"amount":100}`}, // not a valid key
 		{"order-2", `{"amount":`},       // the decoder fails
+		{"order-3", `panic`},            // the decoder panics
 	} {
 		b.publish(t, ch, m.id, m.body)
 		d := b.deadLetter(t)
 		require.Equal(t, m.id, d.MessageId)
 		requireDeath(t, d, b.queue.Name)
 	}
-	require.Equal(t, 3, b.settled(t, "dead_letter", onceonly.ReasonInvalid))
+	require.Equal(t, 4, b.settled(t, "dead_letter", onceonly.ReasonInvalid))
 	require.Zero(t, b.keyRows(t), "an invalid message wrote a key")
 	require.Empty(t, b.effects(t, "order-2"))
 }
@@ -166,6 +170,41 @@ func TestCopyInFlightComesAgain(t *testing.T) {
 	require.Equal(t, 1, b.settled(t, "ack", "replayed"))
 	require.Equal(t, []string{`{"amount":100}`}, b.effects(t, "order-1"))
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
+}
+
+// On a quorum queue with a delivery limit the broker itself dead-letters a
+// copy that was only requeued because its key was in flight (x-death
+// reason delivery_limit), though the consumer would have acked it: why
+// DeclareQueue sets no limit unless told to.
+func TestDeliveryLimitDeadLettersCopiesInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.queue.Name += ".limited"
+	b.queue.DeadLetterExchange += ".limited"
+	b.queue.DeadLetterQueue += ".limited"
+	b.queue.DeliveryLimit = 1
+	b.declare(t, b.queue)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
+		once.Do(func() {
+			close(entered)
+			<-release
+		})
+		return writeEffect(ctx, msg)
+	}, onceamqp.Options{Workers: 2})
+	ch := b.channel(t)
+
+	b.publish(t, ch, "order-1", `{"amount":100}`)
+	<-entered
+	b.publish(t, ch, "order-1", `{"amount":100}`)
+	d := b.deadLetter(t)
+	close(release)
+	deaths, _ := d.Headers["x-death"].([]any)
+	require.NotEmpty(t, deaths)
+	require.Equal(t, "delivery_limit", deaths[0].(amqp.Table)["reason"])
+	b.awaitSettled(t, 1, "ack", "executed")
+	require.Zero(t, b.settled(t, "dead_letter", ""), "the consumer dead-lettered nothing itself")
 }
 
 // When the broker closes the consumer's connection, the consumer
@@ -323,4 +362,30 @@ func TestHandlerSeesTheMessage(t *testing.T) {
 	var status string
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'k-1'`).Scan(&status))
 	require.Equal(t, "completed", status)
+}
+
+// NewConsumer refuses options that could not consume, or would
+// dead-letter every message.
+func TestOptionsAreChecked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, opts := range map[string]onceamqp.Options{
+		"no URL":        {Queue: "q", Scope: "s"},
+		"no queue":      {URL: b.url, Scope: "s"},
+		"no scope":      {URL: b.url, Queue: "q"},
+		"invalid scope": {URL: b.url, Queue: "q", Scope: "a:b"},
+		"workers":       {URL: b.url, Queue: "q", Scope: "s", Workers: -1},
+	} {
+		_, err := onceamqp.NewConsumer(b.engine, writeEffect, opts)
+		require.Error(t, err, name)
+	}
+	_, err := onceamqp.NewConsumer(b.engine, nil, onceamqp.Options{URL: b.url, Queue: "q", Scope: "s"})
+	require.Error(t, err)
+	_, err = onceamqp.NewTxConsumer(nil, recordEffect, onceamqp.Options{URL: b.url, Queue: "q", Scope: "s"})
+	require.Error(t, err)
+	// Two consumers of one queue on one engine would share a name.
+	_, err = onceamqp.NewConsumer(b.engine, writeEffect, onceamqp.Options{URL: b.url, Queue: "q", Scope: "s"})
+	require.NoError(t, err)
+	_, err = onceamqp.NewConsumer(b.engine, writeEffect, onceamqp.Options{URL: b.url, Queue: "q", Scope: "s"})
+	require.Error(t, err)
 }

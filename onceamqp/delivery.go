@@ -65,9 +65,17 @@ func (c *Consumer) process(ctx context.Context, d *amqp.Delivery) onceonly.Settl
 
 // identify returns the message a delivery carries; an error wraps
 // onceonly.ErrInvalidMessage (or another error Settle reads as invalid).
-func (c *Consumer) identify(d *amqp.Delivery) (Message, error) {
-	msg := Message{Scope: c.opts.Scope, Payload: d.Body, Delivery: d}
-	var err error
+// A panic in Options.Key, ScopeOf or Payload is such an error too: they
+// depend on the delivery alone, so it would panic again on every
+// redelivery.
+func (c *Consumer) identify(d *amqp.Delivery) (msg Message, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("onceamqp: Options.Key, ScopeOf or Payload panicked", "message_id", d.MessageId, "panic", p)
+			err = invalid("identify", fmt.Errorf("panic: %v", p))
+		}
+	}()
+	msg = Message{Scope: c.opts.Scope, Payload: d.Body, Delivery: d}
 	if msg.Key, err = c.opts.Key(d); err != nil {
 		return msg, invalid("key", err)
 	}

@@ -38,7 +38,7 @@ type testBundle struct {
 	conn *amqp.Connection
 }
 
-func setup(t *testing.T) *testBundle {
+func setup(t testing.TB) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), url: testenv.AMQPURL(t), reg: prometheus.NewRegistry()}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (key text NOT NULL, payload text NOT NULL)`)
@@ -56,23 +56,29 @@ func setup(t *testing.T) *testBundle {
 	t.Cleanup(func() { _ = b.conn.Close() })
 	name := "onceamqp-test." + testenv.RandomSuffix(10)
 	b.queue = onceamqp.Queue{Name: name, DeadLetterExchange: name + ".dead", DeadLetterQueue: name + ".dead"}
-	ch := b.channel(t)
-	require.NoError(t, onceamqp.DeclareQueue(ch, b.queue))
+	b.declare(t, b.queue)
+	return b
+}
+
+// declare declares q on the test's connection; it is deleted when the test
+// ends.
+func (b *testBundle) declare(t testing.TB, q onceamqp.Queue) {
+	t.Helper()
+	require.NoError(t, onceamqp.DeclareQueue(b.channel(t), q))
 	t.Cleanup(func() {
 		// On a channel of its own: the test's may be closed by then.
 		ch, err := b.conn.Channel()
 		if err != nil {
 			return
 		}
-		_, _ = ch.QueueDelete(b.queue.Name, false, false, false)
-		_, _ = ch.QueueDelete(b.queue.DeadLetterQueue, false, false, false)
-		_ = ch.ExchangeDelete(b.queue.DeadLetterExchange, false, false)
+		_, _ = ch.QueueDelete(q.Name, false, false, false)
+		_, _ = ch.QueueDelete(q.DeadLetterQueue, false, false, false)
+		_ = ch.ExchangeDelete(q.DeadLetterExchange, false, false)
 	})
-	return b
 }
 
 // channel opens a channel on the test's connection.
-func (b *testBundle) channel(t *testing.T) *amqp.Channel {
+func (b *testBundle) channel(t testing.TB) *amqp.Channel {
 	t.Helper()
 	ch, err := b.conn.Channel()
 	require.NoError(t, err)
@@ -137,7 +143,7 @@ func writeEffect(ctx context.Context, msg onceamqp.Message) error {
 // publish sends a persistent message to the test's queue through the
 // default exchange and waits for the broker's confirmation. An empty id
 // sends no message-id.
-func (b *testBundle) publish(t *testing.T, ch *amqp.Channel, id, body string) {
+func (b *testBundle) publish(t testing.TB, ch *amqp.Channel, id, body string) {
 	t.Helper()
 	require.NoError(t, ch.Confirm(false))
 	confirm, err := ch.PublishWithDeferredConfirmWithContext(b.ctx, "", b.queue.Name, true, false, amqp.Publishing{
@@ -169,7 +175,7 @@ func (b *testBundle) keyRows(t *testing.T) int {
 
 // ready returns how many messages are ready in queue (delivered ones not
 // yet settled are not counted).
-func (b *testBundle) ready(t *testing.T, queue string) int {
+func (b *testBundle) ready(t testing.TB, queue string) int {
 	t.Helper()
 	ch := b.channel(t)
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
