@@ -63,7 +63,10 @@ if [ -z "${TEST_AMQP_URL:-}" ]; then
 	export TEST_RABBITMQCTL=${TEST_RABBITMQCTL:-$PWD/.data/test/rabbitmq/rabbitmqctl}
 fi
 
-go test -race -count=1 -timeout 15m "$@" ./...
+# Every module of the workspace (go.work): the library, the commands, the
+# integrations with heavy dependencies, the chaos suite.
+mapfile -t packages < <(scripts/modules.sh)
+go test -race -count=1 -timeout 15m "$@" "${packages[@]}"
 if [ $# -eq 0 ]; then
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
 	BENCH_EVENTS=2000 BENCH_RATE=200 BENCH_SECONDS=1 go test -run '^$' -bench . -benchtime 1x ./relay

@@ -1,7 +1,10 @@
 // Package testenv gives tests real Postgres and Redis servers: the ones named
-// by TEST_DATABASE_URL and TEST_REDIS_URL, else containers started through
-// testcontainers-go when a Docker engine answers, else a failure that says how
-// to start them. Tests are never skipped for want of a server.
+// by TEST_DATABASE_URL and TEST_REDIS_URL, else a failure that says how to
+// start them: `make test` starts local servers, and where a Docker engine
+// answers, tools/testservers starts containers through testcontainers-go
+// and runs the tests against them. Tests are never skipped for want of a
+// server. (The containers live in a module of their own so that
+// testcontainers-go is no requirement of the library's module.)
 //
 // Each test gets its own database, copied from a migrated template, and its
 // own Redis key prefix, so tests run in parallel.
@@ -12,6 +15,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -27,10 +31,12 @@ import (
 
 	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/payments/schema"
 )
 
-const howToStart = `start local servers with "make services" (or scripts/test.sh, which does it),
-or export TEST_DATABASE_URL=postgres://... and TEST_REDIS_URL=redis://..., or run a Docker engine`
+const howToStart = `run the tests with "make test" (scripts/test.sh starts local servers), or with a
+Docker engine: go run ./tools/testservers -- go test ./..., or export
+TEST_DATABASE_URL=postgres://... and TEST_REDIS_URL=redis://...`
 
 var (
 	adminOnce sync.Once
@@ -70,11 +76,9 @@ func RandomSuffix(n int) string {
 func AdminDatabaseURL(tb testing.TB) string {
 	tb.Helper()
 	adminOnce.Do(func() {
-		if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-			adminURL = u
-			return
+		if adminURL = os.Getenv("TEST_DATABASE_URL"); adminURL == "" {
+			errAdmin = errors.New("TEST_DATABASE_URL is unset")
 		}
-		adminURL, errAdmin = postgresContainer()
 	})
 	if errAdmin != nil {
 		tb.Fatalf("no Postgres for tests: %v\n%s", errAdmin, howToStart)
@@ -197,23 +201,42 @@ func template(tb testing.TB, admin string) string {
 	return templateName
 }
 
+// migrateUp runs the engine's migrations, then the demo's (its payments
+// table), as `api migrate up` does.
+func migrateUp(ctx context.Context, pool *pgxpool.Pool) error {
+	for _, opts := range [][]migrations.Option{nil, {schema.Migrations()}} {
+		m, err := migrations.NewMigrator(pool, opts...)
+		if err != nil {
+			return err
+		}
+		_, err = m.Up(ctx)
+		_ = m.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func buildTemplate(admin string) (string, error) {
 	ctx := context.Background()
 	sum := sha256.New()
-	err := fs.WalkDir(migrations.FS(), ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(migrations.FS(), path)
+	for _, files := range []fs.FS{migrations.FS(), schema.FS()} {
+		err := fs.WalkDir(files, ".", func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := fs.ReadFile(files, path)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", path, err)
+			}
+			sum.Write([]byte(path))
+			sum.Write(b)
+			return nil
+		})
 		if err != nil {
-			return fmt.Errorf("read %s: %w", path, err)
+			return "", fmt.Errorf("hash migrations: %w", err)
 		}
-		sum.Write([]byte(path))
-		sum.Write(b)
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("hash migrations: %w", err)
 	}
 	name := "onceonly_tpl_" + hex.EncodeToString(sum.Sum(nil))[:12]
 
@@ -247,11 +270,7 @@ func buildTemplate(admin string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("open template: %w", err)
 	}
-	m, err := migrations.NewMigrator(pool)
-	if err == nil {
-		_, err = m.Up(ctx)
-		_ = m.Close()
-	}
+	err = migrateUp(ctx, pool)
 	pool.Close()
 	if err != nil {
 		return "", fmt.Errorf("migrate template: %w", err)
@@ -266,11 +285,9 @@ func buildTemplate(admin string) (string, error) {
 func RedisURL(tb testing.TB) string {
 	tb.Helper()
 	redisOnce.Do(func() {
-		if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-			redisURL = u
-			return
+		if redisURL = os.Getenv("TEST_REDIS_URL"); redisURL == "" {
+			errRedis = errors.New("TEST_REDIS_URL is unset")
 		}
-		redisURL, errRedis = redisContainer()
 	})
 	if errRedis != nil {
 		tb.Fatalf("no Redis for tests: %v\n%s", errRedis, howToStart)
