@@ -148,28 +148,36 @@ func TestDeadLetteredAfterMaxFailures(t *testing.T) {
 func TestCopyInFlightComesAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
-		once.Do(func() {
-			close(entered)
-			<-release
-		})
-		return writeEffect(ctx, msg)
-	}, onceamqp.Options{Workers: 2})
-	ch := b.channel(t)
-
-	b.publish(t, ch, "order-1", `{"amount":100}`)
-	<-entered
-	b.publish(t, ch, "order-1", `{"amount":100}`)
+	release := b.copyInFlight(t)
 	b.awaitSettled(t, 2, "retry", "in_flight") // requeued, delivered again, requeued again
 	require.Zero(t, b.settled(t, "dead_letter", ""))
-	close(release)
+	release()
 
 	b.awaitSettled(t, 2, "ack", "")
 	require.Equal(t, 1, b.settled(t, "ack", "replayed"))
 	require.Equal(t, []string{`{"amount":100}`}, b.effects(t, "order-1"))
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
+}
+
+// copyInFlight starts a consumer with two workers whose first execution
+// waits, publishes order-1, and publishes a copy of it once that execution
+// runs. It returns what lets the execution finish.
+func (b *testBundle) copyInFlight(t *testing.T) (release func()) {
+	t.Helper()
+	entered, released := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
+		once.Do(func() {
+			close(entered)
+			<-released
+		})
+		return writeEffect(ctx, msg)
+	}, onceamqp.Options{Workers: 2})
+	ch := b.channel(t)
+	b.publish(t, ch, "order-1", `{"amount":100}`)
+	<-entered
+	b.publish(t, ch, "order-1", `{"amount":100}`)
+	return sync.OnceFunc(func() { close(released) })
 }
 
 // On a quorum queue with a delivery limit the broker itself dead-letters a
@@ -184,22 +192,9 @@ func TestDeliveryLimitDeadLettersCopiesInFlight(t *testing.T) {
 	b.queue.DeadLetterQueue += ".limited"
 	b.queue.DeliveryLimit = 1
 	b.declare(t, b.queue)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
-		once.Do(func() {
-			close(entered)
-			<-release
-		})
-		return writeEffect(ctx, msg)
-	}, onceamqp.Options{Workers: 2})
-	ch := b.channel(t)
-
-	b.publish(t, ch, "order-1", `{"amount":100}`)
-	<-entered
-	b.publish(t, ch, "order-1", `{"amount":100}`)
+	release := b.copyInFlight(t)
 	d := b.deadLetter(t)
-	close(release)
+	release()
 	deaths, _ := d.Headers["x-death"].([]any)
 	require.NotEmpty(t, deaths)
 	require.Equal(t, "delivery_limit", deaths[0].(amqp.Table)["reason"])
