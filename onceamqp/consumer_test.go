@@ -197,7 +197,9 @@ func TestDeliveryLimitDeadLettersCopiesInFlight(t *testing.T) {
 	release()
 	deaths, _ := d.Headers["x-death"].([]any)
 	require.NotEmpty(t, deaths)
-	require.Equal(t, "delivery_limit", deaths[0].(amqp.Table)["reason"])
+	death, ok := deaths[0].(amqp.Table)
+	require.True(t, ok)
+	require.Equal(t, "delivery_limit", death["reason"])
 	b.awaitSettled(t, 1, "ack", "executed")
 	require.Zero(t, b.settled(t, "dead_letter", ""), "the consumer dead-lettered nothing itself")
 }

@@ -40,7 +40,7 @@ func HeaderKey(name string) func(d *amqp.Delivery) (string, error) {
 
 // handle runs one delivery and settles it.
 func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) {
-	c.settle(&d, c.process(ctx, &d))
+	c.settle(ctx, &d, c.process(ctx, &d))
 }
 
 // process runs a delivery through the engine and returns its settlement.
@@ -119,7 +119,7 @@ type deliveryKey struct{}
 
 // settle tells the broker what becomes of d: ack it, requeue it after
 // s.After, or reject it to the queue's dead-letter exchange.
-func (c *Consumer) settle(d *amqp.Delivery, s onceonly.Settlement) {
+func (c *Consumer) settle(ctx context.Context, d *amqp.Delivery, s onceonly.Settlement) {
 	reason := reasonOf(s)
 	c.metrics.deliveries.WithLabelValues(s.Disposition.String(), reason).Inc()
 	log := c.log.With("message_id", d.MessageId, "delivery_tag", d.DeliveryTag, "redelivered", d.Redelivered)
@@ -127,14 +127,14 @@ func (c *Consumer) settle(d *amqp.Delivery, s onceonly.Settlement) {
 	case onceonly.Ack:
 		c.report(log, "ack", d.Ack(false))
 	case onceonly.DeadLetter:
-		log.Warn("onceamqp: dead-lettering the message", "reason", s.Reason, "failures", s.Failures, "error", s.Err)
+		log.WarnContext(ctx, "onceamqp: dead-lettering the message", "reason", s.Reason, "failures", s.Failures, "error", s.Err)
 		c.report(log, "reject", d.Reject(false))
-	default: // onceonly.Retry
+	case onceonly.Retry:
 		level := slog.LevelInfo
 		if reason == reasonInFlight {
 			level = slog.LevelDebug // a copy of a message under way: routine
 		}
-		log.Log(context.Background(), level, "onceamqp: requeueing the message later", "why", reason, "after", s.After, "failures", s.Failures, "error", s.Err)
+		log.Log(ctx, level, "onceamqp: requeueing the message later", "why", reason, "after", s.After, "failures", s.Failures, "error", s.Err)
 		c.holds.add(s.After, func() { c.report(log, "nack", d.Nack(false, true)) })
 	}
 	if c.opts.Settled != nil {
@@ -173,11 +173,19 @@ func reasonOf(s onceonly.Settlement) string {
 		return reasonExecuted
 	case onceonly.DeadLetter:
 		return s.Reason
+	case onceonly.Retry:
+		return retryReason(s.Err)
 	}
-	if _, ok := onceonly.IsInFlight(s.Err); ok {
+	return reasonError
+}
+
+// retryReason names why a delivery comes again: the error of its
+// settlement.
+func retryReason(err error) string {
+	if _, ok := onceonly.IsInFlight(err); ok {
 		return reasonInFlight
 	}
-	if failed, ok := errors.AsType[*onceonly.ExecutionError](s.Err); ok {
+	if failed, ok := errors.AsType[*onceonly.ExecutionError](err); ok {
 		if failed.HandedOff {
 			return reasonHandedOff
 		}

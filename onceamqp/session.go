@@ -131,11 +131,11 @@ func dialContext(ctx context.Context, timeout time.Duration) func(network, addr 
 		d := net.Dialer{Timeout: timeout}
 		conn, err := d.DialContext(ctx, network, addr)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
 		if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
 			_ = conn.Close()
-			return nil, err
+			return nil, fmt.Errorf("set the handshake deadline: %w", err)
 		}
 		return conn, nil
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 )
 
+//nolint:gosec // G101: RabbitMQ's default guest account, which only loopback clients may use
 const howToStartRabbitMQ = `start RabbitMQ: scripts/test.sh does it (TEST_AMQP_PORT, default 61600),
 or scripts/services.sh rabbitmq .data/dev 5672 and export TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/
 and TEST_RABBITMQCTL=$PWD/.data/dev/rabbitmq/rabbitmqctl`
