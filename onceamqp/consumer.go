@@ -39,8 +39,9 @@ type Message struct {
 // commits together with the key's completion. Returning nil acks the
 // delivery after that commit; an error fails the key (or hands it off when
 // a step's outcome is unknown) and the delivery comes again (see the
-// package comment). Wrap onceonly.ErrInvalidMessage to dead-letter the
-// message as invalid at once.
+// package comment); so does a panic, which is recovered. Wrap
+// onceonly.ErrInvalidMessage to dead-letter the message as invalid at
+// once.
 //
 // A Handler must depend on msg.Scope, msg.Key and msg.Payload alone: when
 // its process dies after a step started, a live engine's Resume runs it
