@@ -132,3 +132,15 @@ func EnsureCurrent(ctx context.Context, pool *pgxpool.Pool, opts ...Option) erro
 	}
 	return nil
 }
+
+// Up brings the engine's schema in pool's database up to date and returns
+// how many migrations ran: the one call a service makes at start (or in
+// its deploy step) before New. Concurrent callers wait for one another.
+func Up(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	m, err := NewMigrator(pool)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	return m.Up(ctx)
+}

@@ -18,8 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
+	neturl "net/url"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -116,23 +117,68 @@ func EmptyDatabaseURL(tb testing.TB) string {
 	return url
 }
 
-// ExampleDatabaseURL is DatabaseURL for runnable examples, which have no
-// testing.TB: it panics when no server is reachable, and the returned
-// function drops the database.
-func ExampleDatabaseURL() (url string, drop func() error) {
-	admin := os.Getenv("TEST_DATABASE_URL")
-	if admin == "" {
-		panic("examples need TEST_DATABASE_URL: " + howToStart)
+// Redis logical databases of the packages whose runnable examples use
+// Redis: one each, flushed when the package's examples start, so an
+// example's keys never meet another package's or an earlier run's.
+var exampleRedisDB = map[string]int{
+	"onceonly": 1, "onceriver": 2, "onceamqp": 3, "oncenats": 4, "oncewatermill": 5, "sqlexample": 6, "quickstart": 7,
+}
+
+// TestingM is what TestMain runs: *testing.M, or a wrapper of it.
+type TestingM interface{ Run() int }
+
+// WithExampleEnv wraps m (for TestMain: goleak.VerifyTestMain(
+// testenv.WithExampleEnv(m, "onceonly"))) so that its Run runs the
+// package's tests and runnable examples with the environment a user's
+// program reads: DATABASE_URL, a
+// fresh empty database of the run's own (examples migrate it, as users
+// do), and REDIS_URL, the test Redis's logical database reserved for pkg
+// (see exampleRedisDB), emptied first. Examples then need no test helper:
+// they read os.Getenv("DATABASE_URL") as the code a user copies does.
+func WithExampleEnv(m TestingM, pkg string) TestingM {
+	return exampleEnv{m: m, pkg: pkg}
+}
+
+type exampleEnv struct {
+	m   TestingM
+	pkg string
+}
+
+func (e exampleEnv) Run() int {
+	m, pkg := e.m, e.pkg
+	admin, rawRedis := os.Getenv("TEST_DATABASE_URL"), os.Getenv("TEST_REDIS_URL")
+	index, ok := exampleRedisDB[pkg]
+	if admin == "" || rawRedis == "" || !ok {
+		fmt.Fprintf(os.Stderr, "examples need TEST_DATABASE_URL, TEST_REDIS_URL and a Redis database for %q: %s\n", pkg, howToStart)
+		return 1
 	}
-	templateOnce.Do(func() { templateName, errTemplate = buildTemplate(admin) })
-	if errTemplate != nil {
-		panic(errTemplate)
-	}
-	url, drop, err := newDatabase(admin, templateName)
+	url, drop, err := newDatabase(admin, "template0")
 	if err != nil {
-		panic(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	return url, drop
+	defer func() { _ = drop() }()
+	u, err := neturl.Parse(rawRedis)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "TEST_REDIS_URL:", err)
+		return 1
+	}
+	u.Path = "/" + strconv.Itoa(index)
+	opts, err := redis.ParseURL(u.String())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "TEST_REDIS_URL:", err)
+		return 1
+	}
+	rdb := redis.NewClient(opts)
+	err = rdb.FlushDB(context.Background()).Err()
+	_ = rdb.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "empty the examples' Redis database:", err)
+		return 1
+	}
+	_ = os.Setenv("DATABASE_URL", url)
+	_ = os.Setenv("REDIS_URL", u.String())
+	return m.Run()
 }
 
 func newDatabase(admin, tmpl string) (string, func() error, error) {
@@ -157,7 +203,7 @@ func newDatabase(admin, tmpl string) (string, func() error, error) {
 		}
 		return nil
 	}
-	u, err := url.Parse(admin)
+	u, err := neturl.Parse(admin)
 	if err != nil {
 		return "", nil, fmt.Errorf("parse database URL: %w", err)
 	}
@@ -183,7 +229,7 @@ func Pool(tb testing.TB, url string) *pgxpool.Pool {
 }
 
 func redact(raw string) string {
-	u, err := url.Parse(raw)
+	u, err := neturl.Parse(raw)
 	if err != nil {
 		return "<unparsable URL>"
 	}
@@ -264,7 +310,7 @@ func buildTemplate(admin string) (string, error) {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+building); err != nil {
 		return "", fmt.Errorf("create template: %w", err)
 	}
-	u, _ := url.Parse(admin)
+	u, _ := neturl.Parse(admin)
 	u.Path = "/" + building
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
