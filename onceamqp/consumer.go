@@ -155,7 +155,8 @@ type Consumer struct {
 // NewConsumer returns a consumer running fn, and registers fn with engine
 // under opts.Name so that engine.Resume can finish an execution whose
 // process died after a step started. Every process consuming the queue
-// must create the consumer (which registers it) and run engine.Resume.
+// must create the consumer (which registers it) and run the engine's
+// resumer (Engine.Start runs it, or Engine.Resume).
 func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, error) {
 	if fn == nil {
 		return nil, errors.New("onceamqp: a Handler is required")
