@@ -26,7 +26,11 @@ import (
 // fn, a panic, or a Result with a status that is not stored rolls back to
 // the savepoint: fn's writes and the claim are undone, the key stays as it
 // was (absent or failed, so retryable: I3), and tx remains usable — the
-// caller may still commit its other work.
+// caller may still commit its other work. fn's error comes back as an
+// *ExecutionError whose Failures is 0 (not known): with the claim undone,
+// no failure of the key is recorded, so Settle redelivers such a message
+// without a limit of its own; bound it with the broker's (a delivery
+// count, River's MaxAttempts).
 //
 // What changes: the key is held by the uncommitted row, not by a lease.
 // Nobody sees the claim before the caller commits; a concurrent request for
@@ -104,6 +108,9 @@ func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool,
 		return claim.Key, false, nil
 	}
 	x.fence = Fence{Owner: claim.Key.Owner, Version: claim.Key.Version}
+	if claim.TookOver {
+		x.by = byTakeover
+	}
 	return claim.Key, true, nil
 }
 
@@ -130,8 +137,9 @@ func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keys
 }
 
 // release rolls back to the savepoint, which undoes the claim: the key is
-// as it was, and nothing changed that Redis should learn.
-func (m *callerTx) release(ctx context.Context, _ *Execution, _ bool) (keystate.Key, bool, error) {
+// as it was, and nothing changed that Redis should learn. No failure is
+// counted either: the key's row is not written.
+func (m *callerTx) release(ctx context.Context, _ *Execution, _ ending) (keystate.Key, bool, error) {
 	m.sp.rollback(ctx)
 	return keystate.Key{}, false, nil
 }
