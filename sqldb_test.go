@@ -216,6 +216,9 @@ func TestSQLFailureRollsBackAndIsRetryable(t *testing.T) {
 		}
 		_, err := b.engine.DoSQL(b.ctx, "m", "k", []byte("p"), failing("k"))
 		require.ErrorIs(t, err, boom)
+		var failed *onceonly.ExecutionError
+		require.ErrorAs(t, err, &failed)
+		require.Equal(t, 1, failed.Failures, "counted as on the pgx path")
 		require.Equal(t, "failed", b.keyStatus(t, "k"))
 		out, err := b.engine.DoSQL(b.ctx, "m", "k", []byte("p"), sqlPayment("k", 502, `{}`))
 		require.NoError(t, err)
