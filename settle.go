@@ -219,8 +219,8 @@ type ExecutionError struct {
 	// (Postgres keeps the count with the key, for its lifecycle). It is 0
 	// when the key was handed off, and when the count is not known: the
 	// fail was left to the background because Postgres did not answer,
-	// the key was no longer this execution's, or DoTx (DoSQLTx), which records no
-	// failure. Settle never dead-letters on 0.
+	// the key was no longer this execution's, or DoTx (DoSQLTx), which
+	// records no failure. Settle never dead-letters on 0.
 	Failures int
 }
 
