@@ -70,9 +70,11 @@ type callerTx struct {
 // savepoint is a savepoint of the caller's transaction: pgx's
 // (pgxSavepoint) or database/sql's (sqlSavepoint, sqltx.go).
 type savepoint interface {
-	// begin makes the savepoint; the key's statements then run on db.
+	// begin makes the savepoint; the key's statements then run on db. Its
+	// error says what failed ("savepoint: …").
 	begin(ctx context.Context) (db keystore.Querier, err error)
-	// release releases the savepoint, keeping what ran since begin.
+	// release releases the savepoint, keeping what ran since begin. Its
+	// error says what failed ("release savepoint: …").
 	release(ctx context.Context) error
 	// rollback rolls back to the savepoint, even when ctx has ended; a
 	// no-op unless begun and neither released nor rolled back.
@@ -95,7 +97,7 @@ func (m *callerTx) check(ctx context.Context, ref keystate.Ref, fp string, _ key
 func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	db, err := m.sp.begin(ctx)
 	if err != nil {
-		return keystate.Key{}, false, unavailable(fmt.Errorf("savepoint: %w", err))
+		return keystate.Key{}, false, unavailable(err)
 	}
 	m.db = db
 	claim, err := m.e.store.Claim(ctx, db, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
@@ -131,7 +133,7 @@ func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keys
 		return keystate.Key{}, false, fromStore(fmt.Errorf("complete: %w", err))
 	}
 	if err := m.sp.release(ctx); err != nil {
-		return keystate.Key{}, false, unavailable(fmt.Errorf("release savepoint: %w", err))
+		return keystate.Key{}, false, unavailable(err)
 	}
 	return stored, false, nil
 }
@@ -157,13 +159,18 @@ type pgxSavepoint struct {
 func (s *pgxSavepoint) begin(ctx context.Context) (keystore.Querier, error) {
 	sp, err := s.outer.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("savepoint: %w", err)
 	}
 	s.sp = sp
 	return sp, nil
 }
 
-func (s *pgxSavepoint) release(ctx context.Context) error { return s.sp.Commit(ctx) }
+func (s *pgxSavepoint) release(ctx context.Context) error {
+	if err := s.sp.Commit(ctx); err != nil {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
+}
 
 // rollback rolls back to the savepoint; pgx makes it a no-op once rolled
 // back or released.

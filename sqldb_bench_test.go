@@ -47,8 +47,10 @@ func BenchmarkDoSQL(b *testing.B) {
 // time of each (µs/<variant>); ns/op is the time of one round of all.
 func BenchmarkDoInterleaved(b *testing.B) {
 	bed := newBenchBed(b)
-	names := []string{"Do"}
-	entries := []benchEntry{bed.pgxEntry(bed.engine(b, nil))}
+	names := make([]string, 0, 1+len(testenv.SQLDrivers))
+	entries := make([]benchEntry, 0, cap(names))
+	names = append(names, "Do")
+	entries = append(entries, bed.pgxEntry(bed.engine(b, nil)))
 	for _, driver := range testenv.SQLDrivers {
 		db := testenv.SQLDB(b, driver, bed.url)
 		names = append(names, "DoSQL-"+driver)

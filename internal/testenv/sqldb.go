@@ -14,7 +14,14 @@ import (
 // ("postgres"), and lib/pq sending arguments in binary, which takes a
 // statement with arguments in one round trip instead of two
 // ("postgres-binary": binary_parameters=yes).
-var SQLDrivers = []string{"pgx", "postgres", "postgres-binary"}
+var SQLDrivers = []string{"pgx", libPQ, libPQBinary}
+
+// The names of lib/pq's driver, and of SQLDrivers' variant of it that
+// sends arguments in binary.
+const (
+	libPQ       = "postgres"
+	libPQBinary = "postgres-binary"
+)
 
 // OnEachSQLDriver runs fn as a parallel subtest per driver of SQLDrivers.
 func OnEachSQLDriver(t *testing.T, fn func(t *testing.T, driver string)) {
@@ -31,7 +38,7 @@ func OnEachSQLDriver(t *testing.T, fn func(t *testing.T, driver string)) {
 // SQLDrivers, closed when the test ends.
 func SQLDB(tb testing.TB, driver, dsn string) *sql.DB {
 	tb.Helper()
-	if driver == "postgres-binary" {
+	if driver == libPQBinary {
 		u, err := url.Parse(dsn)
 		if err != nil {
 			tb.Fatalf("parse database URL: %v", err)
@@ -39,7 +46,7 @@ func SQLDB(tb testing.TB, driver, dsn string) *sql.DB {
 		q := u.Query()
 		q.Set("binary_parameters", "yes")
 		u.RawQuery = q.Encode()
-		driver, dsn = "postgres", u.String()
+		driver, dsn = libPQ, u.String()
 	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
