@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/consume"
 	"github.com/onceonly/onceonly/internal/startstop"
 )
 
@@ -142,10 +142,8 @@ type Consumer struct {
 	life      startstop.Base
 	engine    *onceonly.Engine
 	opts      Options
-	name      string    // registered name; "" for a TxHandler
-	handler   Handler   // set by NewConsumer
-	txHandler TxHandler // set by NewTxConsumer
-	tag       string    // consumer tag, the same on every connection
+	exec      *consume.Executor[*amqp.Delivery]
+	tag       string // consumer tag, the same on every connection
 	log       *slog.Logger
 	metrics   *metrics
 	holds     *holds
@@ -165,13 +163,14 @@ func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, 
 	if err != nil {
 		return nil, err
 	}
-	c.handler = fn
-	c.name = opts.Name
-	if c.name == "" {
-		c.name = "amqp." + opts.Queue
+	if opts.Name == "" {
+		opts.Name = "amqp." + opts.Queue
 	}
-	if err := engine.Register(c.name, c.execute); err != nil {
-		return nil, fmt.Errorf("onceamqp: %w", err)
+	c.exec, err = consume.Register(c.config(), opts.Name, func(ctx context.Context, id consume.Identity, d *amqp.Delivery) error {
+		return fn(ctx, message(id, d))
+	})
+	if err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -186,7 +185,9 @@ func NewTxConsumer(engine *onceonly.Engine, fn TxHandler, opts Options) (*Consum
 	if err != nil {
 		return nil, err
 	}
-	c.txHandler = fn
+	c.exec = consume.NewTx(c.config(), func(ctx context.Context, tx pgx.Tx, id consume.Identity, d *amqp.Delivery) error {
+		return fn(ctx, tx, message(id, d))
+	})
 	return c, nil
 }
 
@@ -200,14 +201,15 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 		return nil, errors.New("onceamqp: Options.Queue is required")
 	case opts.Scope == "" && opts.ScopeOf == nil:
 		return nil, errors.New("onceamqp: Options.Scope or Options.ScopeOf is required")
-	case opts.ScopeOf == nil && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")):
-		// Every message would be dead-lettered as invalid.
-		return nil, fmt.Errorf("onceamqp: Options.Scope: %w", onceonly.ErrInvalidScope)
 	case opts.Workers < 0, opts.Prefetch < 0:
 		return nil, errors.New("onceamqp: Options.Workers and Options.Prefetch must not be negative")
 	}
 	if opts.Key == nil {
 		opts.Key = MessageID
+	}
+	if err := identifier(opts).CheckScope(); err != nil {
+		// Every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("onceamqp: %w", err)
 	}
 	if opts.Workers == 0 {
 		opts.Workers = DefaultWorkers

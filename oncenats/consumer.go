@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/consume"
 	"github.com/onceonly/onceonly/internal/startstop"
 )
 
@@ -164,9 +164,7 @@ type Consumer struct {
 	life      startstop.Base
 	engine    *onceonly.Engine
 	opts      Options
-	name      string    // registered name; "" for a TxHandler
-	handler   Handler   // set by NewConsumer
-	txHandler TxHandler // set by NewTxConsumer
+	exec      *consume.Executor[jetstream.Msg]
 	log       *slog.Logger
 	metrics   *metrics
 	consuming atomic.Bool
@@ -187,10 +185,11 @@ func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, 
 	if err != nil {
 		return nil, err
 	}
-	c.handler = fn
-	c.name = c.opts.Name
-	if err := engine.Register(c.name, c.execute); err != nil {
-		return nil, fmt.Errorf("oncenats: %w", err)
+	c.exec, err = consume.Register(c.config(), c.opts.Name, func(ctx context.Context, id consume.Identity, msg jetstream.Msg) error {
+		return fn(ctx, message(id, msg))
+	})
+	if err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -205,7 +204,9 @@ func NewTxConsumer(engine *onceonly.Engine, fn TxHandler, opts Options) (*Consum
 	if err != nil {
 		return nil, err
 	}
-	c.txHandler = fn
+	c.exec = consume.NewTx(c.config(), func(ctx context.Context, tx pgx.Tx, id consume.Identity, msg jetstream.Msg) error {
+		return fn(ctx, tx, message(id, msg))
+	})
 	return c, nil
 }
 
@@ -222,15 +223,15 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 	case opts.Workers < 0, opts.Prefetch < 0, opts.LeaseTimeout < 0, opts.ShutdownTimeout < 0, opts.AckTimeout < 0:
 		return nil, errors.New("oncenats: Options.Workers, Prefetch, LeaseTimeout, ShutdownTimeout and AckTimeout must not be negative")
 	}
-	if opts.ScopeOf == nil && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")) {
-		// Caught here, or every message would be dead-lettered as invalid.
-		return nil, fmt.Errorf("oncenats: Options.Scope %q: %w", opts.Scope, onceonly.ErrInvalidScope)
-	}
 	if opts.Name == "" {
 		opts.Name = "nats." + opts.Stream + "." + opts.Consumer
 	}
 	if opts.Key == nil {
 		opts.Key = HeaderKey(DefaultKeyHeader)
+	}
+	if err := identifier(opts).CheckScope(); err != nil {
+		// Caught here, or every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("oncenats: %w", err)
 	}
 	if opts.Workers == 0 {
 		opts.Workers = DefaultWorkers
