@@ -159,20 +159,9 @@ func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, 
 	if fn == nil {
 		return nil, errors.New("onceamqp: a Handler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	if opts.Name == "" {
-		opts.Name = "amqp." + opts.Queue
-	}
-	c.exec, err = consume.Register(c.config(), opts.Name, func(ctx context.Context, id consume.Identity, d *amqp.Delivery) error {
+	return newConsumer(engine, opts, consume.Work[*amqp.Delivery]{Handler: func(ctx context.Context, id consume.Identity, d *amqp.Delivery) error {
 		return fn(ctx, message(id, d))
-	})
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
+	}})
 }
 
 // NewTxConsumer returns a consumer running fn, a handler that only writes
@@ -181,17 +170,14 @@ func NewTxConsumer(engine *onceonly.Engine, fn TxHandler, opts Options) (*Consum
 	if fn == nil {
 		return nil, errors.New("onceamqp: a TxHandler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.exec = consume.NewTx(c.config(), func(ctx context.Context, tx pgx.Tx, id consume.Identity, d *amqp.Delivery) error {
+	return newConsumer(engine, opts, consume.Work[*amqp.Delivery]{Tx: func(ctx context.Context, tx pgx.Tx, id consume.Identity, d *amqp.Delivery) error {
 		return fn(ctx, tx, message(id, d))
-	})
-	return c, nil
+	}})
 }
 
-func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
+// newConsumer checks opts, fills in their defaults and returns a consumer
+// running w.
+func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[*amqp.Delivery]) (*Consumer, error) {
 	switch {
 	case engine == nil:
 		return nil, errors.New("onceamqp: an Engine is required")
@@ -203,6 +189,9 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 		return nil, errors.New("onceamqp: Options.Scope or Options.ScopeOf is required")
 	case opts.Workers < 0, opts.Prefetch < 0:
 		return nil, errors.New("onceamqp: Options.Workers and Options.Prefetch must not be negative")
+	}
+	if opts.Name == "" {
+		opts.Name = "amqp." + opts.Queue
 	}
 	if opts.Key == nil {
 		opts.Key = MessageID
@@ -243,14 +232,18 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 		return nil, fmt.Errorf("onceamqp: %w", err)
 	}
 	host, _ := os.Hostname()
-	return &Consumer{
+	c := &Consumer{
 		engine:  engine,
 		opts:    opts,
 		tag:     fmt.Sprintf("onceamqp.%s.%d.%s", host, os.Getpid(), rand.Text()[:8]),
 		log:     opts.Logger.With("queue", opts.Queue),
 		metrics: m,
 		holds:   newHolds(m.held),
-	}, nil
+	}
+	if c.exec, err = consume.New(c.config(), opts.Name, w); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Run consumes until ctx ends or Stop is called, reconnecting whenever the

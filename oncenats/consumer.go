@@ -181,17 +181,9 @@ func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, 
 	if fn == nil {
 		return nil, errors.New("oncenats: a Handler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.exec, err = consume.Register(c.config(), c.opts.Name, func(ctx context.Context, id consume.Identity, msg jetstream.Msg) error {
+	return newConsumer(engine, opts, consume.Work[jetstream.Msg]{Handler: func(ctx context.Context, id consume.Identity, msg jetstream.Msg) error {
 		return fn(ctx, message(id, msg))
-	})
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
+	}})
 }
 
 // NewTxConsumer returns a consumer running fn, a handler that only writes
@@ -200,17 +192,14 @@ func NewTxConsumer(engine *onceonly.Engine, fn TxHandler, opts Options) (*Consum
 	if fn == nil {
 		return nil, errors.New("oncenats: a TxHandler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.exec = consume.NewTx(c.config(), func(ctx context.Context, tx pgx.Tx, id consume.Identity, msg jetstream.Msg) error {
+	return newConsumer(engine, opts, consume.Work[jetstream.Msg]{Tx: func(ctx context.Context, tx pgx.Tx, id consume.Identity, msg jetstream.Msg) error {
 		return fn(ctx, tx, message(id, msg))
-	})
-	return c, nil
+	}})
 }
 
-func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
+// newConsumer checks opts, fills in their defaults and returns a consumer
+// running w.
+func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[jetstream.Msg]) (*Consumer, error) {
 	switch {
 	case engine == nil:
 		return nil, errors.New("oncenats: an Engine is required")
@@ -255,12 +244,16 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("oncenats: %w", err)
 	}
-	return &Consumer{
+	c := &Consumer{
 		engine:  engine,
 		opts:    opts,
 		log:     opts.Logger.With("stream", opts.Stream, "consumer", opts.Consumer),
 		metrics: m,
-	}, nil
+	}
+	if c.exec, err = consume.New(c.config(), opts.Name, w); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Run consumes until ctx ends or Stop is called and returns nil after a

@@ -134,14 +134,14 @@ func TestExecutorRun(t *testing.T) {
 	ctx := testenv.Context(t)
 	e := engine(t)
 	var runs []string
-	x, err := consume.Register(config(e), "test.run", func(_ context.Context, id consume.Identity, m *message) error {
+	x, err := consume.New(config(e), "test.run", consume.Work[*message]{Handler: func(_ context.Context, id consume.Identity, m *message) error {
 		require.NotNil(t, m, "the message reaches the handler through Engine.Run")
 		runs = append(runs, id.Key+"="+string(id.Payload))
 		if m.body == "panic" {
 			panic("handler bug")
 		}
 		return nil
-	})
+	}})
 	require.NoError(t, err)
 
 	s := x.Settle(ctx, &message{key: "k1", body: "a"})
@@ -161,7 +161,7 @@ func TestExecutorRun(t *testing.T) {
 	require.Equal(t, onceonly.ReasonInvalid, s.Reason)
 	require.Len(t, runs, 2, "an invalid message never runs")
 
-	_, err = consume.Register(config(e), "test.run", func(context.Context, consume.Identity, *message) error { return nil })
+	_, err = consume.New(config(e), "test.run", consume.Work[*message]{Handler: func(context.Context, consume.Identity, *message) error { return nil }})
 	require.Error(t, err, "a name is registered once")
 }
 
@@ -171,7 +171,7 @@ func TestExecutorTx(t *testing.T) {
 	t.Parallel()
 	ctx := testenv.Context(t)
 	e := engine(t)
-	x := consume.NewTx(config(e), func(ctx context.Context, tx pgx.Tx, id consume.Identity, m *message) error {
+	x, err := consume.New(config(e), "", consume.Work[*message]{Tx: func(ctx context.Context, tx pgx.Tx, _ consume.Identity, m *message) error {
 		switch m.body {
 		case "panic":
 			panic("tx bug")
@@ -180,7 +180,8 @@ func TestExecutorTx(t *testing.T) {
 		}
 		var one int
 		return tx.QueryRow(ctx, `SELECT 1`).Scan(&one)
-	})
+	}})
+	require.NoError(t, err)
 	s := x.Settle(ctx, &message{key: "k1", body: "ok"})
 	require.Equal(t, onceonly.Ack, s.Disposition, "%v", s.Err)
 	require.Equal(t, consume.ReasonReplayed, consume.Reason(x.Settle(ctx, &message{key: "k1", body: "ok"})))

@@ -39,30 +39,37 @@ type Config[M any] struct {
 
 // Executor turns a broker message into a Settlement: it identifies the
 // message, executes it once through the engine, and settles the answer by
-// the policy. Create it with Register (a Handler, through Engine.Run) or
-// NewTx (a TxHandler, through Engine.Do); it is safe for concurrent use.
+// the policy. Create it with New; it is safe for concurrent use.
 type Executor[M any] struct {
 	cfg     Config[M]
-	name    string       // registered name; "" for a TxHandler
-	handler Handler[M]   // set by Register
-	tx      TxHandler[M] // set by NewTx
+	name    string // registered name; "" for a TxHandler
+	handler Handler[M]
+	tx      TxHandler[M]
 }
 
-// Register returns an executor running fn through Engine.Run, and
-// registers fn with the engine under name so that Engine.Resume can
-// finish an execution whose process died after a step started.
-func Register[M any](cfg Config[M], name string, fn Handler[M]) (*Executor[M], error) {
-	e := &Executor[M]{cfg: cfg, name: name, handler: fn}
+// Work is what an Executor runs for each message: Handler, through
+// Engine.Run, or Tx, through Engine.Do.
+type Work[M any] struct {
+	// Handler may call systems outside Postgres; it is registered with the
+	// engine so that Engine.Resume can finish an execution whose process
+	// died after a step started.
+	Handler Handler[M]
+	// Tx only writes to Postgres, in the key's transaction.
+	Tx TxHandler[M]
+}
+
+// New returns an executor running w. A Handler is registered with the
+// engine under name, the same in every process consuming the messages.
+func New[M any](cfg Config[M], name string, w Work[M]) (*Executor[M], error) {
+	e := &Executor[M]{cfg: cfg, handler: w.Handler, tx: w.Tx}
+	if w.Handler == nil {
+		return e, nil
+	}
+	e.name = name
 	if err := cfg.Engine.Register(name, e.execute); err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Package, err)
 	}
 	return e, nil
-}
-
-// NewTx returns an executor running fn, a handler that only writes to
-// Postgres, through Engine.Do.
-func NewTx[M any](cfg Config[M], fn TxHandler[M]) *Executor[M] {
-	return &Executor[M]{cfg: cfg, tx: fn}
 }
 
 // Settle runs m through the engine, unless it is invalid, and returns its
