@@ -3,7 +3,6 @@ package onceamqp_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceamqp"
 )
 
@@ -35,8 +35,8 @@ import (
 // resumer) started beside it as a consumer process runs them
 // (Engine.Start). It reports each variant's rate and its ratio to bare's.
 func BenchmarkConsume(b *testing.B) {
-	messages := benchEnvInt(b, "BENCH_MESSAGES", 2000)
-	workers := benchEnvInt(b, "BENCH_WORKERS", 4)
+	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
+	workers := testenv.EnvInt(b, "BENCH_WORKERS", 4)
 	tb := setup(b)
 	require.NoError(b, tb.engine.Start(tb.ctx))
 	variants := []struct {
@@ -171,18 +171,4 @@ func drainConsumer(run bool) func(b *testing.B, tb *testBundle, round string, n,
 		c.Stop()
 		return took
 	}
-}
-
-// benchEnvInt reads a positive integer setting of the benchmark.
-func benchEnvInt(b *testing.B, name string, def int) int {
-	b.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
 }

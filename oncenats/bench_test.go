@@ -2,7 +2,6 @@ package oncenats_test
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,8 +24,8 @@ import (
 // Every round drains two backlogs back to back, in alternating order, so
 // both see the same machine; it reports both rates and their ratio.
 func BenchmarkConsumer(b *testing.B) {
-	messages := benchEnvInt(b, "BENCH_MESSAGES", 2000)
-	workers := benchEnvInt(b, "BENCH_WORKERS", 8)
+	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
+	workers := testenv.EnvInt(b, "BENCH_WORKERS", 8)
 	var took [2]time.Duration // bare, oncenats
 	for i := range b.N {
 		for j := range 2 {
@@ -162,20 +161,6 @@ func (b *testBundle) effectRows(tb testing.TB) int {
 	var n int
 	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
 		tb.Fatal(err)
-	}
-	return n
-}
-
-// benchEnvInt reads a positive integer from the environment, or def.
-func benchEnvInt(tb testing.TB, name string, def int) int {
-	tb.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		tb.Fatalf("%s=%q: want a positive integer", name, v)
 	}
 	return n
 }
