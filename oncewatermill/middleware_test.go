@@ -262,7 +262,6 @@ func TestProducedMessagesAreStableAcrossReplays(t *testing.T) {
 	})
 }
 
-
 // In watermill-sql's transaction, the key commits with the subscriber's
 // ack, and the handler's writes through that transaction with it: after
 // the middleware settled the message, while the router publishes, neither
