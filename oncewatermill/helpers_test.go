@@ -44,7 +44,7 @@ type pubSub struct {
 	// joined says whether the middleware joins the subscriber's
 	// transaction (watermill-sql).
 	joined bool
-	open   func(t *testing.T, b *testBundle) (message.Publisher, message.Subscriber)
+	open   func(t testing.TB, b *testBundle) (message.Publisher, message.Subscriber)
 }
 
 var pubSubs = []pubSub{
@@ -80,7 +80,7 @@ type testBundle struct {
 	logger          watermill.LoggerAdapter
 }
 
-func setup(t *testing.T, ps pubSub) *testBundle {
+func setup(t testing.TB, ps pubSub) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), ps: ps, logger: watermill.NewSlogLogger(testenv.QuietLogger())}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (key text NOT NULL, payload text NOT NULL)`)
@@ -98,11 +98,11 @@ func setup(t *testing.T, ps pubSub) *testBundle {
 	return b
 }
 
-func openSQLPgx(t *testing.T, b *testBundle) (message.Publisher, message.Subscriber) {
+func openSQLPgx(t testing.TB, b *testBundle) (message.Publisher, message.Subscriber) {
 	return openSQL(t, b, wsql.BeginnerFromPgx(b.pool))
 }
 
-func openSQLStdlib(t *testing.T, b *testBundle) (message.Publisher, message.Subscriber) {
+func openSQLStdlib(t testing.TB, b *testBundle) (message.Publisher, message.Subscriber) {
 	db := stdlib.OpenDBFromPool(b.pool)
 	t.Cleanup(func() { _ = db.Close() })
 	return openSQL(t, b, wsql.BeginnerFromStdSQL(db))
@@ -110,7 +110,7 @@ func openSQLStdlib(t *testing.T, b *testBundle) (message.Publisher, message.Subs
 
 // openSQL opens watermill-sql's Postgres pub/sub (the default schema and
 // offsets adapter) on db, with a short poll interval.
-func openSQL(t *testing.T, b *testBundle, db wsql.Beginner) (message.Publisher, message.Subscriber) {
+func openSQL(t testing.TB, b *testBundle, db wsql.Beginner) (message.Publisher, message.Subscriber) {
 	t.Helper()
 	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{
 		SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, AutoInitializeSchema: true,
@@ -131,7 +131,7 @@ func openSQL(t *testing.T, b *testBundle, db wsql.Beginner) (message.Publisher, 
 // openAMQP opens watermill-amqp's durable queue pub/sub (a queue per
 // topic, the default exchange) on the shared RabbitMQ; the test's queues
 // are deleted when it ends.
-func openAMQP(t *testing.T, b *testBundle) (message.Publisher, message.Subscriber) {
+func openAMQP(t testing.TB, b *testBundle) (message.Publisher, message.Subscriber) {
 	t.Helper()
 	url := testenv.AMQPURL(t)
 	cfg := wamqp.NewDurableQueueConfig(url)

@@ -270,7 +270,8 @@ func TestProducedMessagesAreStableAcrossReplays(t *testing.T) {
 // redelivery runs the handler again, so exactly one effect is left.
 // Without the join (Options.NoJoin), the key commits on its own while the
 // effect is rolled back with the subscriber's transaction, and the
-// redelivery replays a run whose effect is lost.
+// redelivery replays a run whose effect is lost. The first run's receipt
+// was published before its rollback; the second run's has the same UUID.
 func TestJoinedTransactionCommitsTheKeyWithTheAck(t *testing.T) {
 	t.Parallel()
 	for _, ps := range pubSubs {
@@ -289,8 +290,13 @@ func TestJoinedTransactionCommitsTheKeyWithTheAck(t *testing.T) {
 				if err := writeEffect(msg); err != nil {
 					return nil, err
 				}
-				return message.Messages{message.NewMessage(watermill.NewUUID(), []byte(`{"receipt":"`+key+`"}`))}, nil
+				id, err := oncewatermill.ProducedUUID(msg.Context(), 0)
+				if err != nil {
+					return nil, err
+				}
+				return message.Messages{message.NewMessage(id, []byte(`{"receipt":"`+key+`"}`))}, nil
 			}, routerOptions{publisher: pub})
+			receipts := b.collect(t, b.out)
 			// The router subscribed: the offsets table exists.
 			_, err := b.pool.Exec(b.ctx, `
 				CREATE SEQUENCE ack_failures;
@@ -321,6 +327,11 @@ func TestJoinedTransactionCommitsTheKeyWithTheAck(t *testing.T) {
 			require.False(t, st.Outcome.Replayed, "the first run was rolled back with the failed ack")
 			require.Equal(t, 2, r.get("order-1"))
 			b.awaitEffects(t, "order-1", 1)
+			// Each run published its receipt before the commit; both runs
+			// gave it the same UUID (ProducedUUID), for downstream to
+			// deduplicate.
+			first, second := receive(t, receipts), receive(t, receipts)
+			require.Equal(t, first.UUID, second.UUID)
 			testenv.Eventually(t, 10*time.Second, "the key committed", func() bool {
 				var status string
 				err := b.pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE key = 'order-1'`).Scan(&status)
