@@ -26,7 +26,11 @@ import (
 // fn, a panic, or a Result with a status that is not stored rolls back to
 // the savepoint: fn's writes and the claim are undone, the key stays as it
 // was (absent or failed, so retryable: I3), and tx remains usable — the
-// caller may still commit its other work.
+// caller may still commit its other work. fn's error comes back as an
+// *ExecutionError whose Failures is 0 (not known): with the claim undone,
+// no failure of the key is recorded, so Settle redelivers such a message
+// without a limit of its own; bound it with the broker's (a delivery
+// count, River's MaxAttempts).
 //
 // What changes: the key is held by the uncommitted row, not by a lease.
 // Nobody sees the claim before the caller commits; a concurrent request for
@@ -66,9 +70,11 @@ type callerTx struct {
 // savepoint is a savepoint of the caller's transaction: pgx's
 // (pgxSavepoint) or database/sql's (sqlSavepoint, sqltx.go).
 type savepoint interface {
-	// begin makes the savepoint; the key's statements then run on db.
+	// begin makes the savepoint; the key's statements then run on db. Its
+	// error says what failed ("savepoint: …").
 	begin(ctx context.Context) (db keystore.Querier, err error)
-	// release releases the savepoint, keeping what ran since begin.
+	// release releases the savepoint, keeping what ran since begin. Its
+	// error says what failed ("release savepoint: …").
 	release(ctx context.Context) error
 	// rollback rolls back to the savepoint, even when ctx has ended; a
 	// no-op unless begun and neither released nor rolled back.
@@ -91,7 +97,7 @@ func (m *callerTx) check(ctx context.Context, ref keystate.Ref, fp string, _ key
 func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	db, err := m.sp.begin(ctx)
 	if err != nil {
-		return keystate.Key{}, false, unavailable(fmt.Errorf("savepoint: %w", err))
+		return keystate.Key{}, false, unavailable(err)
 	}
 	m.db = db
 	claim, err := m.e.store.Claim(ctx, db, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
@@ -104,6 +110,9 @@ func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool,
 		return claim.Key, false, nil
 	}
 	x.fence = Fence{Owner: claim.Key.Owner, Version: claim.Key.Version}
+	if claim.TookOver {
+		x.by = byTakeover
+	}
 	return claim.Key, true, nil
 }
 
@@ -124,14 +133,15 @@ func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keys
 		return keystate.Key{}, false, fromStore(fmt.Errorf("complete: %w", err))
 	}
 	if err := m.sp.release(ctx); err != nil {
-		return keystate.Key{}, false, unavailable(fmt.Errorf("release savepoint: %w", err))
+		return keystate.Key{}, false, unavailable(err)
 	}
 	return stored, false, nil
 }
 
 // release rolls back to the savepoint, which undoes the claim: the key is
-// as it was, and nothing changed that Redis should learn.
-func (m *callerTx) release(ctx context.Context, _ *Execution, _ bool) (keystate.Key, bool, error) {
+// as it was, and nothing changed that Redis should learn. No failure is
+// counted either: the key's row is not written.
+func (m *callerTx) release(ctx context.Context, _ *Execution, _ ending) (keystate.Key, bool, error) {
 	m.sp.rollback(ctx)
 	return keystate.Key{}, false, nil
 }
@@ -149,13 +159,18 @@ type pgxSavepoint struct {
 func (s *pgxSavepoint) begin(ctx context.Context) (keystore.Querier, error) {
 	sp, err := s.outer.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("savepoint: %w", err)
 	}
 	s.sp = sp
 	return sp, nil
 }
 
-func (s *pgxSavepoint) release(ctx context.Context) error { return s.sp.Commit(ctx) }
+func (s *pgxSavepoint) release(ctx context.Context) error {
+	if err := s.sp.Commit(ctx); err != nil {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
+}
 
 // rollback rolls back to the savepoint; pgx makes it a no-op once rolled
 // back or released.

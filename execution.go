@@ -50,6 +50,9 @@ type Execution struct {
 	// claimedAt is when the claim that holds the key was sent; the lease
 	// runs from later.
 	claimedAt time.Time
+	// by says who runs the execution: byFirst, byTakeover or byResumer
+	// (the label of onceonly_executions_total).
+	by string
 
 	mu       sync.Mutex
 	tx       *exectx.Tx                 // set by the first Tx

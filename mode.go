@@ -55,11 +55,11 @@ type mode interface {
 	// stored is the key's new state once committed (committed true); while
 	// the commit is still to come (the caller's), committed is false.
 	complete(ctx context.Context, x *Execution, res Result) (stored keystate.Key, committed bool, err error)
-	// release fails x's key, or hands it off for a resumption, once the
-	// handler's writes are rolled back. changed is the key's new state
-	// (released true); released is false, with a nil error, when nothing
-	// of x's was left to release.
-	release(ctx context.Context, x *Execution, handOff bool) (changed keystate.Key, released bool, err error)
+	// release fails x's key, or hands it off for a resumption, as end
+	// says, once the handler's writes are rolled back. changed is the key's
+	// new state (released true); released is false, with a nil error, when
+	// nothing of x's was left to release.
+	release(ctx context.Context, x *Execution, end ending) (changed keystate.Key, released bool, err error)
 	// keepsRow reports whether x's key has a committed row of x's that
 	// holds it until its lease ends, so a release Postgres did not take is
 	// tried again in the background (releaseLater).

@@ -44,7 +44,7 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 		return x.mode.claim(ctx, x)
 	case !opened.Locked:
 		x.rollback(ctx)
-		return keystate.Key{}, false, &InFlightError{RetryAfter: time.Second}
+		return keystate.Key{}, false, inFlight(e.cfg.LeaseTimeout) // the holder's lease is not read: its bound
 	}
 	return keystate.Key{Ref: x.ref, Owner: x.fence.Owner}, true, nil
 }
@@ -70,12 +70,13 @@ func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (k
 
 // release writes the key's row, failed, once the transaction rolled back,
 // so a retry runs again (I3); nothing when the key has a row of another
-// execution.
-func (m singleCommit) release(ctx context.Context, x *Execution, _ bool) (keystate.Key, bool, error) {
+// execution. An execution in this mode takes no step, so it is never
+// handed off.
+func (m singleCommit) release(ctx context.Context, x *Execution, end ending) (keystate.Key, bool, error) {
 	e := m.e
 	var written bool
 	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (k keystate.Key, err error) {
-		k, written, err = e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
+		k, written, err = e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint, end == endHandlerFailed)
 		return k, err
 	})
 	if err != nil || !written {

@@ -216,6 +216,9 @@ func TestSQLFailureRollsBackAndIsRetryable(t *testing.T) {
 		}
 		_, err := b.engine.DoSQL(b.ctx, "m", "k", []byte("p"), failing("k"))
 		require.ErrorIs(t, err, boom)
+		var failed *onceonly.ExecutionError
+		require.ErrorAs(t, err, &failed)
+		require.Equal(t, 1, failed.Failures, "counted as on the pgx path")
 		require.Equal(t, "failed", b.keyStatus(t, "k"))
 		out, err := b.engine.DoSQL(b.ctx, "m", "k", []byte("p"), sqlPayment("k", 502, `{}`))
 		require.NoError(t, err)
@@ -380,13 +383,13 @@ func TestSQLTxRules(t *testing.T) {
 			}
 			again, err := x.SQLTx(ctx)
 			if err != nil || again != tx {
-				return onceonly.Result{}, fmt.Errorf("a second SQLTx: %v", err)
+				return onceonly.Result{}, fmt.Errorf("a second SQLTx: %w", err)
 			}
 			if _, err := onceonly.Tx(ctx); !errors.Is(err, onceonly.ErrTxKind) {
-				return onceonly.Result{}, fmt.Errorf("Tx after SQLTx: %v", err)
+				return onceonly.Result{}, fmt.Errorf("Tx after SQLTx: %w", err)
 			}
 			if _, err := onceonly.Step(ctx, "late", func(context.Context, string) (int, error) { return 1, nil }); !errors.Is(err, onceonly.ErrStepAfterTx) {
-				return onceonly.Result{}, fmt.Errorf("Step after SQLTx: %v", err)
+				return onceonly.Result{}, fmt.Errorf("Step after SQLTx: %w", err)
 			}
 			return onceonly.Result{Status: 201}, nil
 		}))
@@ -404,7 +407,7 @@ func TestSQLTxRules(t *testing.T) {
 		defer func() { _ = tx.Rollback() }()
 		_, err = b.engine.DoSQLTx(b.ctx, tx, "m", "caller", []byte("p"), func(ctx context.Context, given *sql.Tx) (onceonly.Result, error) {
 			if got, err := onceonly.SQLTx(ctx); err != nil || got != tx || given != tx {
-				return onceonly.Result{}, fmt.Errorf("SQLTx in DoSQLTx: %v", err)
+				return onceonly.Result{}, fmt.Errorf("SQLTx in DoSQLTx: %w", err)
 			}
 			_, err := onceonly.Tx(ctx)
 			return onceonly.Result{}, err

@@ -3,6 +3,7 @@ package onceonly
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -43,7 +44,7 @@ type sqlSavepoint struct {
 
 func (s *sqlSavepoint) begin(ctx context.Context) (keystore.Querier, error) {
 	if _, err := s.tx.ExecContext(ctx, "SAVEPOINT onceonly"); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("savepoint: %w", err)
 	}
 	s.open = true
 	return keystore.SQLTx{Tx: s.tx}, nil
@@ -51,8 +52,10 @@ func (s *sqlSavepoint) begin(ctx context.Context) (keystore.Querier, error) {
 
 func (s *sqlSavepoint) release(ctx context.Context) error {
 	s.open = false
-	_, err := s.tx.ExecContext(ctx, "RELEASE SAVEPOINT onceonly")
-	return err
+	if _, err := s.tx.ExecContext(ctx, "RELEASE SAVEPOINT onceonly"); err != nil {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
 }
 
 func (s *sqlSavepoint) rollback(ctx context.Context) {

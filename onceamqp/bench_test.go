@@ -31,12 +31,14 @@ import (
 //     onceonly.Tx.
 //
 // BENCH_WORKERS (default 4) sets the workers of each. The engine runs on
-// Postgres and Redis; no relay runs beside it. It reports each variant's
-// rate and its ratio to bare's.
+// Postgres and Redis, with its daemons (the relay, the reconciler, the
+// resumer) started beside it as a consumer process runs them
+// (Engine.Start). It reports each variant's rate and its ratio to bare's.
 func BenchmarkConsume(b *testing.B) {
 	messages := benchEnvInt(b, "BENCH_MESSAGES", 2000)
 	workers := benchEnvInt(b, "BENCH_WORKERS", 4)
 	tb := setup(b)
+	require.NoError(b, tb.engine.Start(tb.ctx))
 	variants := []struct {
 		name string
 		run  func(b *testing.B, tb *testBundle, round string, messages, workers int) time.Duration

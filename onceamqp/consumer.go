@@ -39,8 +39,9 @@ type Message struct {
 // commits together with the key's completion. Returning nil acks the
 // delivery after that commit; an error fails the key (or hands it off when
 // a step's outcome is unknown) and the delivery comes again (see the
-// package comment). Wrap onceonly.ErrInvalidMessage to dead-letter the
-// message as invalid at once.
+// package comment); so does a panic, which is recovered. Wrap
+// onceonly.ErrInvalidMessage to dead-letter the message as invalid at
+// once.
 //
 // A Handler must depend on msg.Scope, msg.Key and msg.Payload alone: when
 // its process dies after a step started, a live engine's Resume runs it
@@ -154,7 +155,8 @@ type Consumer struct {
 // NewConsumer returns a consumer running fn, and registers fn with engine
 // under opts.Name so that engine.Resume can finish an execution whose
 // process died after a step started. Every process consuming the queue
-// must create the consumer (which registers it) and run engine.Resume.
+// must create the consumer (which registers it) and run the engine's
+// resumer (Engine.Start runs it, or Engine.Resume).
 func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, error) {
 	if fn == nil {
 		return nil, errors.New("onceamqp: a Handler is required")

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -35,6 +36,7 @@ func TestCopiesHaveOneEffect(t *testing.T) {
 	require.Equal(t, 1, b.settled(t, "ack", "executed"))
 	require.Equal(t, 2, b.settled(t, "ack", "replayed"))
 
+	require.Zero(t, b.metric(t, "onceonly_amqp_settle_errors_total", nil), "an ack did not reach the broker")
 	c.Stop() // anything left unacked would be requeued now
 	require.Zero(t, b.ready(t, b.queue.Name))
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
@@ -116,12 +118,34 @@ func TestFailedExecutionComesAgainAfterBackoff(t *testing.T) {
 	b.awaitSettled(t, 1, "ack", "executed")
 	at := runs.of("order-1")
 	require.Len(t, at, 3)
-	for i := 1; i < len(at); i++ {
-		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), minBackoff, "run %d came back before the backoff", i+1)
-	}
+	// MinBackoff after the first failure, doubled after the second.
+	require.GreaterOrEqual(t, at[1].Sub(at[0]), minBackoff, "run 2 came back before the backoff")
+	require.GreaterOrEqual(t, at[2].Sub(at[1]), 2*minBackoff, "run 3 came back before the doubled backoff")
 	require.Equal(t, 2, b.settled(t, "retry", ""))
 	require.Zero(t, b.settled(t, "dead_letter", ""))
 	require.Equal(t, []string{`{"amount":100}`}, b.effects(t, "order-1"))
+}
+
+// A handler that panics fails its execution, and the consumer lives on: the
+// message comes again and its next run's effect is the only one.
+func TestHandlerPanicFailsTheExecution(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var runs attempts
+	c, err := onceamqp.NewTxConsumer(b.engine, func(ctx context.Context, tx pgx.Tx, msg onceamqp.Message) error {
+		if runs.add(msg.Key) == 1 {
+			panic("a nil map somewhere")
+		}
+		return recordEffect(ctx, tx, msg)
+	}, b.options(onceamqp.Options{}))
+	require.NoError(t, err)
+	b.run(t, c)
+
+	b.publish(t, b.channel(t), "order-1", `{"amount":100}`)
+	b.awaitSettled(t, 1, "ack", "executed")
+	require.Len(t, runs.of("order-1"), 2)
+	require.Equal(t, []string{`{"amount":100}`}, b.effects(t, "order-1"))
+	require.True(t, c.Connected())
 }
 
 // After MaxFailures executions of a key ended failed, its delivery is
@@ -157,6 +181,38 @@ func TestCopyInFlightComesAgain(t *testing.T) {
 	require.Equal(t, 1, b.settled(t, "ack", "replayed"))
 	require.Equal(t, []string{`{"amount":100}`}, b.effects(t, "order-1"))
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
+}
+
+// A step whose outcome is unknown hands the key off (it stays in
+// progress): the delivery is requeued, never dead-lettered and not counted
+// as a failure, until the key settles, here by a redelivery that takes the
+// key over once its lease ran out and calls the step again with the same
+// downstream key.
+func TestUnknownStepOutcomeIsKeptUntilSettled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls attempts
+	b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
+		charge, err := onceonly.Step(ctx, "charge", func(_ context.Context, key string) (string, error) {
+			if calls.add(key) == 1 {
+				return "", errors.New("the gateway timed out: charged or not, nobody knows")
+			}
+			return "ch_" + key, nil
+		})
+		if err != nil {
+			return err
+		}
+		return writeEffect(ctx, onceamqp.Message{Key: msg.Key, Payload: []byte(charge)})
+	}, onceamqp.Options{Policy: onceonly.SettlePolicy{MaxFailures: 1, MinBackoff: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}})
+
+	b.publish(t, b.channel(t), "order-1", `{"amount":100}`)
+	b.awaitSettled(t, 1, "ack", "executed")
+	downstream := onceonly.DownstreamKey("test", "order-1", "charge")
+	require.Len(t, calls.of(downstream), 2, "the step was called again with its downstream key")
+	require.Equal(t, []string{"ch_" + downstream}, b.effects(t, "order-1"))
+	require.Equal(t, 1, b.settled(t, "retry", "handed_off"))
+	require.Zero(t, b.settled(t, "retry", "failed"))
+	require.Zero(t, b.settled(t, "dead_letter", ""))
 }
 
 // copyInFlight starts a consumer with two workers whose first execution
@@ -305,7 +361,8 @@ func TestStopIsBounded(t *testing.T) {
 	took := time.Since(began)
 	require.GreaterOrEqual(t, took, bound)
 	require.Less(t, took, bound+3*time.Second)
-	require.Equal(t, 1, b.ready(t, b.queue.Name), "the delivery was not left to the broker")
+	// The broker requeues a closed channel's deliveries on its own time.
+	testenv.Eventually(t, 10*time.Second, "the delivery back in the queue", func() bool { return b.ready(t, b.queue.Name) == 1 })
 	require.Empty(t, b.effects(t, "order-1"))
 }
 

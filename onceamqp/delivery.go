@@ -52,10 +52,7 @@ func (c *Consumer) process(ctx context.Context, d *amqp.Delivery) onceonly.Settl
 	var out onceonly.Outcome
 	if c.txHandler != nil {
 		out, err = c.engine.Do(ctx, msg.Scope, msg.Key, msg.Payload, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			if err := c.txHandler(ctx, tx, msg); err != nil {
-				return onceonly.Result{}, err
-			}
-			return onceonly.Result{Status: 200}, nil
+			return done(recovered(func() error { return c.txHandler(ctx, tx, msg) }))
 		})
 	} else {
 		out, err = c.engine.Run(context.WithValue(ctx, deliveryKey{}, d), c.name, msg.Scope, msg.Key, msg.Payload)
@@ -109,10 +106,27 @@ func (c *Consumer) execute(ctx context.Context, x *onceonly.Execution) (onceonly
 	if d, ok := ctx.Value(deliveryKey{}).(*amqp.Delivery); ok {
 		msg.Delivery = d
 	}
-	if err := c.handler(ctx, msg); err != nil {
+	return done(recovered(func() error { return c.handler(ctx, msg) }))
+}
+
+// done is the Result of a handler that returned err: stored (200) when nil.
+func done(err error) (onceonly.Result, error) {
+	if err != nil {
 		return onceonly.Result{}, err
 	}
 	return onceonly.Result{Status: 200}, nil
+}
+
+// recovered runs fn and turns a panic into an error, so that a handler's
+// panic fails its execution (counted toward MaxFailures, as asynq counts
+// one) instead of ending the consumer's process.
+func recovered(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("onceamqp: handler panicked: %v", p)
+		}
+	}()
+	return fn()
 }
 
 type deliveryKey struct{}

@@ -18,8 +18,8 @@
 //		_, err = tx.Exec(ctx, `INSERT INTO ledger (charge_id) VALUES ($1)`, charge.ID)
 //		return err
 //	}, onceamqp.Options{URL: amqpURL, Queue: "payments.charge", Scope: "payments"})
-//	go engine.Resume(ctx)
-//	err = c.Run(ctx) // until ctx ends; reconnects by itself
+//	err = engine.Start(ctx) // the relay, the reconciler, the resumer: in this process
+//	err = c.Run(ctx)        // until ctx ends; reconnects by itself
 //
 // # The key
 //
@@ -95,8 +95,8 @@
 //
 // # Alongside
 //
-// Run engine.Resume in every process that registers the handler (it
+// Run the engine's resumer in every process that registers the handler (it
 // finishes an execution whose process died after a step started, with no
 // redelivery needed), and the relay and the reconciler as for every use of
-// the engine. See docs/consumers/rabbitmq.md.
+// the engine: engine.Start runs all three. See docs/consumers/rabbitmq.md.
 package onceamqp

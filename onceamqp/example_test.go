@@ -5,11 +5,9 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -24,39 +22,20 @@ import (
 // its message-id for another order: the first copy books, the second is
 // acked without booking again, and the reused id is dead-lettered.
 //
-// The servers come from the environment, as a service reads them from its
-// configuration: TEST_AMQP_URL, TEST_DATABASE_URL and TEST_REDIS_URL under
-// go test (scripts/test.sh sets them).
+// The servers come from the environment, as a service reads its
+// configuration: AMQP_URL, DATABASE_URL and REDIS_URL.
 func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pool, dropDatabase := exampleDatabase(ctx, os.Getenv("TEST_DATABASE_URL"))
-	defer dropDatabase()
-	redisOpts, err := redis.ParseURL(os.Getenv("TEST_REDIS_URL"))
-	if err != nil {
+	engine, pool, cleanup := exampleEngine(ctx)
+	defer cleanup()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bookings (order_id text NOT NULL, body jsonb NOT NULL)`); err != nil {
 		panic(err)
 	}
-	rdb := redis.NewClient(redisOpts)
-	defer rdb.Close()
-	amqpURL := os.Getenv("TEST_AMQP_URL")
-
-	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: "example:" + rand.Text()[:8] + ":"})
-	if err != nil {
-		panic(err)
-	}
-	defer engine.Close()
-	// Resume finishes executions whose process died after a step started;
-	// it ends before the engine closes.
-	resumeCtx, stopResume := context.WithCancel(ctx)
-	resumed := make(chan struct{})
-	go func() {
-		defer close(resumed)
-		_ = engine.Resume(resumeCtx)
-	}()
-	defer func() { stopResume(); <-resumed }()
+	amqpURL := os.Getenv("AMQP_URL")
 
 	// The queue and its dead letters. A service uses fixed names
-	// ("orders.book"); the example's own keep runs apart.
+	// ("orders.book"); the example's own keep runs on one broker apart.
 	name := "example.orders." + rand.Text()[:8]
 	topology := onceamqp.Queue{Name: name, DeadLetterExchange: name + ".dead", DeadLetterQueue: name + ".dead"}
 	defer deleteTopology(amqpURL, topology)
@@ -78,9 +57,9 @@ func Example() {
 		Scope:   "orders",
 		Workers: 1, // one at a time, so the example prints in order
 		Settled: func(d *amqp.Delivery, s onceonly.Settlement) {
-			settled <- fmt.Sprintf("%s: %s %s", d.MessageId, s.Disposition, s.Reason)
+			settled <- strings.TrimSpace(fmt.Sprintf("%s: %s %s", d.MessageId, s.Disposition, s.Reason))
 		},
-		Logger: exampleLogger(),
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		panic(err)
@@ -96,7 +75,7 @@ func Example() {
 	publish("order-1", `{"sku":"tea","qty":2}`)
 	publish("order-1", `{"sku":"coffee","qty":9}`)
 	for range 3 {
-		fmt.Println(strings.TrimSpace(<-settled))
+		fmt.Println(<-settled)
 	}
 
 	var bookings int
@@ -110,6 +89,32 @@ func Example() {
 	// order-1: ack
 	// order-1: dead_letter reused
 	// bookings of order-1: 1
+}
+
+// exampleEngine is what a service does at start: connect to Postgres and
+// Redis (DATABASE_URL, REDIS_URL), migrate, build the engine and start its
+// daemons (the relay, the reconciler, the resumer) in-process.
+func exampleEngine(ctx context.Context) (*onceonly.Engine, *pgxpool.Pool, func()) {
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		panic(err)
+	}
+	opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	rdb := redis.NewClient(opts)
+	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		panic(err)
+	}
+	if err := engine.Start(ctx); err != nil {
+		panic(err)
+	}
+	return engine, pool, func() { engine.Close(); _ = rdb.Close(); pool.Close() }
 }
 
 // examplePublisher declares the topology and returns a function that
@@ -144,46 +149,6 @@ func examplePublisher(ctx context.Context, amqpURL string, topology onceamqp.Que
 	}
 }
 
-// exampleDatabase creates a database of the example's own on the server of
-// adminURL, migrated (onceonly's migrations, what `api migrate up` runs)
-// and with a bookings table, and returns a pool on it and a function that
-// drops it.
-func exampleDatabase(ctx context.Context, adminURL string) (*pgxpool.Pool, func()) {
-	admin, err := pgx.Connect(ctx, adminURL)
-	if err != nil {
-		panic(err)
-	}
-	name := "onceamqp_example_" + strings.ToLower(rand.Text()[:10])
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		panic(err)
-	}
-	u, err := url.Parse(adminURL)
-	if err != nil {
-		panic(err)
-	}
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		panic(err)
-	}
-	m, err := migrations.NewMigrator(pool)
-	if err != nil {
-		panic(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		panic(err)
-	}
-	_ = m.Close()
-	if _, err := pool.Exec(ctx, `CREATE TABLE bookings (order_id text NOT NULL, body jsonb NOT NULL)`); err != nil {
-		panic(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)")
-		_ = admin.Close(context.Background())
-	}
-}
-
 // deleteTopology deletes the example's queues and exchange.
 func deleteTopology(amqpURL string, topology onceamqp.Queue) {
 	conn, err := amqp.Dial(amqpURL)
@@ -199,6 +164,3 @@ func deleteTopology(amqpURL string, topology onceamqp.Queue) {
 	_, _ = ch.QueueDelete(topology.DeadLetterQueue, false, false, false)
 	_ = ch.ExchangeDelete(topology.DeadLetterExchange, false, false)
 }
-
-// exampleLogger keeps the consumer's logs out of the example's output.
-func exampleLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -2,6 +2,7 @@ package onceamqp_test
 
 import (
 	"context"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -18,9 +19,14 @@ import (
 	"github.com/onceonly/onceonly/onceamqp"
 )
 
-// TestMain fails the package's tests when a goroutine outlives them.
+// TestMain fails the package's tests when a goroutine outlives them, and
+// gives the runnable examples what a service reads: DATABASE_URL and
+// REDIS_URL of their own, and AMQP_URL (the test RabbitMQ).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
+		_ = os.Setenv("AMQP_URL", u)
+	}
+	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "onceamqp"))
 }
 
 // testBundle is what a test runs on: a database of its own with an

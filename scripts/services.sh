@@ -7,6 +7,7 @@
 #   scripts/services.sh pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]
 #   scripts/services.sh sentinel DIR FIRST_PORT [test]
 #   scripts/services.sh rabbitmq DIR PORT
+#   scripts/services.sh nats DIR PORT
 #   scripts/services.sh stop DIR
 #
 # Data lives under DIR (git-ignored .data/ by default) and is reused by the
@@ -30,6 +31,9 @@
 # own on PORT+2 and the CLI tools' distribution on PORT+3..PORT+7, so it
 # never meets another node on the machine. It returns once the node answers
 # an AMQP handshake. DIR/rabbitmq/rabbitmqctl runs rabbitmqctl against it.
+# "nats" starts nats-server (Debian package, installed when missing) with
+# JetStream on, on 127.0.0.1:PORT (TEST_NATS_URL=nats://127.0.0.1:PORT), its
+# streams stored in DIR/nats.
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -397,10 +401,48 @@ rabbitmq_stop() {
 	fi
 }
 
+# nats_ready PORT: the server on PORT greets with an INFO line that says
+# JetStream is on (it accepts clients only once JetStream is up).
+nats_ready() {
+	local line
+	line=$(exec 2>/dev/null 3<>"/dev/tcp/127.0.0.1/$1" && IFS= read -r -t 2 l <&3 && printf '%s' "$l") || return 1
+	[[ $line == INFO* && $line == *'"jetstream":true'* ]]
+}
+
+# nats DIR PORT: see the top. The server runs in the background, its pid
+# and log in DIR/nats.
+nats() {
+	local dir=$1 port=$2
+	if ! type -P nats-server >/dev/null; then
+		if [ "$(id -u)" != 0 ]; then
+			log "missing nats-server: install it (apt-get install nats-server) or run as root"
+			exit 1
+		fi
+		log "installing nats-server"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+		# The package may start a system nats-server on 4222; the project runs its own.
+		if command -v service >/dev/null; then service nats-server stop >/dev/null 2>&1 || true; fi
+	fi
+	mkdir -p "$dir/nats"
+	dir=$(cd "$dir" && pwd)/nats
+	nats_ready "$port" && return
+	local _
+	nohup nats-server --jetstream --store_dir "$dir" --addr 127.0.0.1 --port "$port" \
+		--pid "$dir/nats.pid" --log "$dir/nats.log" >/dev/null 2>&1 &
+	for _ in $(seq 300); do
+		nats_ready "$port" && { log "nats-server (JetStream) on 127.0.0.1:$port"; return; }
+		sleep 0.1
+	done
+	log "nats-server did not start on port $port: see $dir/nats.log"
+	exit 1
+}
+
 stop() {
 	local dir=$1 bin pid
 	rabbitmq_stop "$dir"
 	bin=$(pg_bin)
+	stop_nats "$dir"
 	if [ -f "$dir/pgbouncer/pgbouncer.pid" ]; then
 		kill "$(cat "$dir/pgbouncer/pgbouncer.pid")" 2>/dev/null || true
 	fi
@@ -418,6 +460,17 @@ stop() {
 	fi
 }
 
+# stop_nats DIR: ends the nats-server of DIR and waits for it, so the next
+# start finds its store unlocked.
+stop_nats() {
+	local pidfile=$1/nats/nats.pid pid
+	[ -f "$pidfile" ] || return 0
+	pid=$(cat "$pidfile")
+	kill "$pid" 2>/dev/null || true
+	for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	rm -f "$pidfile"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -427,6 +480,7 @@ cluster) cluster "$@" ;;
 pgbouncer) pgbouncer "$@" ;;
 sentinel) sentinel "$@" ;;
 rabbitmq) rabbitmq "$@" ;;
+nats) nats "$@" ;;
 stop) stop "$@" ;;
-*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | stop DIR" >&2; exit 2 ;;
+*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR" >&2; exit 2 ;;
 esac

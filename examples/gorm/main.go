@@ -43,37 +43,37 @@ func run(ctx context.Context, out io.Writer) error {
 	url := os.Getenv("DATABASE_URL")
 	pool, err := pgxpool.New(ctx, url) // the engine's own work: claims, leases, the relay
 	if err != nil {
-		return err
+		return fmt.Errorf("connect to Postgres: %w", err)
 	}
 	defer pool.Close()
 	if _, err := migrations.Up(ctx, pool); err != nil {
-		return err
+		return fmt.Errorf("migrate: %w", err)
 	}
 	sqlDB, err := sql.Open("pgx", url) // GORM's, and the handlers' transactions
 	if err != nil {
-		return err
+		return fmt.Errorf("open database/sql: %w", err)
 	}
 	defer sqlDB.Close()
 	gdb, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
-		return err
+		return fmt.Errorf("open GORM: %w", err)
 	}
 	if err := gdb.WithContext(ctx).AutoMigrate(&Shipment{}); err != nil {
-		return err
+		return fmt.Errorf("create the shipments table: %w", err)
 	}
 	opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 	if err != nil {
-		return err
+		return fmt.Errorf("REDIS_URL: %w", err)
 	}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	engine, err := onceonly.New(onceonly.Config{Pool: pool, DB: sqlDB, Redis: rdb})
 	if err != nil {
-		return err
+		return fmt.Errorf("onceonly: %w", err)
 	}
 	defer engine.Close()
 	if err := engine.Start(ctx); err != nil { // the relay, the reconciler, the resumer
-		return err
+		return fmt.Errorf("start the engine's daemons: %w", err)
 	}
 
 	// ship is the handler of a message: it writes through tx, which it
@@ -90,7 +90,7 @@ func run(ctx context.Context, out io.Writer) error {
 	for range 2 { // the broker delivers the message twice
 		res, err := engine.DoSQL(ctx, "shipping", "msg-1", []byte(`{"order_id":"1"}`), ship("1"))
 		if err != nil {
-			return err
+			return fmt.Errorf("msg-1: %w", err)
 		}
 		fmt.Fprintf(out, "msg-1: status=%d replayed=%v\n", res.Status, res.Replayed)
 	}
@@ -111,13 +111,13 @@ func run(ctx context.Context, out io.Writer) error {
 			return nil
 		})
 		if err != nil {
-			return err
+			return fmt.Errorf("msg-2: %w", err)
 		}
 	}
 
 	var n int64
 	if err := gdb.WithContext(ctx).Model(&Shipment{}).Count(&n).Error; err != nil {
-		return err
+		return fmt.Errorf("count shipments: %w", err)
 	}
 	fmt.Fprintln(out, "shipments:", n)
 	return nil

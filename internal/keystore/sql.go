@@ -40,6 +40,7 @@ var (
 	scanLiveSQL             = load("scan_live")
 	liftStatementTimeoutSQL = load("lift_statement_timeout")
 	liveKeysSQL             = load("live_keys")
+	stepsInProgressSQL      = load("steps_in_progress")
 	takeBatchSQL            = load("take_batch")
 	requeueEventsSQL        = load("requeue_events")
 	countEventsSQL          = load("count_events")

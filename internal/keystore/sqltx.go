@@ -72,10 +72,13 @@ func (r sqlRow) Scan(dest ...any) error {
 		dest[i] = (*uuidText)(u)
 	}
 	err := r.row.Scan(dest...)
-	if errors.Is(err, sql.ErrNoRows) {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, sql.ErrNoRows):
 		return pgx.ErrNoRows
 	}
-	return err
+	return fmt.Errorf("database/sql: %w", err)
 }
 
 // uuidText scans a uuid that a database/sql driver returns as text.

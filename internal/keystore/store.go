@@ -18,7 +18,7 @@
 // arguments in the order it found: what Postgres receives is what
 // pgx.StrictNamedArgs would send.
 //
-// The 13 key columns that every statement returning keys selects first are
+// The 14 key columns that every statement returning keys selects first are
 // written once, in sql/key_columns.sql, and scanned by one type, keyRow. A
 // statement names them {{key_columns}} ({{key_columns @max_body}} to leave
 // out long bodies), and the package puts those lines in its place when it
@@ -130,7 +130,8 @@ type keyRow struct {
 // dest returns the destinations of the key columns, in their order.
 func (r *keyRow) dest() []any {
 	return []any{&r.k.Scope, &r.k.Key, &r.k.Status, &r.k.Version, &r.k.Fingerprint, &r.owner, &r.leaseMs,
-		&r.k.Response.Status, &r.k.Response.ContentType, &r.header, &r.k.Response.Body, &r.k.BodyOmitted, &r.expiresMs}
+		&r.k.Response.Status, &r.k.Response.ContentType, &r.header, &r.k.Response.Body, &r.k.BodyOmitted, &r.expiresMs,
+		&r.k.Failures}
 }
 
 // key returns the key scanned.
@@ -171,6 +172,10 @@ type ClaimResult struct {
 	// Steps holds the recovery points of an execution this claim took over
 	// (see RecordStep): a JSON object by step name, or nil.
 	Steps []byte
+	// TookOver is true when the claim took over an execution whose lease
+	// ran out (its holder died or handed it off), rather than a key with
+	// no row, a failed one or an expired one.
+	TookOver bool
 }
 
 // maxClaimRounds bounds how often Claim retries a row that keeps changing
@@ -240,9 +245,10 @@ func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerp
 		case !takeable:
 			return ClaimResult{Key: k}, nil
 		}
+		tookOver := k.Status == keystate.InProgress && k.ExpiresIn > 0
 		k, err = scanKey(claimTakeoverSQL.queryRow(ctx, db, args), &notified, &durability, &steps)
 		if err == nil {
-			return ClaimResult{Claimed: true, Key: k, Steps: steps}, nil
+			return ClaimResult{Claimed: true, Key: k, Steps: steps, TookOver: tookOver}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return ClaimResult{}, fmt.Errorf("claim key: %w", err)
@@ -358,17 +364,20 @@ func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keysta
 	return pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(), "status": keystate.Completed,
 		"response_status": resp.Status, "response_content_type": resp.ContentType, "response_body": body,
 		"response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
-		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": true}
+		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": true, "count_failure": false}
 }
 
 // Fail marks the key failed (retryable: the next request claims it again).
-// It returns ErrLeaseLost when owner no longer holds the key.
-func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
+// countFailure adds one to the key's failures: set it when the handler
+// failed, not when the store or the caller ended the execution. It returns
+// ErrLeaseLost when owner no longer holds the key.
+func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, countFailure bool) (keystate.Key, error) {
 	var notified bool
 	k, err := scanKey(finishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
 		"owner": owner.String(), "status": keystate.Failed,
 		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
-		"ttl": s.cfg.FailedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": false}), &notified)
+		"ttl": s.cfg.FailedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": false,
+		"count_failure": countFailure}), &notified)
 	return k, finishError(keystate.Failed, err)
 }
 

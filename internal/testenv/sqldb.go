@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"database/sql"
+	"net/url"
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
@@ -9,10 +10,20 @@ import (
 )
 
 // SQLDrivers are the database/sql drivers over Postgres that the engine's
-// database/sql path is tested with: pgx's stdlib and lib/pq.
-var SQLDrivers = []string{"pgx", "postgres"}
+// database/sql path is tested with: pgx's stdlib ("pgx"), lib/pq
+// ("postgres"), and lib/pq sending arguments in binary, which takes a
+// statement with arguments in one round trip instead of two
+// ("postgres-binary": binary_parameters=yes).
+var SQLDrivers = []string{"pgx", libPQ, libPQBinary}
 
-// OnEachSQLDriver runs fn as a subtest per database/sql driver.
+// The names of lib/pq's driver, and of SQLDrivers' variant of it that
+// sends arguments in binary.
+const (
+	libPQ       = "postgres"
+	libPQBinary = "postgres-binary"
+)
+
+// OnEachSQLDriver runs fn as a parallel subtest per driver of SQLDrivers.
 func OnEachSQLDriver(t *testing.T, fn func(t *testing.T, driver string)) {
 	t.Helper()
 	for _, driver := range SQLDrivers {
@@ -23,11 +34,21 @@ func OnEachSQLDriver(t *testing.T, fn func(t *testing.T, driver string)) {
 	}
 }
 
-// SQLDB opens a database/sql handle on url with driver, closed when the
-// test ends.
-func SQLDB(tb testing.TB, driver, url string) *sql.DB {
+// SQLDB opens a database/sql handle on dsn with driver, one of
+// SQLDrivers, closed when the test ends.
+func SQLDB(tb testing.TB, driver, dsn string) *sql.DB {
 	tb.Helper()
-	db, err := sql.Open(driver, url)
+	if driver == libPQBinary {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			tb.Fatalf("parse database URL: %v", err)
+		}
+		q := u.Query()
+		q.Set("binary_parameters", "yes")
+		u.RawQuery = q.Encode()
+		driver, dsn = libPQ, u.String()
+	}
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		tb.Fatalf("open %s: %v", driver, err)
 	}
