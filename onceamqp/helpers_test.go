@@ -2,7 +2,6 @@ package onceamqp_test
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -23,9 +22,6 @@ import (
 // gives the runnable examples what a service reads: DATABASE_URL and
 // REDIS_URL of their own, and AMQP_URL (the test RabbitMQ).
 func TestMain(m *testing.M) {
-	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
-		_ = os.Setenv("AMQP_URL", u)
-	}
 	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "onceamqp"))
 }
 
