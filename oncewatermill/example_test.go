@@ -3,6 +3,7 @@ package oncewatermill_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -98,19 +99,19 @@ func Example() {
 	}
 	router.AddMiddleware(poison, once)
 	router.AddHandler("book_order", orders, subscriber, receipts, publisher, func(msg *message.Message) ([]*message.Message, error) {
-		ctx := msg.Context()
+		msgCtx := msg.Context()
 		orderID := msg.Metadata.Get(oncewatermill.DefaultKeyMetadata)
 		fmt.Printf("booking %s: %s\n", orderID, msg.Payload)
 		// The subscriber's transaction: the booking commits with the key
 		// and the consumed offset.
-		tx, ok := wsql.TxFromContext(ctx)
+		tx, ok := wsql.TxFromContext(msgCtx)
 		if !ok {
-			return nil, fmt.Errorf("not a watermill-sql message")
+			return nil, errors.New("not a watermill-sql message")
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO bookings (order_id, body) VALUES ($1, $2)`, orderID, msg.Payload); err != nil {
+		if _, err := tx.ExecContext(msgCtx, `INSERT INTO bookings (order_id, body) VALUES ($1, $2)`, orderID, msg.Payload); err != nil {
 			return nil, err
 		}
-		id, err := oncewatermill.ProducedUUID(ctx, 0)
+		id, err := oncewatermill.ProducedUUID(msgCtx, 0)
 		if err != nil {
 			return nil, err
 		}

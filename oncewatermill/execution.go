@@ -42,6 +42,8 @@ func (x *execution) sqlHandler(ctx context.Context, _ *sql.Tx) (onceonly.Result,
 // returns in the Result. A panic fails the execution like an error: it
 // is the handler's, and the message is retried (and dead-lettered after
 // SettlePolicy.MaxFailures) rather than crash the router's goroutine.
+//
+//nolint:contextcheck,nolintlint // ctx reaches the handler, in the message: Watermill passes a handler its context there (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (x *execution) run(ctx context.Context) (res onceonly.Result, err error) {
 	orig := x.msg.Context()
 	x.msg.SetContext(ctx)

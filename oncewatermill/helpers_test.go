@@ -3,7 +3,6 @@ package oncewatermill_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -328,12 +328,12 @@ func (b *testBundle) effects(t *testing.T, key string) int {
 	return n
 }
 
-// awaitEffects waits until key has n effect rows. A joined transaction
-// commits after the settlement: when the subscriber has acked the
-// message (watermill-sql: at the end of its batch).
-func (b *testBundle) awaitEffects(t *testing.T, key string, n int) {
+// awaitOneEffect waits until key has one effect row. A joined
+// transaction commits after the settlement: when the subscriber has acked
+// the message (watermill-sql: at the end of its batch).
+func (b *testBundle) awaitOneEffect(t *testing.T, key string) {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d effect row(s) of %s", n, key), func() bool { return b.effects(t, key) == n })
+	testenv.Eventually(t, 10*time.Second, "one effect row of "+key, func() bool { return b.effects(t, key) == 1 })
 }
 
 // runs counts the handler's runs per key.
@@ -380,4 +380,27 @@ func (p *failingPublisher) Publish(topic string, msgs ...*message.Message) error
 		}
 	}
 	return errPublish
+}
+
+// counterValue returns the value of the counter name with labels in reg
+// (0 when it has none).
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }

@@ -2,11 +2,11 @@ package oncewatermill
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/promutil"
 )
 
 // metrics are the middleware's Prometheus metrics.
@@ -26,32 +26,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "Messages the oncewatermill middleware holds until their retry delay passes and it nacks them; each holds its handler goroutine and its place in the subscription.",
 	})
 	var err error
-	if messages, err = register(reg, messages); err != nil {
+	if messages, err = promutil.Shared(reg, messages); err != nil {
 		return nil, err
 	}
-	if waiting, err = register(reg, waiting); err != nil {
+	if waiting, err = promutil.Shared(reg, waiting); err != nil {
 		return nil, err
 	}
 	return &metrics{messages: messages, waiting: waiting}, nil
-}
-
-// register registers c with reg (nil: nothing), or returns the collector
-// registered already under its name, so that several middlewares share
-// one registry.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	err := reg.Register(c)
-	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	if err != nil {
-		return c, fmt.Errorf("register metrics: %w", err)
-	}
-	return c, nil
 }
 
 // The reason label of onceonly_watermill_messages_total, besides the

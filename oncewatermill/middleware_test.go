@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
@@ -23,10 +24,14 @@ import (
 func TestCopiesRunOnce(t *testing.T) {
 	forEachPubSub(t, func(t *testing.T, b *testBundle) {
 		var r runs
+		reg := prometheus.NewRegistry()
 		s := b.startRouter(t, func(msg *message.Message) ([]*message.Message, error) {
 			r.add(msg.Metadata.Get(oncewatermill.DefaultKeyMetadata))
 			return nil, writeEffect(msg)
-		}, routerOptions{})
+		}, routerOptions{opts: oncewatermill.Options{Registerer: reg}})
+		// A second middleware on the registry shares its metrics.
+		_, err := oncewatermill.NewMiddleware(b.engine, oncewatermill.Options{Registerer: reg})
+		require.NoError(t, err)
 		for range 3 {
 			b.publish(t, "order-1", `{"sku":"tea"}`)
 		}
@@ -40,10 +45,16 @@ func TestCopiesRunOnce(t *testing.T) {
 			}
 		}
 		require.Equal(t, 2, replayed)
+		messages := func(disposition, reason string) float64 {
+			return counterValue(t, reg, "onceonly_watermill_messages_total",
+				map[string]string{"handler": handlerName, "disposition": disposition, "reason": reason})
+		}
+		require.Equal(t, 2.0, messages("ack", "executed"))
+		require.Equal(t, 2.0, messages("ack", "replayed"))
 		require.Equal(t, 1, r.get("order-1"))
 		require.Equal(t, 1, r.get("order-2"))
-		b.awaitEffects(t, "order-1", 1)
-		b.awaitEffects(t, "order-2", 1)
+		b.awaitOneEffect(t, "order-1")
+		b.awaitOneEffect(t, "order-2")
 	})
 }
 
@@ -82,7 +93,7 @@ func TestReusedAndInvalidArePoisoned(t *testing.T) {
 
 		require.Equal(t, 1, r.get("order-1"))
 		require.Equal(t, 0, r.get(""))
-		b.awaitEffects(t, "order-1", 1)
+		b.awaitOneEffect(t, "order-1")
 		var keys int
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&keys))
 		require.Equal(t, 1, keys, "only order-1 has a key row")
@@ -114,7 +125,7 @@ func TestFailureThenSuccess(t *testing.T) {
 		require.Equal(t, onceonly.Ack, st.Disposition, "%+v", st)
 		require.False(t, st.Outcome.Replayed)
 		require.Equal(t, 2, r.get("order-1"))
-		b.awaitEffects(t, "order-1", 1)
+		b.awaitOneEffect(t, "order-1")
 		requireNone(t, poisoned, 200*time.Millisecond)
 	})
 }
@@ -178,7 +189,7 @@ func TestCopyInFlightIsDelayedNotPoisoned(t *testing.T) {
 			return nil, writeEffect(msg)
 		}, routerOptions{})
 		b.publish(t, "order-1", `{"sku":"tea"}`)
-		var retries []settled
+		retries := make([]settled, 0, 3)
 		for range 3 {
 			// In the engine's transaction, the key is in flight; in a
 			// joined one (REPEATABLE READ), its row may have changed since
@@ -206,7 +217,7 @@ func TestCopyInFlightIsDelayedNotPoisoned(t *testing.T) {
 		require.Equal(t, onceonly.Ack, st.Disposition, "%+v", st)
 		require.True(t, st.Outcome.Replayed)
 		require.Equal(t, 0, r.get("order-1"))
-		b.awaitEffects(t, "order-1", 1)
+		b.awaitOneEffect(t, "order-1")
 		requireNone(t, poisoned, 200*time.Millisecond)
 	})
 }
@@ -252,7 +263,7 @@ func TestProducedMessagesAreStableAcrossReplays(t *testing.T) {
 
 		require.EqualValues(t, 2, pub.calls.Load())
 		require.Equal(t, 1, r.get("order-1"))
-		b.awaitEffects(t, "order-1", 1)
+		b.awaitOneEffect(t, "order-1")
 		require.Equal(t, partial.UUID, again[0].UUID)
 		require.Equal(t, "receipt", again[0].Metadata.Get("kind"))
 		require.JSONEq(t, `{"receipt":"order-1"}`, string(again[0].Payload))
@@ -326,7 +337,7 @@ func TestJoinedTransactionCommitsTheKeyWithTheAck(t *testing.T) {
 			require.Equal(t, onceonly.Ack, st.Disposition, "%+v", st)
 			require.False(t, st.Outcome.Replayed, "the first run was rolled back with the failed ack")
 			require.Equal(t, 2, r.get("order-1"))
-			b.awaitEffects(t, "order-1", 1)
+			b.awaitOneEffect(t, "order-1")
 			// Each run published its receipt before the commit; both runs
 			// gave it the same UUID (ProducedUUID), for downstream to
 			// deduplicate.
