@@ -61,14 +61,14 @@ func reasonOf(s onceonly.Settlement) string {
 		if _, ok := onceonly.IsInFlight(s.Err); ok {
 			return reasonInFlight
 		}
-		if serializationFailure(s.Err) {
-			return reasonConflict
-		}
 		if failed, ok := errors.AsType[*onceonly.ExecutionError](s.Err); ok {
 			if failed.HandedOff {
 				return reasonHandedOff
 			}
 			return reasonFailed
+		}
+		if serializationFailure(s.Err) {
+			return reasonConflict
 		}
 	}
 	return reasonError

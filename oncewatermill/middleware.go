@@ -247,11 +247,11 @@ func (m *middleware) settlementOf(id identity, run *execution, out onceonly.Outc
 		}
 	}
 	s := m.opts.Policy.Settle(out, err)
-	if run.joined && s.Disposition == onceonly.Retry && serializationFailure(err) {
+	if run.joined && run.err == nil && s.Disposition == onceonly.Retry && serializationFailure(err) {
 		// watermill-sql's transactions are REPEATABLE READ: a key whose
 		// row changed after the subscriber's snapshot (another execution
 		// claimed it, renews its lease, finished it) cannot be claimed
-		// in it. That is a copy in flight elsewhere, not a failure: it
+		// in it (the engine's statement failed, not the handler's). That is a copy in flight elsewhere, not a failure: it
 		// comes again as one does, and is replayed from Redis once the
 		// holder finishes, or from Postgres in the subscriber's next
 		// transaction.
@@ -286,7 +286,7 @@ func (m *middleware) settle(msg *message.Message, id identity, s onceonly.Settle
 		err = &DeadLetterError{Reason: s.Reason, Err: s.Err}
 	case onceonly.Retry:
 		level := slog.LevelInfo
-		if reason == reasonInFlight {
+		if reason == reasonInFlight || reason == reasonConflict {
 			level = slog.LevelDebug // a copy of a message under way: routine
 		}
 		log.Log(msg.Context(), level, "oncewatermill: nacking the message after a delay", "why", reason, "after", s.After, "failures", s.Failures, "error", s.Err)
