@@ -28,12 +28,7 @@ import (
 // TestMain fails the package's tests when a goroutine outlives them, and
 // gives the runnable examples DATABASE_URL and REDIS_URL of their own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "oncewatermill"),
-		// watermill's default Deduplicator repository (a package-level
-		// goroutine that middleware.Deduplicator's defaults start) is not
-		// used here; the AMQP client's reconnect loop ends with Close.
-		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill/message/router/middleware.(*mapExpiringKeyRepository).cleanOutLoop"),
-	)
+	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "oncewatermill"))
 }
 
 // pubSub is a Watermill pub/sub the tests run on: watermill-sql on the
