@@ -24,21 +24,20 @@ func Register(reg prometheus.Registerer, collectors ...prometheus.Collector) err
 }
 
 // Shared registers c with reg (nil: nothing), or returns the collector
-// registered already under its name, so that consumers of several queues
-// or streams share one registry's metrics.
+// registered there already under the same description, so that several
+// consumers (queues, streams, routers) share one registry's metrics.
 func Shared[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
 	if reg == nil {
 		return c, nil
 	}
 	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
 	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
 		if existing, ok := are.ExistingCollector.(C); ok {
 			return existing, nil
 		}
 	}
-	var zero C
-	return zero, fmt.Errorf("register metrics: %w", err)
+	if err != nil {
+		return c, fmt.Errorf("register metrics: %w", err)
+	}
+	return c, nil
 }
