@@ -26,33 +26,22 @@ import (
 func BenchmarkConsumer(b *testing.B) {
 	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
 	workers := testenv.EnvInt(b, "BENCH_WORKERS", 8)
-	var took [2]time.Duration // bare, oncenats
-	for i := range b.N {
-		for j := range 2 {
-			variant := (i + j) % 2
-			b.StopTimer()
+	variant := func(name string, drain func(bd *testBundle, tb testing.TB, workers int)) testenv.Variant {
+		return testenv.Variant{Name: name, Drain: func(b *testing.B, _ int) time.Duration {
 			bd := setup(b, setupOpts{ackWait: 30 * time.Second})
 			bd.publishBacklog(b, messages)
 			b.StartTimer()
 			began := time.Now()
-			if variant == 0 {
-				bd.drainBare(b, workers)
-			} else {
-				bd.drainConsumer(b, workers)
-			}
-			took[variant] += time.Since(began)
+			drain(bd, b, workers)
+			took := time.Since(began)
 			b.StopTimer()
 			if n := bd.effectRows(b); n != messages {
-				b.Fatalf("variant %d: %d rows for %d messages", variant, n, messages)
+				b.Fatalf("%s: %d rows for %d messages", name, n, messages)
 			}
-		}
+			return took
+		}}
 	}
-	bare := float64(messages*b.N) / took[0].Seconds()
-	once := float64(messages*b.N) / took[1].Seconds()
-	b.ReportMetric(bare, "msgs/s_bare")
-	b.ReportMetric(once, "msgs/s_oncenats")
-	b.ReportMetric(once/bare, "oncenats/bare")
-	b.Logf("%d messages, %d workers: bare %.0f msgs/s, oncenats %.0f msgs/s, ratio %.2f", messages, workers, bare, once, once/bare)
+	testenv.CompareRates(b, messages, variant("bare", (*testBundle).drainBare), variant("oncenats", (*testBundle).drainConsumer))
 }
 
 // publishBacklog publishes n messages with keys of their own and waits
