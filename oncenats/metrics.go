@@ -9,7 +9,7 @@ import (
 // The reason label of onceonly_nats_messages_total, besides the
 // dead-letter reasons of onceonly (reused, invalid, failed) and the
 // reasons consume.Reason names (executed, replayed, in_flight, failed,
-// handed_off, error):
+// handed_off, error), these.
 const (
 	reasonDeadLetterFailed = "dead_letter_failed" // retry: the copy was not published
 	reasonShutdown         = "shutdown"           // retry: handed back unstarted

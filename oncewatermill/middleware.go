@@ -106,8 +106,7 @@ func UUIDKey(msg *message.Message) (string, error) {
 // Add it to one handler (Handler.AddMiddleware) or to the router, after
 // a poison queue that takes DeadLetterErrors (IsDeadLetter).
 func NewMiddleware(engine *onceonly.Engine, opts Options) (message.HandlerMiddleware, error) {
-	switch {
-	case engine == nil:
+	if engine == nil {
 		return nil, errors.New("oncewatermill: an Engine is required")
 	}
 	if opts.KeyMetadata == "" {
@@ -171,7 +170,7 @@ func (m *middleware) handle(msg *message.Message, h message.HandlerFunc) ([]*mes
 // redelivery.
 func (m *middleware) identify(msg *message.Message) (consume.Identity, error) {
 	id, err := m.identifier.Identify(msg)
-	if p, ok := errors.AsType[*consume.Panic](err); ok {
+	if p, ok := errors.AsType[*consume.PanicError](err); ok {
 		m.log.Error("oncewatermill: Options.Key, ScopeOf or Payload panicked", "message_uuid", msg.UUID, "panic", p.Value)
 	}
 	return id, err

@@ -71,7 +71,7 @@ func TestIdentify(t *testing.T) {
 	panicky.Key = func(*message) (string, error) { panic("boom") }
 	_, err = panicky.Identify(&message{})
 	require.ErrorIs(t, err, onceonly.ErrInvalidMessage)
-	p, ok := errors.AsType[*consume.Panic](err)
+	p, ok := errors.AsType[*consume.PanicError](err)
 	require.True(t, ok, "%v", err)
 	require.Equal(t, "boom", p.Value)
 }

@@ -77,7 +77,7 @@ func New[M any](cfg Config[M], name string, w Work[M]) (*Executor[M], error) {
 func (e *Executor[M]) Settle(ctx context.Context, m M) onceonly.Settlement {
 	id, err := e.cfg.Identifier.Identify(m)
 	if err != nil {
-		if p, ok := errors.AsType[*Panic](err); ok {
+		if p, ok := errors.AsType[*PanicError](err); ok {
 			e.cfg.Logger.ErrorContext(ctx, e.cfg.Package+": Options.Key, ScopeOf or Payload panicked", append(e.attrs(m), "panic", p.Value)...)
 		}
 		return e.cfg.Policy.Settle(onceonly.Outcome{}, err)

@@ -58,12 +58,12 @@ func (i Identifier[M]) CheckScope() error {
 // dead-lettered before the engine sees it and leaves no key.
 //
 // A panic in Key, ScopeOf or Payload is such an error too, wrapping a
-// *Panic: they depend on the message alone, so it would panic again on
+// *PanicError: they depend on the message alone, so it would panic again on
 // every redelivery.
 func (i Identifier[M]) Identify(m M) (id Identity, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = Invalid("identify", &Panic{Value: p})
+			err = Invalid("identify", &PanicError{Value: p})
 		}
 	}()
 	id = Identity{Scope: i.Scope}
@@ -98,10 +98,10 @@ func Invalid(what string, err error) error {
 	return fmt.Errorf("%w: %s: %w", onceonly.ErrInvalidMessage, what, err)
 }
 
-// Panic is the error of a recovered panic.
-type Panic struct {
+// PanicError is the error of a recovered panic.
+type PanicError struct {
 	// Value is what was passed to panic.
 	Value any
 }
 
-func (p *Panic) Error() string { return fmt.Sprintf("panic: %v", p.Value) }
+func (p *PanicError) Error() string { return fmt.Sprintf("panic: %v", p.Value) }

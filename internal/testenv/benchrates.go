@@ -17,8 +17,8 @@ type Variant struct {
 	Drain func(b *testing.B, round int) time.Duration
 }
 
-// CompareRates runs b.N rounds, each draining a backlog of messages
-// messages once per variant, in rotating order so that all see the same
+// CompareRates runs b.N rounds, each draining a backlog (of the given
+// number of messages) once per variant, in rotating order so that all see the same
 // machine, and reports each variant's rate (msgs/s_<name>) and, past the
 // first, its ratio to the first's (<name>/<first name>). The timer runs
 // only where a Drain starts it.
