@@ -214,9 +214,11 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (_ Report, err error
 	err = r.pass(ctx, lockTx, &rep)
 	rep.DurationMs = time.Since(began).Milliseconds()
 	if err != nil {
-		return rep, r.failed(fmt.Errorf("reconcile: %w", err))
+		err = r.failed(fmt.Errorf("reconcile: %w", err))
+		r.remember(ctx, resultFailed, rep, time.Since(began), err)
+		return rep, err
 	}
-	r.record(rep, time.Since(began))
+	r.remember(ctx, r.record(rep, time.Since(began)), rep, time.Since(began), nil)
 	return rep, nil
 }
 
@@ -713,8 +715,9 @@ func (r *Reconciler) failed(err error) error {
 	return err
 }
 
-// record logs a finished pass (one line) and updates the metrics.
-func (r *Reconciler) record(rep Report, took time.Duration) {
+// record logs a finished pass (one line), updates the metrics and returns
+// the pass's result.
+func (r *Reconciler) record(rep Report, took time.Duration) string {
 	result := resultOK
 	if rep.Unreachable+rep.UnreachableNodes > 0 {
 		result = resultPartial
@@ -735,4 +738,5 @@ func (r *Reconciler) record(rep Report, took time.Duration) {
 		"orphaned", rep.Orphaned, "in_flight", rep.InFlight, "redis_scanned", rep.RedisScanned,
 		"repaired", rep.Repaired, "leases_reaped", rep.LeasesReaped, "expired_deleted", rep.ExpiredDeleted,
 		"duration_ms", rep.DurationMs)
+	return result
 }
