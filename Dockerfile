@@ -3,8 +3,11 @@
 # the command per service. Non-root, no shell, static binaries.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
+# The workspace: the library's module and the commands' (cmd/go.mod), whose
+# dependencies are downloaded before the sources come in.
 COPY go.mod go.sum ./
-RUN go mod download
+COPY cmd/go.mod cmd/go.sum ./cmd/
+RUN cd cmd && GOWORK=off go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/relay ./cmd/reconciler ./cmd/gateway
 

@@ -25,6 +25,7 @@ import (
 	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
 	"github.com/onceonly/onceonly/internal/relaywake"
+	"github.com/onceonly/onceonly/internal/startstop"
 )
 
 // Defaults of Config.
@@ -82,6 +83,9 @@ type Config struct {
 	// takeover) goes the two-phase way. Fence().Version is 0 in such an
 	// execution. Off by default.
 	SingleCommit bool
+	// Daemons configures what Start runs beside the handlers: the relay,
+	// the reconciler and the resumer (all three by default).
+	Daemons Daemons
 	// Tuning holds switches most services never set.
 	Tuning Tuning
 	// Registerer receives the engine's Prometheus metrics; nil keeps them
@@ -167,8 +171,12 @@ type Engine struct {
 	// starts once closed is set (under releasesMu).
 	releases   sync.WaitGroup
 	releasesMu sync.Mutex
-	closed     bool
-	closing    chan struct{}
+
+	// daemons are what Start runs (nil when it does not), under daemonsMu.
+	daemonsMu sync.Mutex
+	daemons   []startstop.Service
+	closed    bool
+	closing   chan struct{}
 }
 
 // New returns an Engine.
@@ -220,13 +228,14 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// Close ends the releases the engine retries in the background (a key
-// left claimed then waits for its lease), stops the engine's lease
-// renewals and closes their connection. Executions still running lose
-// their leases. End Resume (its context) first.
+// Close stops what Start started, ends the releases the engine retries in
+// the background (a key left claimed then waits for its lease), stops the
+// engine's lease renewals and closes their connection. Executions still
+// running lose their leases. End Resume (its context) first.
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
+	_ = e.Stop(context.Background()) // returns once they stopped
 	e.releasesMu.Lock()
 	if !e.closed {
 		e.closed = true

@@ -15,34 +15,41 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/migrations"
 )
 
-// exampleEngine wires an engine to a fresh test database and the test Redis.
-func exampleEngine() (*onceonly.Engine, func()) {
-	url, drop := testenv.ExampleDatabaseURL()
-	pool, err := pgxpool.New(context.Background(), url)
+// exampleEngine is what a service does at start: connect to Postgres and
+// Redis (DATABASE_URL, REDIS_URL), migrate, build the engine and start its
+// daemons (the relay, the reconciler, the resumer) in-process.
+func exampleEngine(ctx context.Context) (*onceonly.Engine, func()) {
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}
-	opts, err := redis.ParseURL(os.Getenv("TEST_REDIS_URL"))
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		panic(err)
+	}
+	opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 	if err != nil {
 		panic(err)
 	}
 	rdb := redis.NewClient(opts)
-	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: "example" + testenv.RandomSuffix(8) + ":"})
+	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb})
 	if err != nil {
 		panic(err)
 	}
-	return engine, func() { engine.Close(); rdb.Close(); pool.Close(); _ = drop() }
+	if err := engine.Start(ctx); err != nil {
+		panic(err)
+	}
+	return engine, func() { engine.Close(); _ = rdb.Close(); pool.Close() }
 }
 
 // A message consumer: the message ID is the idempotency key. A redelivery
 // gets the stored result and the handler does not run again.
 func ExampleEngine_Do() {
-	engine, cleanup := exampleEngine()
-	defer cleanup()
 	ctx := context.Background()
+	engine, cleanup := exampleEngine(ctx)
+	defer cleanup()
 
 	handle := func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 		// Business writes go through tx and commit with the key's completion.
@@ -69,7 +76,7 @@ func ExampleEngine_Do() {
 // An HTTP service: the middleware wraps a handler that writes through
 // onceonly.Tx; a retry with the same Idempotency-Key is replayed.
 func ExampleEngine_Middleware() {
-	engine, cleanup := exampleEngine()
+	engine, cleanup := exampleEngine(context.Background())
 	defer cleanup()
 
 	create := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

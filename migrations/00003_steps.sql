@@ -13,9 +13,8 @@ ALTER TABLE idempotency_keys
     -- holder's key is reaped (failed) rather than resumed.
     ADD COLUMN steps jsonb;
 
--- The demo records the gateway's charge with the payment.
-ALTER TABLE payments ADD COLUMN charge_id text;
+-- Until v0.9 this migration also added the demo's payments.charge_id; the
+-- demo's own schema (payments/schema) has it now.
 
 -- +goose Down
-ALTER TABLE payments DROP COLUMN charge_id;
 ALTER TABLE idempotency_keys DROP COLUMN steps, DROP COLUMN request, DROP COLUMN handler;

@@ -15,6 +15,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -45,17 +46,46 @@ type Migrator struct {
 	provider *goose.Provider
 }
 
-// NewMigrator returns a Migrator over the pool. Close releases its connections
-// (not the pool).
-func NewMigrator(pool *pgxpool.Pool) (*Migrator, error) {
-	locker, err := lock.NewPostgresTableLocker(lock.WithTableLockTimeout(lockRetryInterval, lockRetries))
+// Option configures a Migrator.
+type Option func(*options)
+
+type options struct {
+	files                   fs.FS
+	versionTable, lockTable string
+	lockID                  int64
+}
+
+// WithFiles makes the Migrator run the goose migrations in files instead of
+// the engine's, recording them in versionTable and serialising migrators on
+// the row lockID of lockTable: an application's own schema beside the
+// engine's, with a version sequence of its own (the demo's payments table).
+func WithFiles(files fs.FS, versionTable, lockTable string, lockID int64) Option {
+	return func(o *options) {
+		o.files, o.versionTable, o.lockTable, o.lockID = files, versionTable, lockTable, lockID
+	}
+}
+
+// NewMigrator returns a Migrator over the pool: of the engine's migrations,
+// or of those WithFiles names. Close releases its connections (not the
+// pool).
+func NewMigrator(pool *pgxpool.Pool, opts ...Option) (*Migrator, error) {
+	o := options{files: files}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	lockOpts := []lock.TableLockerOption{lock.WithTableLockTimeout(lockRetryInterval, lockRetries)}
+	gooseOpts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	if o.versionTable != "" {
+		lockOpts = append(lockOpts, lock.WithTableName(o.lockTable), lock.WithTableLockID(o.lockID))
+		gooseOpts = append(gooseOpts, goose.WithTableName(o.versionTable))
+	}
+	locker, err := lock.NewPostgresTableLocker(lockOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("create table locker: %w", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, files,
-		goose.WithLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, o.files,
+		append(gooseOpts, goose.WithLocker(locker))...,
 	)
 	if err != nil {
 		_ = db.Close()
@@ -87,8 +117,8 @@ func (m *Migrator) Up(ctx context.Context) (int, error) {
 // EnsureCurrent returns ErrSchemaBehind (wrapped with the versions) when the
 // database lacks a migration this binary knows, so a daemon refuses to start
 // on an outdated schema.
-func EnsureCurrent(ctx context.Context, pool *pgxpool.Pool) error {
-	m, err := NewMigrator(pool)
+func EnsureCurrent(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	m, err := NewMigrator(pool, opts...)
 	if err != nil {
 		return err
 	}
@@ -101,4 +131,16 @@ func EnsureCurrent(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("%w (database at version %d, binary needs %d)", ErrSchemaBehind, current, target)
 	}
 	return nil
+}
+
+// Up brings the engine's schema in pool's database up to date and returns
+// how many migrations ran: the one call a service makes at start (or in
+// its deploy step) before New. Concurrent callers wait for one another.
+func Up(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	m, err := NewMigrator(pool)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	return m.Up(ctx)
 }

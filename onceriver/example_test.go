@@ -5,16 +5,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/migrations"
 	"github.com/onceonly/onceonly/onceriver"
 )
 
@@ -30,35 +32,46 @@ func (OrderArgs) Kind() string { return "charge_order" }
 // IdempotencyKey implements onceriver.Keyed.
 func (a OrderArgs) IdempotencyKey() string { return a.OrderID }
 
-// exampleSetup gives an example a fresh database with the engine's, River's
-// and a ledger's tables, an engine on it (without Redis, for brevity) and a
-// demo payment gateway.
+// exampleSetup is what a worker process does at start: connect to Postgres
+// (DATABASE_URL), migrate the engine's and River's tables and its own
+// ledger, and build the engine (without Redis, for brevity). A demo payment
+// gateway stands for the outside system the job charges.
 func exampleSetup() (*pgxpool.Pool, *onceonly.Engine, *gateway.Client, func()) {
 	ctx := context.Background()
-	url, drop := testenv.ExampleDatabaseURL()
-	pool, err := pgxpool.New(ctx, url)
+	quiet := slog.New(slog.DiscardHandler)
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}
-	if err := migrateRiver(ctx, pool); err != nil {
+	if _, err := migrations.Up(ctx, pool); err != nil {
 		panic(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (order_id text, charge_id text, amount bigint)`); err != nil {
+	riverMigrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: quiet})
+	if err != nil {
+		panic(err)
+	}
+	if _, err := riverMigrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS ledger (order_id text, charge_id text, amount bigint)`); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `TRUNCATE ledger`); err != nil {
 		panic(err)
 	}
 	if err := gateway.Migrate(ctx, pool); err != nil {
 		panic(err)
 	}
-	h, err := gateway.NewHandler(gateway.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	h, err := gateway.NewHandler(gateway.Config{Pool: pool, Logger: quiet})
 	if err != nil {
 		panic(err)
 	}
 	srv := httptest.NewServer(h)
-	engine, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	engine, err := onceonly.New(onceonly.Config{Pool: pool, Logger: quiet})
 	if err != nil {
 		panic(err)
 	}
-	return pool, engine, &gateway.Client{BaseURL: srv.URL}, func() { engine.Close(); srv.Close(); pool.Close(); _ = drop() }
+	return pool, engine, &gateway.Client{BaseURL: srv.URL}, func() { engine.Close(); srv.Close(); pool.Close() }
 }
 
 // A River worker whose job charges a payment gateway and writes a ledger

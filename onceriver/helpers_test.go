@@ -20,9 +20,10 @@ import (
 	"github.com/onceonly/onceonly/onceriver/internal/chargejob"
 )
 
-// TestMain fails the package's tests when a goroutine outlives them.
+// TestMain fails the package's tests when a goroutine outlives them, and
+// gives the runnable examples DATABASE_URL and REDIS_URL of their own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "onceriver"))
 }
 
 // migrateRiver creates River's tables in the database of pool.

@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-go vet ./...
+mapfile -t packages < <(scripts/modules.sh)
+go vet "${packages[@]}"
 lint_version=v2.15.0
 tools=${ONCEONLY_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/onceonly/tools}
 lint=$tools/golangci-lint
@@ -18,7 +19,7 @@ if ! "$lint" version 2>/dev/null | grep -F "version ${lint_version#v} built with
 	mkdir -p "$tools"
 	GOBIN="$tools" go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$lint_version"
 fi
-"$lint" run ./...
+"$lint" run "${packages[@]}"
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
 	echo "gofmt needed on: $unformatted" >&2

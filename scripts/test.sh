@@ -52,7 +52,10 @@ if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
 	export TEST_PGBOUNCER_URL="postgres://postgres@127.0.0.1:$p/postgres?sslmode=disable"
 fi
 
-go test -race -count=1 -timeout 15m "$@" ./...
+# Every module of the workspace (go.work): the library, the commands, the
+# integrations with heavy dependencies, the chaos suite.
+mapfile -t packages < <(scripts/modules.sh)
+go test -race -count=1 -timeout 15m "$@" "${packages[@]}"
 if [ $# -eq 0 ]; then
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
 	BENCH_EVENTS=2000 BENCH_RATE=200 BENCH_SECONDS=1 go test -run '^$' -bench . -benchtime 1x ./relay

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/daemon/redisconn"
+	"github.com/onceonly/onceonly/internal/redisconn"
 )
 
 func main() {

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/daemon/redisconn"
+	"github.com/onceonly/onceonly/internal/redisconn"
 )
 
 // keyView is what `api keys show` prints: the Postgres row and the Redis

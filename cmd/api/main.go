@@ -18,15 +18,16 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cmd/internal/daemon"
+	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
+	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
+	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/cmd/internal/tracing"
 	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
-	"github.com/onceonly/onceonly/internal/daemon"
-	"github.com/onceonly/onceonly/internal/daemon/ops"
-	"github.com/onceonly/onceonly/internal/daemon/postgres"
-	"github.com/onceonly/onceonly/internal/daemon/redisconn"
-	"github.com/onceonly/onceonly/internal/daemon/shutdown"
-	"github.com/onceonly/onceonly/internal/tracing"
+	"github.com/onceonly/onceonly/internal/redisconn"
 	"github.com/onceonly/onceonly/payments"
+	"github.com/onceonly/onceonly/payments/schema"
 )
 
 const demoAPIKeys = "sk_test_demo=acct_demo" //nolint:gosec // G101: the public demo key, accepted only while API_KEYS is unset, with a warning
@@ -123,7 +124,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 		log.Warn("REDIS_URL is unset: serving from Postgres alone")
 	}
 	pgCfg.MaxConns = max(pgCfg.MaxConns, 32)
-	pool, err := postgres.Open(ctx, pgCfg)
+	pool, err := postgres.Open(ctx, pgCfg, schema.Migrations())
 	if err != nil {
 		return err
 	}

@@ -58,10 +58,13 @@ func TestMigrateAndSchemaCheck(t *testing.T) {
 	code, stdout, stderr = runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, "applied 6 migration(s); schema at version 6")
+	require.Contains(t, stdout, "demo schema: applied 1 migration(s)")
 
 	code, stdout, _ = runAPI(t, env, "migrate", "status")
 	require.Equal(t, 0, code)
-	require.Equal(t, 6, strings.Count(stdout, "applied"))
+	require.Equal(t, 6, strings.Count(stdout, " engine "), stdout)
+	require.Equal(t, 1, strings.Count(stdout, " demo "), stdout)
+	require.Equal(t, 7, strings.Count(stdout, "applied"), stdout)
 
 	code, stdout, _ = runAPI(t, env, "migrate", "down")
 	require.Equal(t, 0, code)

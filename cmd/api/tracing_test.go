@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/cmd/internal/testotlp"
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
@@ -23,7 +24,7 @@ func TestDaemonsExportTraces(t *testing.T) {
 	gw := testenv.BuildBinary(t, "../gateway")
 	relay := testenv.BuildBinary(t, "../relay")
 	reconciler := testenv.BuildBinary(t, "../reconciler")
-	col := testenv.NewOTLPCollector(t)
+	col := testotlp.NewOTLPCollector(t)
 	dbURL := testenv.DatabaseURL(t)
 	_, prefix := testenv.Redis(t)
 	redisURL := "REDIS_URL=" + testenv.RedisURL(t)

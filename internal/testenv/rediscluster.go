@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/daemon/redisconn"
+	"github.com/onceonly/onceonly/internal/redisconn"
 )
 
 // RedisCluster is a Redis Cluster of the test's own: three masters without

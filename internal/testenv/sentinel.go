@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/daemon/redisconn"
+	"github.com/onceonly/onceonly/internal/redisconn"
 )
 
 // SentinelMaster is the master name the test Sentinels monitor (the

@@ -1,7 +1,10 @@
 // Package testenv gives tests real Postgres and Redis servers: the ones named
-// by TEST_DATABASE_URL and TEST_REDIS_URL, else containers started through
-// testcontainers-go when a Docker engine answers, else a failure that says how
-// to start them. Tests are never skipped for want of a server.
+// by TEST_DATABASE_URL and TEST_REDIS_URL, else a failure that says how to
+// start them: `make test` starts local servers, and where a Docker engine
+// answers, tools/testservers starts containers through testcontainers-go
+// and runs the tests against them. Tests are never skipped for want of a
+// server. (The containers live in a module of their own so that
+// testcontainers-go is no requirement of the library's module.)
 //
 // Each test gets its own database, copied from a migrated template, and its
 // own Redis key prefix, so tests run in parallel.
@@ -12,10 +15,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
+	neturl "net/url"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -27,10 +32,12 @@ import (
 
 	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/payments/schema"
 )
 
-const howToStart = `start local servers with "make services" (or scripts/test.sh, which does it),
-or export TEST_DATABASE_URL=postgres://... and TEST_REDIS_URL=redis://..., or run a Docker engine`
+const howToStart = `run the tests with "make test" (scripts/test.sh starts local servers), or with a
+Docker engine: go run ./tools/testservers -- go test ./..., or export
+TEST_DATABASE_URL=postgres://... and TEST_REDIS_URL=redis://...`
 
 var (
 	adminOnce sync.Once
@@ -70,11 +77,9 @@ func RandomSuffix(n int) string {
 func AdminDatabaseURL(tb testing.TB) string {
 	tb.Helper()
 	adminOnce.Do(func() {
-		if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-			adminURL = u
-			return
+		if adminURL = os.Getenv("TEST_DATABASE_URL"); adminURL == "" {
+			errAdmin = errors.New("TEST_DATABASE_URL is unset")
 		}
-		adminURL, errAdmin = postgresContainer()
 	})
 	if errAdmin != nil {
 		tb.Fatalf("no Postgres for tests: %v\n%s", errAdmin, howToStart)
@@ -112,23 +117,68 @@ func EmptyDatabaseURL(tb testing.TB) string {
 	return url
 }
 
-// ExampleDatabaseURL is DatabaseURL for runnable examples, which have no
-// testing.TB: it panics when no server is reachable, and the returned
-// function drops the database.
-func ExampleDatabaseURL() (url string, drop func() error) {
-	admin := os.Getenv("TEST_DATABASE_URL")
-	if admin == "" {
-		panic("examples need TEST_DATABASE_URL: " + howToStart)
+// Redis logical databases of the packages whose runnable examples use
+// Redis: one each, flushed when the package's examples start, so an
+// example's keys never meet another package's or an earlier run's.
+var exampleRedisDB = map[string]int{
+	"onceonly": 1, "onceriver": 2, "onceamqp": 3, "oncenats": 4, "oncewatermill": 5, "sqlexample": 6, "quickstart": 7,
+}
+
+// TestingM is what TestMain runs: *testing.M, or a wrapper of it.
+type TestingM interface{ Run() int }
+
+// WithExampleEnv wraps m (for TestMain: goleak.VerifyTestMain(
+// testenv.WithExampleEnv(m, "onceonly"))) so that its Run runs the
+// package's tests and runnable examples with the environment a user's
+// program reads: DATABASE_URL, a
+// fresh empty database of the run's own (examples migrate it, as users
+// do), and REDIS_URL, the test Redis's logical database reserved for pkg
+// (see exampleRedisDB), emptied first. Examples then need no test helper:
+// they read os.Getenv("DATABASE_URL") as the code a user copies does.
+func WithExampleEnv(m TestingM, pkg string) TestingM {
+	return exampleEnv{m: m, pkg: pkg}
+}
+
+type exampleEnv struct {
+	m   TestingM
+	pkg string
+}
+
+func (e exampleEnv) Run() int {
+	m, pkg := e.m, e.pkg
+	admin, rawRedis := os.Getenv("TEST_DATABASE_URL"), os.Getenv("TEST_REDIS_URL")
+	index, ok := exampleRedisDB[pkg]
+	if admin == "" || rawRedis == "" || !ok {
+		fmt.Fprintf(os.Stderr, "examples need TEST_DATABASE_URL, TEST_REDIS_URL and a Redis database for %q: %s\n", pkg, howToStart)
+		return 1
 	}
-	templateOnce.Do(func() { templateName, errTemplate = buildTemplate(admin) })
-	if errTemplate != nil {
-		panic(errTemplate)
-	}
-	url, drop, err := newDatabase(admin, templateName)
+	url, drop, err := newDatabase(admin, "template0")
 	if err != nil {
-		panic(err)
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	return url, drop
+	defer func() { _ = drop() }()
+	u, err := neturl.Parse(rawRedis)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "TEST_REDIS_URL:", err)
+		return 1
+	}
+	u.Path = "/" + strconv.Itoa(index)
+	opts, err := redis.ParseURL(u.String())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "TEST_REDIS_URL:", err)
+		return 1
+	}
+	rdb := redis.NewClient(opts)
+	err = rdb.FlushDB(context.Background()).Err()
+	_ = rdb.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "empty the examples' Redis database:", err)
+		return 1
+	}
+	_ = os.Setenv("DATABASE_URL", url)
+	_ = os.Setenv("REDIS_URL", u.String())
+	return m.Run()
 }
 
 func newDatabase(admin, tmpl string) (string, func() error, error) {
@@ -153,7 +203,7 @@ func newDatabase(admin, tmpl string) (string, func() error, error) {
 		}
 		return nil
 	}
-	u, err := url.Parse(admin)
+	u, err := neturl.Parse(admin)
 	if err != nil {
 		return "", nil, fmt.Errorf("parse database URL: %w", err)
 	}
@@ -179,7 +229,7 @@ func Pool(tb testing.TB, url string) *pgxpool.Pool {
 }
 
 func redact(raw string) string {
-	u, err := url.Parse(raw)
+	u, err := neturl.Parse(raw)
 	if err != nil {
 		return "<unparsable URL>"
 	}
@@ -197,23 +247,42 @@ func template(tb testing.TB, admin string) string {
 	return templateName
 }
 
+// migrateUp runs the engine's migrations, then the demo's (its payments
+// table), as `api migrate up` does.
+func migrateUp(ctx context.Context, pool *pgxpool.Pool) error {
+	for _, opts := range [][]migrations.Option{nil, {schema.Migrations()}} {
+		m, err := migrations.NewMigrator(pool, opts...)
+		if err != nil {
+			return err
+		}
+		_, err = m.Up(ctx)
+		_ = m.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func buildTemplate(admin string) (string, error) {
 	ctx := context.Background()
 	sum := sha256.New()
-	err := fs.WalkDir(migrations.FS(), ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(migrations.FS(), path)
+	for _, files := range []fs.FS{migrations.FS(), schema.FS()} {
+		err := fs.WalkDir(files, ".", func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := fs.ReadFile(files, path)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", path, err)
+			}
+			sum.Write([]byte(path))
+			sum.Write(b)
+			return nil
+		})
 		if err != nil {
-			return fmt.Errorf("read %s: %w", path, err)
+			return "", fmt.Errorf("hash migrations: %w", err)
 		}
-		sum.Write([]byte(path))
-		sum.Write(b)
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("hash migrations: %w", err)
 	}
 	name := "onceonly_tpl_" + hex.EncodeToString(sum.Sum(nil))[:12]
 
@@ -241,17 +310,13 @@ func buildTemplate(admin string) (string, error) {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+building); err != nil {
 		return "", fmt.Errorf("create template: %w", err)
 	}
-	u, _ := url.Parse(admin)
+	u, _ := neturl.Parse(admin)
 	u.Path = "/" + building
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
 		return "", fmt.Errorf("open template: %w", err)
 	}
-	m, err := migrations.NewMigrator(pool)
-	if err == nil {
-		_, err = m.Up(ctx)
-		_ = m.Close()
-	}
+	err = migrateUp(ctx, pool)
 	pool.Close()
 	if err != nil {
 		return "", fmt.Errorf("migrate template: %w", err)
@@ -266,11 +331,9 @@ func buildTemplate(admin string) (string, error) {
 func RedisURL(tb testing.TB) string {
 	tb.Helper()
 	redisOnce.Do(func() {
-		if u := os.Getenv("TEST_REDIS_URL"); u != "" {
-			redisURL = u
-			return
+		if redisURL = os.Getenv("TEST_REDIS_URL"); redisURL == "" {
+			errRedis = errors.New("TEST_REDIS_URL is unset")
 		}
-		redisURL, errRedis = redisContainer()
 	})
 	if errRedis != nil {
 		tb.Fatalf("no Redis for tests: %v\n%s", errRedis, howToStart)

@@ -1,0 +1,107 @@
+package deploytest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/cli"
+	"github.com/stretchr/testify/require"
+)
+
+// root is the repository's directory, where docker-compose.yml, the Dockerfile
+// and cmd/ are, relative to this package's.
+const root = "../../.."
+
+// commands are the mains of cmd/ and the subcommands each accepts as its
+// first argument in a container command.
+var commands = map[string][]string{
+	"api":        {"migrate", "keys", "probe"},
+	"relay":      {"--once"},
+	"reconciler": {"--once"},
+	"gateway":    {},
+}
+
+// TestComposeFile loads docker-compose.yml with the compose-spec loader (no
+// engine runs here) and checks the wiring: every service's command exists in
+// this project, the daemons wait for a healthy Redis and a finished
+// migration, everything has a health check, and no secret is written down.
+func TestComposeFile(t *testing.T) {
+	compose := filepath.Join(root, "docker-compose.yml")
+	opts, err := cli.NewProjectOptions([]string{compose},
+		cli.WithWorkingDirectory(root), cli.WithName("onceonly"),
+		cli.WithEnv([]string{"POSTGRES_PASSWORD=test-only", "API_KEYS=sk_x=acct_x"}))
+	require.NoError(t, err)
+	project, err := opts.LoadProject(context.Background())
+	require.NoError(t, err)
+
+	want := []string{"api", "gateway", "migrate", "postgres", "reconciler", "redis", "relay"}
+	require.ElementsMatch(t, want, project.ServiceNames())
+
+	for name, svc := range project.Services {
+		if svc.Image != "" && svc.Build == nil {
+			require.NotNil(t, svc.HealthCheck, "%s has a health check", name)
+			continue
+		}
+		require.NotNil(t, svc.Build, "%s is built from this project", name)
+		require.NotEmpty(t, svc.Command, name)
+		main := svc.Command[0]
+		require.Contains(t, commands, main, "%s runs a command of cmd/", name)
+		_, err := os.Stat(filepath.Join(root, "cmd", main, "main.go"))
+		require.NoError(t, err, "%s: cmd/%s exists", name, main)
+		if len(svc.Command) > 1 {
+			require.Contains(t, commands[main], svc.Command[1], "%s: %v", name, svc.Command)
+		}
+		require.Contains(t, svc.Environment, "DATABASE_URL", name)
+		require.Contains(t, *svc.Environment["DATABASE_URL"], "test-only", "the password comes from the environment")
+		if name == "migrate" {
+			require.Equal(t, "service_healthy", svc.DependsOn["postgres"].Condition)
+			continue
+		}
+		if name == "gateway" { // the demo's gateway needs Postgres only
+			require.Equal(t, "service_healthy", svc.DependsOn["postgres"].Condition)
+			require.NotNil(t, svc.HealthCheck, name)
+			continue
+		}
+		require.NotNil(t, svc.HealthCheck, name)
+		require.Equal(t, []string{"CMD", "api", "probe"}, []string(svc.HealthCheck.Test[:3]), name)
+		require.Equal(t, "service_completed_successfully", svc.DependsOn["migrate"].Condition, name)
+		require.Equal(t, "service_healthy", svc.DependsOn["redis"].Condition, name)
+	}
+
+	raw, err := os.ReadFile(compose)
+	require.NoError(t, err)
+	require.NotRegexp(t, `(?im)^\s*\w*(password|api_keys):\s*[^$\s]`, string(raw), "no literal secrets")
+
+	// Without the password the file refuses to load rather than run open.
+	opts, err = cli.NewProjectOptions([]string{compose}, cli.WithWorkingDirectory(root), cli.WithEnv(nil))
+	require.NoError(t, err)
+	_, err = opts.LoadProject(context.Background())
+	require.ErrorContains(t, err, "POSTGRES_PASSWORD")
+}
+
+// TestDockerfileBuildsEveryCommand checks that the image contains every main
+// of cmd/ and runs as a non-root user.
+func TestDockerfileBuildsEveryCommand(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	require.NoError(t, err)
+	text := string(raw)
+	for main := range commands {
+		require.Contains(t, text, "./cmd/"+main, "the image builds %s", main)
+	}
+	dirs, err := os.ReadDir(filepath.Join(root, "cmd"))
+	require.NoError(t, err)
+	for _, d := range dirs {
+		if !d.IsDir() || d.Name() == "internal" {
+			continue // the module's go.mod and go.sum, its internal packages
+		}
+		require.Contains(t, commands, d.Name(), "cmd/%s is listed here and built into the image", d.Name())
+	}
+	stages := strings.Count(text, "\nFROM ") + 1
+	require.GreaterOrEqual(t, stages, 2, "multi-stage")
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	require.True(t, slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, "USER nonroot") }))
+}

@@ -1,0 +1,93 @@
+package main_test
+
+import (
+	"bufio"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/internal/testenv"
+)
+
+// TestQuickstart runs the Getting started program as a user would (go
+// build, then the binary with DATABASE_URL, REDIS_URL and HTTP_ADDR): the
+// message delivered twice runs once and is acked twice, an order posted
+// twice with one Idempotency-Key is written once and replayed; and the
+// program stays within the guide's promise of under 60 lines of code.
+func TestQuickstart(t *testing.T) {
+	ctx := testenv.Context(t)
+	src, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	code := 0
+	for line := range strings.Lines(string(src)) {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "//") {
+			code++
+		}
+	}
+	require.Less(t, code, 60, "lines of code in main.go")
+
+	dbURL := testenv.EmptyDatabaseURL(t)
+	addr := testenv.FreeAddr(t)
+	bin := testenv.BuildBinary(t, ".")
+	cmd := exec.CommandContext(ctx, bin)
+	// The program uses the default Redis prefix: a logical database of its
+	// own, emptied first, keeps earlier runs' keys away.
+	redisURL := testenv.RedisURL(t)
+	redisURL = redisURL[:strings.LastIndex(redisURL, "/")] + "/7"
+	flush := testenv.RedisClient(t, redisURL)
+	require.NoError(t, flush.FlushDB(ctx).Err())
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "HTTP_ADDR="+addr)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	lines := bufio.NewScanner(stdout)
+	for _, want := range []string{"delivery: ack replayed: false", "delivery: ack replayed: true"} {
+		require.True(t, lines.Scan(), "the program printed its deliveries")
+		require.Equal(t, want, lines.Text())
+	}
+
+	var replayed []string
+	for range 2 {
+		testenv.Eventually(t, 10*time.Second, "POST /orders answered", func() bool {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"sku":"book"}`))
+			require.NoError(t, err)
+			req.Header.Set("Idempotency-Key", "order-1")
+			req.Header.Set("Content-Type", "application/json")
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return false
+			}
+			res.Body.Close()
+			require.Equal(t, http.StatusCreated, res.StatusCode)
+			replayed = append(replayed, res.Header.Get("Idempotent-Replayed"))
+			return true
+		})
+	}
+	require.Equal(t, []string{"", "true"}, replayed)
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	var orders int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders))
+	require.Equal(t, 1, orders)
+}
+
+// TestGuideShowsThisProgram: docs/getting-started.md shows main.go as it
+// is, so the guide's code is the code the test above runs.
+func TestGuideShowsThisProgram(t *testing.T) {
+	src, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	guide, err := os.ReadFile("../../docs/getting-started.md")
+	require.NoError(t, err)
+	program := string(src[strings.Index(string(src), "import ("):])
+	require.Contains(t, string(guide), program, "docs/getting-started.md shows examples/quickstart/main.go from its imports on")
+	require.LessOrEqual(t, strings.Count(string(guide), "\n"), 150, "the guide stays short")
+}
