@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -23,6 +24,7 @@ import (
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
+	"github.com/onceonly/onceonly/console"
 	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/redisconn"
@@ -44,6 +46,8 @@ type settings struct {
 	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay *time.Duration
 	gatewayTimeout, resumeInterval                                          *time.Duration
 	force                                                                   *bool
+	consoleAuth                                                             *string
+	consoleReadOnly, consoleRedact                                          *bool
 }
 
 func define(s *config.Set) *settings {
@@ -60,6 +64,9 @@ func define(s *config.Set) *settings {
 		slowGatewayDelay: s.Duration("slow-gateway-delay", "SLOW_GATEWAY_DELAY", 2*time.Second, "in-process gateway: extra delay of source tok_slow"),
 		resumeInterval:   s.Duration("resume-interval", "RESUME_INTERVAL", onceonly.DefaultResumeInterval, "how often the api looks for executions whose holder died after calling the gateway, to finish them"),
 		force:            s.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress"),
+		consoleAuth:      s.String("console-auth", "CONSOLE_AUTH", "", "user:password of the operators' console served under /console/ (HTTP Basic); unset: no console, every /console/ path answers 404"),
+		consoleReadOnly:  s.Bool("console-readonly", "CONSOLE_READONLY", false, "the console shows no form that changes anything and answers every POST 403"),
+		consoleRedact:    s.Bool("console-redact", "CONSOLE_REDACT", false, "the console never shows stored request or response bodies"),
 	}
 }
 
@@ -97,6 +104,11 @@ func validate(s *settings) (validated, error) {
 		return v, err
 	}
 	v.apiKeys = keys
+	if *s.consoleAuth != "" {
+		if err := console.ParseAuth(*s.consoleAuth); err != nil {
+			return v, errors.New("bad configuration: CONSOLE_AUTH must be user:password, neither empty")
+		}
+	}
 	return v, validateGateway(s)
 }
 
@@ -155,6 +167,11 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	}
 	mux := http.NewServeMux()
 	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping}, optional)
+	stopConsole, err := mountConsole(ctx, mux, s, engine, pool, log)
+	if err != nil {
+		return err
+	}
+	defer stopConsole()
 	mux.Handle("/", payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
 		GatewayOnOwnDatabase: *s.gatewayURL == "",
@@ -175,6 +192,31 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	err = shutdown.Serve(ctx, srv, log, 9*time.Second)
 	<-resuming
 	return err
+}
+
+// mountConsole serves the operators' console under /console/ when
+// CONSOLE_AUTH is set; otherwise every /console/ path answers 404, with or
+// without credentials. The returned function stops the console's sampler.
+func mountConsole(ctx context.Context, mux *http.ServeMux, s *settings, engine *onceonly.Engine, pool *pgxpool.Pool, log *slog.Logger) (func(), error) {
+	if *s.consoleAuth == "" {
+		mux.Handle(console.DefaultPrefix+"/", http.NotFoundHandler())
+		mux.Handle(console.DefaultPrefix, http.NotFoundHandler())
+		return func() {}, nil
+	}
+	c, err := console.New(console.Config{
+		Engine: engine, Pool: pool, Auth: *s.consoleAuth,
+		ReadOnly: *s.consoleReadOnly, Redact: *s.consoleRedact, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		return nil, fmt.Errorf("start the console: %w", err)
+	}
+	mux.Handle(console.DefaultPrefix+"/", c)
+	mux.Handle(console.DefaultPrefix, c)
+	log.Info("console served", "path", console.DefaultPrefix+"/", "read_only", *s.consoleReadOnly, "redact", *s.consoleRedact)
+	return c.Stop, nil
 }
 
 // openGateway returns the client of the payment gateway at GATEWAY_URL, or
