@@ -97,8 +97,7 @@ func (e *Engine) Unpark(ctx context.Context, ids []int64) (int, error) {
 // it was made, by outcome: the values of its counter
 // onceonly_requests_total (executed, replayed_cache, replayed_db,
 // in_flight, reused, failed, …), whether or not Config.Registerer exports
-// them. Outcomes not seen yet are absent. A console samples it to chart the
-// requests of the last minutes.
+// them. A console samples it to chart the requests of the last minutes.
 func (e *Engine) RequestCounts() map[string]float64 {
 	ch := make(chan prometheus.Metric, 16)
 	go func() {

@@ -69,3 +69,13 @@ func (s *Store) RecordPass(ctx context.Context, db DB, p Pass) error {
 	}
 	return nil
 }
+
+// CountStuck counts the keys in progress that started a step and whose
+// lease ran out more than grace ago: executions no live engine has resumed.
+func (s *Store) CountStuck(ctx context.Context, db DB, grace time.Duration) (int, error) {
+	var n int
+	if err := countStuckSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"grace": grace}).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count stuck executions: %w", err)
+	}
+	return n, nil
+}

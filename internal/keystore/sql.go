@@ -53,6 +53,7 @@ var (
 	raiseVersionFloorKeySQL = load("raise_version_floor_key")
 	deleteKeySQL            = load("delete_key")
 	recordPassSQL           = load("record_pass")
+	countStuckSQL           = load("count_stuck")
 )
 
 // statement is one file of sql/, as the package loaded it.
