@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/onceonly/onceonly"
@@ -176,9 +178,19 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
 		GatewayOnOwnDatabase: *s.gatewayURL == "",
 	}))
+	// The api's answers by status code, for the 5xx alert
+	// (deploy/prometheus/alerts.yml): the engine's outcomes do not say what
+	// the demo answered.
+	answered := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "onceonly_http_requests_total",
+		Help: "HTTP requests the api answered, by status code and method.",
+	}, []string{"code", "method"})
+	if err := reg.Register(answered); err != nil {
+		return fmt.Errorf("register the api's metrics: %w", err)
+	}
 	srv := &http.Server{
 		Addr:              *s.HTTPAddr,
-		Handler:           tracing.Handler(mux, "api"),
+		Handler:           tracing.Handler(promhttp.InstrumentHandlerCounter(answered, mux), "api"),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
