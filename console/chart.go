@@ -56,21 +56,23 @@ type column struct {
 	mark         bool
 }
 
-// Chart geometry, in SVG user units.
+// Chart geometry, in SVG user units: a chart in a card of its own row is
+// wideChartWidth wide, so its text keeps the size of the others'.
 const (
-	chartWidth   = 640
-	chartHeight  = 150
-	chartLeft    = 44
-	chartBottom  = 18
-	chartTop     = 6
-	labelEvery   = 5
-	chartBarFill = 0.8
+	chartWidth     = 640
+	wideChartWidth = 1000
+	chartHeight    = 150
+	chartLeft      = 44
+	chartBottom    = 18
+	chartTop       = 6
+	labelEvery     = 5
+	chartBarFill   = 0.8
 )
 
-// barChart lays out columns of stacked series.
-func barChart(label string, ss []series, cols []column) chart {
-	c := chart{Label: label, Width: chartWidth, Height: chartHeight}
-	plotW, plotH := float64(chartWidth-chartLeft), float64(chartHeight-chartBottom-chartTop)
+// barChart lays out columns of stacked series, width units wide.
+func barChart(label string, width int, ss []series, cols []column) chart {
+	c := chart{Label: label, Width: width, Height: chartHeight}
+	plotW, plotH := float64(width-chartLeft), float64(chartHeight-chartBottom-chartTop)
 	totals := make([]float64, len(ss))
 	peak := 0.0
 	for _, col := range cols {
@@ -87,8 +89,8 @@ func barChart(label string, ss []series, cols []column) chart {
 		c.Legend = append(c.Legend, legendItem{Class: s.class, Name: s.name, Total: count(int64(math.Round(totals[i])))})
 	}
 	baseY := float64(chartTop) + plotH
-	c.Lines = append(c.Lines, chartLine{X1: num(chartLeft), Y1: num(baseY), X2: num(chartWidth), Y2: num(baseY)})
-	c.Lines = append(c.Lines, chartLine{X1: num(chartLeft), Y1: num(chartTop), X2: num(chartWidth), Y2: num(chartTop)})
+	c.Lines = append(c.Lines, chartLine{X1: num(chartLeft), Y1: num(baseY), X2: num(float64(width)), Y2: num(baseY)})
+	c.Lines = append(c.Lines, chartLine{X1: num(chartLeft), Y1: num(chartTop), X2: num(float64(width)), Y2: num(chartTop)})
 	c.Texts = append(c.Texts,
 		chartText{X: num(chartLeft - 4), Y: num(chartTop + 4), Anchor: "end", Text: count(int64(scale))},
 		chartText{X: num(chartLeft - 4), Y: num(baseY), Anchor: "end", Text: "0"})
@@ -100,7 +102,11 @@ func barChart(label string, ss []series, cols []column) chart {
 	for i, col := range cols {
 		x := chartLeft + float64(i)*step + (step-w)/2
 		if col.label != "" && (i%labelEvery == 0 || i == len(cols)-1) {
-			c.Texts = append(c.Texts, chartText{X: num(x + w/2), Y: num(chartHeight - 4), Anchor: "middle", Text: col.label})
+			t := chartText{X: num(x + w/2), Y: num(chartHeight - 4), Anchor: "middle", Text: col.label}
+			if i == len(cols)-1 && len(cols) > 1 { // flush right, inside the frame
+				t.X, t.Anchor = num(x+w), "end"
+			}
+			c.Texts = append(c.Texts, t)
 		}
 		if col.mark {
 			c.Rects = append(c.Rects, chartRect{X: num(x), Y: num(chartTop), W: num(w), H: num(plotH), Class: "mark", Title: col.title})
@@ -118,6 +124,38 @@ func barChart(label string, ss []series, cols []column) chart {
 				Title: fmt.Sprintf("%s — %s: %s", col.title, ss[j].name, count(int64(math.Round(v)))),
 			})
 		}
+	}
+	return c
+}
+
+// stackHeight is the height of a stackBar.
+const stackHeight = 24
+
+// stackBar lays out one horizontal bar split in parts, one per series: a
+// whole and its shares (keys by state).
+func stackBar(label string, ss []series, values []float64) chart {
+	c := chart{Label: label, Width: chartWidth, Height: stackHeight}
+	total := 0.0
+	for i, v := range values {
+		total += v
+		c.Legend = append(c.Legend, legendItem{Class: ss[i].class, Name: ss[i].name, Total: count(int64(math.Round(v)))})
+	}
+	c.Empty = total == 0
+	if c.Empty {
+		c.Rects = append(c.Rects, chartRect{X: "0", Y: "0", W: num(chartWidth), H: num(stackHeight), Class: "empty", Title: "none"})
+		return c
+	}
+	x := 0.0
+	for i, v := range values {
+		if v <= 0 {
+			continue
+		}
+		w := v / total * chartWidth
+		c.Rects = append(c.Rects, chartRect{
+			X: num(x), Y: "0", W: num(w), H: num(stackHeight), Class: ss[i].class,
+			Title: fmt.Sprintf("%s: %s (%.1f%%)", ss[i].name, count(int64(math.Round(v))), v/total*100),
+		})
+		x += w
 	}
 	return c
 }

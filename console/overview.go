@@ -89,7 +89,7 @@ func requestsOf(r *rates, now time.Time) requestsView {
 		cols[i] = column{label: label, title: label + " UTC", values: values}
 	}
 	v := requestsView{
-		Chart:    barChart("Requests per minute by outcome, last "+fmt.Sprint(len(minutes))+" minutes", ss, cols),
+		Chart:    barChart("Requests per minute by outcome, last "+fmt.Sprint(len(minutes))+" minutes", wideChartWidth, ss, cols),
 		Sampling: r.sampled(),
 		Minutes:  len(minutes),
 	}
@@ -182,7 +182,7 @@ func readStates(ctx context.Context, rd reader) (statesView, error) {
 		ss[i] = series{name: s, class: "k-" + s}
 		values[i] = float64(r.live)
 	}
-	v.Chart = barChart("Keys by state", ss, []column{{title: "keys", values: values}})
+	v.Chart = stackBar("Keys by state", ss, values)
 	return v, nil
 }
 
@@ -327,7 +327,7 @@ func readPasses(ctx context.Context, rd reader) (passesView, error) {
 		}
 		c.values = driftOf(p.Report)
 	}
-	v.Chart = barChart("Drift found by the last reconcile passes", driftSeries, cols)
+	v.Chart = barChart("Drift found by the last reconcile passes", chartWidth, driftSeries, cols)
 	return v, nil
 }
 

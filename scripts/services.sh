@@ -2,6 +2,7 @@
 # Local Postgres 15 and Redis for onceonly, without Docker.
 #
 #   scripts/services.sh install            install missing Debian packages
+#   scripts/services.sh tools              install Chromium and promtool when missing
 #   scripts/services.sh start DIR PG_PORT REDIS_PORT [test]
 #   scripts/services.sh cluster DIR FIRST_PORT [test]
 #   scripts/services.sh pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]
@@ -54,6 +55,25 @@ install() {
 	# The Debian package starts a system redis on 6379; the project runs its own.
 	if command -v service >/dev/null; then service redis-server stop >/dev/null 2>&1 || true; fi
 	pkill -x redis-server >/dev/null 2>&1 || true
+}
+
+# tools: what the tests use besides servers: Debian's Chromium (the
+# console's browser test) and promtool from Debian's prometheus package (the
+# alert rules' tests). Without recommends: no node exporter, no desktop.
+tools() {
+	local missing=()
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
+	command -v promtool >/dev/null || missing+=(prometheus)
+	[ ${#missing[@]} -eq 0 ] && return
+	if [ "$(id -u)" != 0 ]; then
+		log "missing ${missing[*]}: install them (apt-get install --no-install-recommends ${missing[*]}) or run as root"
+		exit 1
+	fi
+	log "installing ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	# The Debian package starts a system Prometheus; the tests need only promtool.
+	if command -v service >/dev/null; then service prometheus stop >/dev/null 2>&1 || true; fi
 }
 
 start() {
@@ -311,10 +331,11 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
 install) install ;;
+tools) tools ;;
 start) start "$@" ;;
 cluster) cluster "$@" ;;
 pgbouncer) pgbouncer "$@" ;;
 sentinel) sentinel "$@" ;;
 stop) stop "$@" ;;
-*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | stop DIR" >&2; exit 2 ;;
+*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | stop DIR" >&2; exit 2 ;;
 esac

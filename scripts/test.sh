@@ -12,7 +12,8 @@
 # ephemeral range (32768-60999), where no outgoing connection of another
 # process can hold it when the server binds. Unless TEST_PGBOUNCER_URL is set, it starts
 # PgBouncer (installed when missing) in transaction mode on port 61432
-# (TEST_PGBOUNCER_PORT) in front of the test Postgres. Extra arguments go to
+# (TEST_PGBOUNCER_PORT) in front of the test Postgres. It installs Chromium
+# and promtool when missing (scripts/services.sh tools). Extra arguments go to
 # `go test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +52,10 @@ if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
 	scripts/services.sh pgbouncer .data/test "${pg_addr##*:}" "$p" "${pg_addr%:*}"
 	export TEST_PGBOUNCER_URL="postgres://postgres@127.0.0.1:$p/postgres?sslmode=disable"
 fi
+
+# Chromium (the console's browser test) and promtool (the alert rules'
+# tests), installed when missing.
+scripts/services.sh tools
 
 # Every module of the workspace (go.work): the library, the commands, the
 # integrations with heavy dependencies, the chaos suite.
