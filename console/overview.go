@@ -19,9 +19,13 @@ import (
 // estimate, marked as such.
 const exactCountLimit = 200_000
 
-// countCap bounds the rows the overview counts for the executions and the
-// outbox backlog: past it a count reads "cap+".
-const countCap = 100_000
+// countCap bounds the rows the overview counts for the outbox backlog, and
+// executionsCap for the executions in progress (each one a heap read):
+// past it a count reads "cap+".
+const (
+	countCap      = 100_000
+	executionsCap = 1_000
+)
 
 // The overview's list lengths.
 const (
@@ -202,10 +206,10 @@ type leaseRow struct {
 	Over, Stepped            bool
 }
 
-// capped formats a count of at most countCap rows.
-func capped(n int64) string {
-	if n >= countCap {
-		return count(countCap) + "+"
+// capped formats a count of at most limit rows.
+func capped(n, limit int64) string {
+	if n >= limit {
+		return count(limit) + "+"
 	}
 	return count(n)
 }
@@ -213,10 +217,11 @@ func capped(n int64) string {
 func readExecutions(ctx context.Context, rd reader) (executionsView, error) {
 	var v executionsView
 	var held, resumable, reapable, overMs int64
-	if err := rd.queryRow(ctx, executionsSQL, pgx.NamedArgs{"cap": countCap}).Scan(&held, &resumable, &reapable, &overMs); err != nil {
+	if err := rd.queryRow(ctx, executionsSQL, pgx.NamedArgs{"cap": executionsCap}).Scan(&held, &resumable, &reapable, &overMs); err != nil {
 		return v, fmt.Errorf("count executions: %w", err)
 	}
-	v.InProgress, v.AwaitingResumption, v.AwaitingReap = capped(held), capped(resumable), capped(reapable)
+	v.InProgress = capped(held, executionsCap)
+	v.AwaitingResumption, v.AwaitingReap = capped(resumable, executionsCap), capped(reapable, executionsCap)
 	if overMs > 0 {
 		v.LongestOver = span(overMs)
 	}
@@ -252,7 +257,7 @@ func readBacklog(ctx context.Context, rd reader) (backlogView, error) {
 	if err := rd.queryRow(ctx, outboxBacklogSQL, pgx.NamedArgs{"cap": countCap}).Scan(&pending, &parked, &pendingMs, &parkedMs); err != nil {
 		return backlogView{}, fmt.Errorf("read the outbox backlog: %w", err)
 	}
-	v := backlogView{Pending: capped(pending), Parked: capped(parked), HasParked: parked > 0}
+	v := backlogView{Pending: capped(pending, countCap), Parked: capped(parked, countCap), HasParked: parked > 0}
 	if pending > 0 {
 		v.OldestPending = span(pendingMs)
 	}

@@ -34,5 +34,6 @@ FROM (
 		AND (@scope::text = '' OR @prefix_end::text = '' OR (k.key >= @prefix::text AND k.key < @prefix_end::text))
 ) w
 WHERE w.n <= @examine::bigint AND (w.matched OR w.n = @examine::bigint)
+	AND (@scope::text = '' OR w.scope = @scope::text)
 ORDER BY w.scope, w.key
 LIMIT @limit::bigint
