@@ -87,9 +87,9 @@ func TestRepairCacheWritesThePostgresState(t *testing.T) {
 	} {
 		require.NoError(t, spoil(), name)
 		require.False(t, inSync(), name)
-		changed, err := b.engine.RepairCache(b.ctx, "m", "k")
+		repaired, err := b.engine.RepairCache(b.ctx, "m", "k")
 		require.NoError(t, err, name)
-		require.True(t, changed, name)
+		require.True(t, repaired, name)
 		require.True(t, inSync(), name)
 	}
 

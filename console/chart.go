@@ -92,8 +92,8 @@ func barChart(label string, width int, ss []series, cols []column) chart {
 	c.Lines = append(c.Lines, chartLine{X1: num(chartLeft), Y1: num(baseY), X2: num(float64(width)), Y2: num(baseY)})
 	c.Lines = append(c.Lines, chartLine{X1: num(chartLeft), Y1: num(chartTop), X2: num(float64(width)), Y2: num(chartTop)})
 	c.Texts = append(c.Texts,
-		chartText{X: num(chartLeft - 4), Y: num(chartTop + 4), Anchor: "end", Text: count(int64(scale))},
-		chartText{X: num(chartLeft - 4), Y: num(baseY), Anchor: "end", Text: "0"})
+		chartText{X: num(chartLeft - 4), Y: num(chartTop + 4), Anchor: anchorEnd, Text: count(int64(scale))},
+		chartText{X: num(chartLeft - 4), Y: num(baseY), Anchor: anchorEnd, Text: "0"})
 	if len(cols) == 0 {
 		return c
 	}
@@ -104,7 +104,7 @@ func barChart(label string, width int, ss []series, cols []column) chart {
 		if col.label != "" && (i%labelEvery == 0 || i == len(cols)-1) {
 			t := chartText{X: num(x + w/2), Y: num(chartHeight - 4), Anchor: "middle", Text: col.label}
 			if i == len(cols)-1 && len(cols) > 1 { // flush right, inside the frame
-				t.X, t.Anchor = num(x+w), "end"
+				t.X, t.Anchor = num(x+w), anchorEnd
 			}
 			c.Texts = append(c.Texts, t)
 		}
@@ -127,6 +127,9 @@ func barChart(label string, width int, ss []series, cols []column) chart {
 	}
 	return c
 }
+
+// anchorEnd aligns a text's end on its position (SVG text-anchor).
+const anchorEnd = "end"
 
 // stackHeight is the height of a stackBar.
 const stackHeight = 24

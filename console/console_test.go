@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,8 @@ import (
 const (
 	user     = "ops"
 	password = "s3cret-pass"
+	// scope is the scope of the keys the tests make.
+	scope = "acct_a"
 )
 
 type testBundle struct {
@@ -127,7 +130,7 @@ func keyPath(scope, key string) string {
 
 // complete runs key to completion with body as its stored response, writing
 // a payment row.
-func (b *testBundle) complete(t *testing.T, scope, key, body string) {
+func (b *testBundle) complete(t *testing.T, key, body string) {
 	t.Helper()
 	_, err := b.engine.Do(b.ctx, scope, key, []byte("payload"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status)
@@ -138,7 +141,7 @@ func (b *testBundle) complete(t *testing.T, scope, key, body string) {
 }
 
 // fail leaves key failed.
-func (b *testBundle) fail(t *testing.T, scope, key string) {
+func (b *testBundle) fail(t *testing.T, key string) {
 	t.Helper()
 	_, err := b.engine.Do(b.ctx, scope, key, []byte("payload"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
 		return onceonly.Result{}, errors.New("declined by the test")
@@ -148,8 +151,7 @@ func (b *testBundle) fail(t *testing.T, scope, key string) {
 
 // holdInStep leaves key in progress, its step "charge" settled with
 // outcome and its request kept: the handler blocks until the test ends.
-// It returns a channel that releases the handler.
-func (b *testBundle) holdInStep(t *testing.T, scope, key, request, outcome string) chan struct{} {
+func (b *testBundle) holdInStep(t *testing.T, key, request, outcome string) {
 	t.Helper()
 	release := make(chan struct{})
 	name := "hold-" + key
@@ -181,12 +183,11 @@ func (b *testBundle) holdInStep(t *testing.T, scope, key, request, outcome strin
 		_ = b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND steps->'charge' ? 'outcome'`, key).Scan(&n)
 		return n == 1
 	})
-	return release
 }
 
-func (b *testBundle) redisKey(scope, key string) string { return b.prefix + scope + ":" + key }
+func (b *testBundle) redisKey(key string) string { return b.prefix + scope + ":" + key }
 
-func (b *testBundle) rows(t *testing.T, scope, key string) int {
+func (b *testBundle) rows(t *testing.T, key string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys WHERE scope = $1 AND key = $2`, scope, key).Scan(&n))
@@ -196,7 +197,7 @@ func (b *testBundle) rows(t *testing.T, scope, key string) int {
 func TestEveryPathNeedsTheCredentials(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.complete(t, "acct_a", "k1", "{}")
+	b.complete(t, "k1", "{}")
 	paths := []string{"/console/", "/console", "/console/keys", keyPath("acct_a", "k1"), keyPath("acct_a", "k1") + "/purge",
 		"/console/events", "/console/static/console.css", "/console/no/such/page"}
 	wrong := []func(*http.Request){
@@ -229,7 +230,7 @@ func TestEveryPathNeedsTheCredentials(t *testing.T) {
 func TestKeyPageShowsBothSides(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.complete(t, "acct_a", "pay/1?x#y", `{"id":"pay_1"}`)
+	b.complete(t, "pay/1?x#y", `{"id":"pay_1"}`)
 	path := keyPath("acct_a", "pay/1?x#y")
 	require.Contains(t, path, "pay%2F1%3Fx%23y", "the key is one percent-encoded segment")
 
@@ -246,17 +247,17 @@ func TestKeyPageShowsBothSides(t *testing.T) {
 	require.Contains(t, page.header.Get("Content-Security-Policy"), "default-src 'none'")
 
 	// No Redis value: missing.
-	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("acct_a", "pay/1?x#y")).Err())
+	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("pay/1?x#y")).Err())
 	require.Contains(t, b.get(t, path).body, `data-sync="missing"`)
 
 	// A value that does not decode: differs, and repairable.
-	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("acct_a", "pay/1?x#y"), "garbage", time.Minute).Err())
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("pay/1?x#y"), "garbage", time.Minute).Err())
 	page = b.get(t, path)
 	require.Contains(t, page.body, `data-sync="differs"`)
 	require.Contains(t, page.body, "Repair Redis from Postgres")
 
 	// A Redis value for a key Postgres does not have: differs (orphaned).
-	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("acct_a", "ghost"), "failed:3:", time.Minute).Err())
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("ghost"), "failed:3:", time.Minute).Err())
 	page = b.get(t, keyPath("acct_a", "ghost"))
 	require.Equal(t, http.StatusOK, page.status)
 	require.Contains(t, page.body, `data-sync="differs"`)
@@ -268,7 +269,7 @@ func TestKeyPageShowsBothSides(t *testing.T) {
 func TestKeyPageShowsStepsAndTheRequestKept(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.holdInStep(t, "acct_a", "k-step", `{"amount":100}`, "ch_123")
+	b.holdInStep(t, "k-step", `{"amount":100}`, "ch_123")
 	page := b.get(t, keyPath("acct_a", "k-step"))
 	require.Equal(t, http.StatusOK, page.status, page.body)
 	require.Regexp(t, `data-field="state"><th>state</th><td class="pg">in_progress</td>`, page.body)
@@ -288,7 +289,7 @@ func TestStoredMarkupShowsAsText(t *testing.T) {
 	b := setup(t, setupOpts{})
 	const body = `<script>document.title="pwned"</script><img src=x onerror=alert(1)>`
 	const key = `<b>k</b>"'&`
-	b.complete(t, "acct_a", key, body)
+	b.complete(t, key, body)
 	for _, path := range []string{keyPath("acct_a", key), "/console/keys?scope=acct_a", "/console/keys?prefix=%3Cb", "/console/"} {
 		page := b.get(t, path)
 		require.Equal(t, http.StatusOK, page.status, path)
@@ -304,8 +305,8 @@ func TestStoredMarkupShowsAsText(t *testing.T) {
 func TestRedactHidesBodiesAndRequests(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{redact: true})
-	b.complete(t, "acct_a", "k-body", "card 4242 4242 4242 4242")
-	b.holdInStep(t, "acct_a", "k-req", `{"customer":"Jane Roe"}`, "ch_secret")
+	b.complete(t, "k-body", "card 4242 4242 4242 4242")
+	b.holdInStep(t, "k-req", `{"customer":"Jane Roe"}`, "ch_secret")
 	body := b.get(t, keyPath("acct_a", "k-body")).body
 	require.NotContains(t, body, "4242")
 	require.Contains(t, body, "redacted")
@@ -318,9 +319,9 @@ func TestRedactHidesBodiesAndRequests(t *testing.T) {
 func TestPurgeDeletesTheRowAndTheRedisValue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.complete(t, "acct_a", "k1", "{}")
+	b.complete(t, "k1", "{}")
 	path := keyPath("acct_a", "k1")
-	require.Equal(t, int64(1), b.rdb.Exists(b.ctx, b.redisKey("acct_a", "k1")).Val())
+	require.Equal(t, int64(1), b.rdb.Exists(b.ctx, b.redisKey("k1")).Val())
 
 	confirm := b.get(t, path+"/purge")
 	require.Equal(t, http.StatusOK, confirm.status)
@@ -330,12 +331,12 @@ func TestPurgeDeletesTheRowAndTheRedisValue(t *testing.T) {
 	// The confirmation is part of the form.
 	res := b.post(t, path+"/purge", url.Values{"csrf": {token}})
 	require.Equal(t, http.StatusBadRequest, res.status)
-	require.Equal(t, 1, b.rows(t, "acct_a", "k1"))
+	require.Equal(t, 1, b.rows(t, "k1"))
 
 	res = b.post(t, path+"/purge", url.Values{"csrf": {token}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
-	require.Equal(t, 0, b.rows(t, "acct_a", "k1"), "the row is deleted")
-	require.Equal(t, int64(0), b.rdb.Exists(b.ctx, b.redisKey("acct_a", "k1")).Val(), "the Redis value is deleted")
+	require.Equal(t, 0, b.rows(t, "k1"), "the row is deleted")
+	require.Equal(t, int64(0), b.rdb.Exists(b.ctx, b.redisKey("k1")).Val(), "the Redis value is deleted")
 	var payments int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM payments WHERE idempotency_key = 'k1'`).Scan(&payments))
 	require.Equal(t, 1, payments, "the payment rows stay")
@@ -354,23 +355,23 @@ func TestPurgeDeletesTheRowAndTheRedisValue(t *testing.T) {
 func TestPurgeOfAKeyInProgressNeedsForce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.holdInStep(t, "acct_a", "k-held", "req", "ch_1")
+	b.holdInStep(t, "k-held", "req", "ch_1")
 	path := keyPath("acct_a", "k-held")
 	confirm := b.get(t, path+"/purge")
 	require.Contains(t, confirm.body, `name="force"`)
 	token := b.token(t, path+"/purge")
 	res := b.post(t, path+"/purge", url.Values{"csrf": {token}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusConflict, res.status)
-	require.Equal(t, 1, b.rows(t, "acct_a", "k-held"))
+	require.Equal(t, 1, b.rows(t, "k-held"))
 	res = b.post(t, path+"/purge", url.Values{"csrf": {token}, "confirm": {"yes"}, "force": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
-	require.Equal(t, 0, b.rows(t, "acct_a", "k-held"))
+	require.Equal(t, 0, b.rows(t, "k-held"))
 }
 
 func TestActionsNeedTheCSRFToken(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.complete(t, "acct_a", "k1", "{}")
+	b.complete(t, "k1", "{}")
 	path := keyPath("acct_a", "k1")
 	token := b.token(t, path+"/purge")
 	for _, bad := range []url.Values{
@@ -386,7 +387,7 @@ func TestActionsNeedTheCSRFToken(t *testing.T) {
 			require.Equal(t, http.StatusForbidden, res.status, "%s %v", action, bad)
 		}
 	}
-	require.Equal(t, 1, b.rows(t, "acct_a", "k1"))
+	require.Equal(t, 1, b.rows(t, "k1"))
 	res := b.post(t, path+"/purge", url.Values{"confirm": {"yes"}, "csrf": {token}})
 	require.Equal(t, http.StatusSeeOther, res.status, "the page's own token works")
 }
@@ -418,11 +419,11 @@ func TestATokenIsBoundToItsUser(t *testing.T) {
 	code, page := send(http.MethodGet, "/console/events", "alice", nil)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, page, "alice")
-	id := insertParked(t, b, "acct_a", "k1")
+	id := insertParked(t, b, "k1")
 	code, page = send(http.MethodGet, "/console/events", "alice", nil)
 	require.Equal(t, http.StatusOK, code)
 	token := csrfField.FindStringSubmatch(page)[1]
-	form := url.Values{"csrf": {token}, "ids": {fmt.Sprint(id)}}
+	form := url.Values{"csrf": {token}, "ids": {strconv.FormatInt(id, 10)}}
 	code, _ = send(http.MethodPost, "/console/events/unpark", "mallory", form)
 	require.Equal(t, http.StatusForbidden, code, "alice's token is not mallory's")
 	code, _ = send(http.MethodPost, "/console/events/unpark", "alice", form)
@@ -432,9 +433,9 @@ func TestATokenIsBoundToItsUser(t *testing.T) {
 func TestReadOnlyShowsNoFormsAndRefusesPosts(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{readOnly: true})
-	b.complete(t, "acct_a", "k1", "{}")
-	insertParked(t, b, "acct_a", "k1")
-	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("acct_a", "k1")).Err()) // a repair would apply
+	b.complete(t, "k1", "{}")
+	insertParked(t, b, "k1")
+	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("k1")).Err()) // a repair would apply
 	for _, path := range []string{"/console/", "/console/keys", keyPath("acct_a", "k1"), "/console/events"} {
 		page := b.get(t, path)
 		require.Equal(t, http.StatusOK, page.status, path)
@@ -461,15 +462,15 @@ func TestReadOnlyShowsNoFormsAndRefusesPosts(t *testing.T) {
 		res := b.post(t, action, url.Values{"csrf": {token}, "confirm": {"yes"}, "ids": {"1"}})
 		require.Equal(t, http.StatusForbidden, res.status, action)
 	}
-	require.Equal(t, 1, b.rows(t, "acct_a", "k1"))
+	require.Equal(t, 1, b.rows(t, "k1"))
 }
 
 func TestRepairWritesRedisFromPostgres(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.complete(t, "acct_a", "k1", "{}")
+	b.complete(t, "k1", "{}")
 	path := keyPath("acct_a", "k1")
-	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("acct_a", "k1")).Err())
+	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("k1")).Err())
 	token := b.token(t, path)
 	res := b.post(t, path+"/repair", url.Values{"csrf": {token}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
@@ -478,9 +479,9 @@ func TestRepairWritesRedisFromPostgres(t *testing.T) {
 	require.Contains(t, page.body, "Redis now holds the Postgres state")
 }
 
-// insertParked writes a parked outbox event for (scope, key) and returns
+// insertParked writes a parked outbox event for key and returns
 // its id.
-func insertParked(t *testing.T, b *testBundle, scope, key string) int64 {
+func insertParked(t *testing.T, b *testBundle, key string) int64 {
 	t.Helper()
 	var id int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `INSERT INTO outbox (scope, key, version, attempts, parked_at, last_error)
@@ -491,14 +492,14 @@ func insertParked(t *testing.T, b *testBundle, scope, key string) int64 {
 func TestUnparkPutsEventsBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	first, second := insertParked(t, b, "acct_a", "k1"), insertParked(t, b, "acct_a", "k2")
+	first, second := insertParked(t, b, "k1"), insertParked(t, b, "k2")
 	overview := b.get(t, "/console/")
 	require.Regexp(t, `data-figure="parked"><a [^>]*>2<`, overview.body)
 	page := b.get(t, "/console/events")
 	require.Contains(t, page.body, "ERR the test refused &lt;this&gt;")
 	require.Contains(t, page.body, fmt.Sprintf(`data-event="%d"`, first))
 	token := b.token(t, "/console/events")
-	res := b.post(t, "/console/events/unpark", url.Values{"csrf": {token}, "ids": {fmt.Sprint(first)}})
+	res := b.post(t, "/console/events/unpark", url.Values{"csrf": {token}, "ids": {strconv.FormatInt(first, 10)}})
 	require.Equal(t, http.StatusSeeOther, res.status, res.body)
 	require.Contains(t, b.get(t, res.header.Get("Location")).body, "1 event(s) back")
 	var parked []int64
@@ -589,9 +590,9 @@ func TestOverviewAnswersTheOnCallQuestions(t *testing.T) {
 	b := setup(t, setupOpts{})
 	require.NoError(t, b.console.Start(b.ctx))
 	t.Cleanup(b.console.Stop)
-	b.complete(t, "acct_a", "k1", "{}")
-	b.complete(t, "acct_a", "k1", "{}") // a replay
-	b.fail(t, "acct_a", "k2")
+	b.complete(t, "k1", "{}")
+	b.complete(t, "k1", "{}") // a replay
+	b.fail(t, "k2")
 	_, err := b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version, created_at) VALUES ('acct_a', 'k9', 1, now() - interval '90 seconds')`)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO reconcile_passes (started_at, finished_at, result, report)
@@ -615,15 +616,15 @@ func TestOverviewAnswersTheOnCallQuestions(t *testing.T) {
 func TestAGetNeverWrites(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	b.complete(t, "acct_a", "k1", "{}")
-	b.complete(t, "acct_a", "k-missing", "{}")
-	b.complete(t, "acct_a", "k-differs", "{}")
-	b.fail(t, "acct_a", "k2")
-	b.holdInStep(t, "acct_a", "k-held", "req", "ch_1")
-	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("acct_a", "k-missing")).Err())
-	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("acct_a", "k-differs"), "garbage", time.Hour).Err())
-	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("acct_a", "k-orphan"), "failed:4:", time.Hour).Err())
-	insertParked(t, b, "acct_a", "k1")
+	b.complete(t, "k1", "{}")
+	b.complete(t, "k-missing", "{}")
+	b.complete(t, "k-differs", "{}")
+	b.fail(t, "k2")
+	b.holdInStep(t, "k-held", "req", "ch_1")
+	require.NoError(t, b.rdb.Del(b.ctx, b.redisKey("k-missing")).Err())
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("k-differs"), "garbage", time.Hour).Err())
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("k-orphan"), "failed:4:", time.Hour).Err())
+	insertParked(t, b, "k1")
 	_, err := b.pool.Exec(b.ctx, `INSERT INTO reconcile_passes (started_at, result, report) VALUES (now(), 'ok', '{}')`)
 	require.NoError(t, err)
 

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -39,8 +40,8 @@ func (c *Console) serveEvents(w http.ResponseWriter, r *http.Request) {
 	if n := q.Get("unparked"); n != "" {
 		v.Unparked = n + " event(s) back in the relay's queue."
 	}
-	err := c.read(r.Context(), func(rd reader) error {
-		rows, err := rd.query(r.Context(), parkedEventsSQL, pgx.NamedArgs{"after": after, "limit": eventsPerPage + 1})
+	err := c.read(r.Context(), func(ctx context.Context, rd reader) error {
+		rows, err := rd.query(ctx, parkedEventsSQL, pgx.NamedArgs{"after": after, paramLimit: eventsPerPage + 1})
 		if err != nil {
 			return fmt.Errorf("read parked events: %w", err)
 		}

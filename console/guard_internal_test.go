@@ -1,6 +1,7 @@
 package console
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -32,11 +33,7 @@ func TestRates(t *testing.T) {
 	t.Parallel()
 	counts := map[string]float64{"executed": 5}
 	r := newRates(func() map[string]float64 {
-		c := map[string]float64{}
-		for k, v := range counts {
-			c[k] = v
-		}
-		return c
+		return maps.Clone(counts)
 	}, 5)
 	t0 := time.Date(2026, 1, 2, 3, 4, 10, 0, time.UTC)
 	require.False(t, r.sampled())

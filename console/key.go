@@ -157,11 +157,12 @@ func (c *Console) readKey(ctx context.Context, scope, key string) (keyPage, bool
 	if err != nil {
 		return v, false, fmt.Errorf("inspect key: %w", err)
 	}
-	var d *keyDetail
+	var d keyDetail
+	var found bool
 	if in.Postgres != nil {
-		err := c.read(ctx, func(rd reader) error {
+		err := c.read(ctx, func(ctx context.Context, rd reader) error {
 			var err error
-			d, err = readDetail(ctx, rd, scope, key)
+			d, found, err = readDetail(ctx, rd, scope, key)
 			return err
 		})
 		if err != nil {
@@ -171,22 +172,27 @@ func (c *Console) readKey(ctx context.Context, scope, key string) (keyPage, bool
 	if in.Postgres == nil && !in.RedisFound {
 		return v, false, nil
 	}
-	c.describe(&v, in, d)
+	var detail *keyDetail
+	if found {
+		detail = &d
+	}
+	c.describe(&v, in, detail)
 	return v, true, nil
 }
 
-func readDetail(ctx context.Context, rd reader, scope, key string) (*keyDetail, error) {
-	var d keyDetail
-	err := rd.queryRow(ctx, keyDetailSQL, pgx.NamedArgs{"scope": scope, "key": key}).Scan(
+// readDetail reads what sql/key_detail.sql reads of a key; found is false
+// when its row went since Inspect read it.
+func readDetail(ctx context.Context, rd reader, scope, key string) (d keyDetail, found bool, err error) {
+	err = rd.queryRow(ctx, keyDetailSQL, pgx.NamedArgs{paramScope: scope, paramKey: key}).Scan(
 		&d.created, &d.updated, &d.leaseUntil, &d.expires, &d.dbNow, &d.handler, &d.request, &d.steps,
 		&d.contentType, &d.bodySize)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return nil, nil // gone since Inspect read it
+		return d, false, nil
 	case err != nil:
-		return nil, fmt.Errorf("read key: %w", err)
+		return d, false, fmt.Errorf("read key: %w", err)
 	}
-	return &d, nil
+	return d, true, nil
 }
 
 // describe fills v from an inspection and the row's detail (nil when the
@@ -486,6 +492,7 @@ func (c *Console) serveRepair(w http.ResponseWriter, r *http.Request) {
 	if changed {
 		done = "1"
 	}
+	//nolint:gosec // G710: a path under the console's own prefix, scope and key escaped (url.PathEscape): it cannot leave the site
 	http.Redirect(w, r, c.keyURL(scope, key)+"?repaired="+done, http.StatusSeeOther)
 }
 

@@ -82,13 +82,13 @@ func (c *Console) serveKeys(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, http.StatusOK, "keys", "Keys", v)
 		return
 	}
-	err := c.read(r.Context(), func(rd reader) error {
-		byCodePoint, err := c.keysSortByCodePoint(r.Context(), rd)
+	err := c.read(r.Context(), func(ctx context.Context, rd reader) error {
+		byCodePoint, err := c.keysSortByCodePoint(ctx, rd)
 		if err != nil {
 			return err
 		}
 		f.byCodePoint = byCodePoint
-		return c.readKeys(r.Context(), rd, f, &v)
+		return c.readKeys(ctx, rd, f, &v)
 	})
 	if err != nil {
 		c.fail(w, r, err)
@@ -126,8 +126,8 @@ func (c *Console) readKeys(ctx context.Context, rd reader, f keyFilter, v *keysP
 		f.prefixEnd = string(end)
 	}
 	rows, err := rd.query(ctx, keysPageSQL, pgx.NamedArgs{
-		"after_scope": after[0], "after_key": after[1], "scope": f.scope, "prefix": f.prefix,
-		"prefix_end": f.prefixEnd, "state": f.state, "examine": keysExamined, "limit": keysPerPage + 1,
+		"after_scope": after[0], "after_key": after[1], paramScope: f.scope, "prefix": f.prefix,
+		"prefix_end": f.prefixEnd, "state": f.state, "examine": keysExamined, paramLimit: keysPerPage + 1,
 	})
 	if err != nil {
 		return fmt.Errorf("list keys: %w", err)
@@ -175,7 +175,7 @@ func (c *Console) readKeys(ctx context.Context, rd reader, f keyFilter, v *keysP
 // (afterScope, afterKey), the first page when afterScope is "".
 func (c *Console) keysURL(f keyFilter, afterScope, afterKey string) string {
 	q := url.Values{}
-	for name, value := range map[string]string{"scope": f.scope, "prefix": f.prefix, "state": f.state, "after_scope": afterScope, "after_key": afterKey} {
+	for name, value := range map[string]string{paramScope: f.scope, "prefix": f.prefix, "state": f.state, "after_scope": afterScope, "after_key": afterKey} {
 		if value != "" {
 			q.Set(name, value)
 		}

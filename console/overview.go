@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/reconcile"
 )
 
@@ -93,7 +95,7 @@ func requestsOf(r *rates, now time.Time) requestsView {
 		cols[i] = column{label: label, title: label + " UTC", values: values}
 	}
 	v := requestsView{
-		Chart:    barChart("Requests per minute by outcome, last "+fmt.Sprint(len(minutes))+" minutes", wideChartWidth, ss, cols),
+		Chart:    barChart("Requests per minute by outcome, last "+strconv.Itoa(len(minutes))+" minutes", wideChartWidth, ss, cols),
 		Sampling: r.sampled(),
 		Minutes:  len(minutes),
 	}
@@ -121,7 +123,10 @@ type stateRow struct {
 }
 
 // keyStates are the states, in the order the overview lists them.
-var keyStates = []string{"in_progress", "completed", "failed"}
+var keyStates = []string{string(onceonly.StatusInProgress), string(onceonly.StatusCompleted), string(onceonly.StatusFailed)}
+
+// passFailed is the result of a reconcile pass that failed.
+const passFailed = "failed"
 
 // readStates counts the keys by state: exactly for a small table, else
 // from the planner's statistics.
@@ -225,7 +230,7 @@ func readExecutions(ctx context.Context, rd reader) (executionsView, error) {
 	if overMs > 0 {
 		v.LongestOver = span(overMs)
 	}
-	rows, err := rd.query(ctx, oldestLeasesSQL, pgx.NamedArgs{"limit": oldestLeases})
+	rows, err := rd.query(ctx, oldestLeasesSQL, pgx.NamedArgs{paramLimit: oldestLeases})
 	if err != nil {
 		return v, fmt.Errorf("read the oldest leases: %w", err)
 	}
@@ -294,7 +299,7 @@ func driftOf(r reconcile.Report) []float64 {
 
 func readPasses(ctx context.Context, rd reader) (passesView, error) {
 	var v passesView
-	rows, err := rd.query(ctx, reconcilePassesSQL, pgx.NamedArgs{"limit": passesShown})
+	rows, err := rd.query(ctx, reconcilePassesSQL, pgx.NamedArgs{paramLimit: passesShown})
 	if err != nil {
 		return v, fmt.Errorf("read the reconcile passes: %w", err)
 	}
@@ -326,7 +331,7 @@ func readPasses(ctx context.Context, rd reader) (passesView, error) {
 		c := &cols[len(passes)-1-i]
 		c.title = p.Ago + " ago, " + p.Result
 		c.label = "-" + p.Ago
-		if p.Result == "failed" {
+		if p.Result == passFailed {
 			c.mark, c.title = true, c.title+": "+p.Error
 			continue
 		}
@@ -342,18 +347,18 @@ func (c *Console) serveOverview(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	c.rates.sample(now) // the current minute up to date
 	v := overview{Requests: requestsOf(c.rates, now)}
-	err := c.read(r.Context(), func(rd reader) error {
+	err := c.read(r.Context(), func(ctx context.Context, rd reader) error {
 		var err error
-		if v.States, err = readStates(r.Context(), rd); err != nil {
+		if v.States, err = readStates(ctx, rd); err != nil {
 			return err
 		}
-		if v.Executions, err = readExecutions(r.Context(), rd); err != nil {
+		if v.Executions, err = readExecutions(ctx, rd); err != nil {
 			return err
 		}
-		if v.Backlog, err = readBacklog(r.Context(), rd); err != nil {
+		if v.Backlog, err = readBacklog(ctx, rd); err != nil {
 			return err
 		}
-		v.Passes, err = readPasses(r.Context(), rd)
+		v.Passes, err = readPasses(ctx, rd)
 		return err
 	})
 	if err != nil {

@@ -36,6 +36,13 @@ var (
 	parkedEventsSQL        = load("parked_events")
 )
 
+// The parameters several statements share.
+const (
+	paramScope = "scope"
+	paramKey   = "key"
+	paramLimit = "limit"
+)
+
 // readTimeout bounds every statement a page runs.
 const readTimeout = 5 * time.Second
 
@@ -60,7 +67,7 @@ type reader struct {
 }
 
 // read runs fn with a reader, in a read-only transaction it rolls back.
-func (c *Console) read(ctx context.Context, fn func(rd reader) error) error {
+func (c *Console) read(ctx context.Context, fn func(ctx context.Context, rd reader) error) error {
 	tx, err := c.cfg.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("begin a read-only transaction: %w", err)
@@ -70,12 +77,16 @@ func (c *Console) read(ctx context.Context, fn func(rd reader) error) error {
 	if _, err := tx.Exec(ctx, setStatementTimeoutSQL, pgx.QueryExecModeExec, pgx.NamedArgs{"timeout": fmt.Sprintf("%dms", readTimeout.Milliseconds())}); err != nil {
 		return fmt.Errorf("set the statement timeout: %w", err)
 	}
-	return fn(rd)
+	return fn(ctx, rd)
 }
 
 // query runs statement sql with args.
 func (rd reader) query(ctx context.Context, sql string, args pgx.NamedArgs) (pgx.Rows, error) {
-	return rd.tx.Query(ctx, sql, pgx.QueryExecModeExec, args)
+	rows, err := rd.tx.Query(ctx, sql, pgx.QueryExecModeExec, args)
+	if err != nil {
+		return nil, fmt.Errorf("query: %w", err)
+	}
+	return rows, nil
 }
 
 // queryRow runs statement sql with args, for one row.

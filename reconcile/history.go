@@ -24,9 +24,9 @@ func (r *Reconciler) remember(ctx context.Context, result string, rep Report, to
 	}
 	report, err := json.Marshal(rep)
 	if err == nil {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		defer cancel()
-		err = r.store.RecordPass(ctx, r.cfg.Pool, keystore.Pass{
+		err = r.store.RecordPass(rctx, r.cfg.Pool, keystore.Pass{
 			Result: result, Report: report, Err: passErr, Duration: took,
 		})
 	}

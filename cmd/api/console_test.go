@@ -67,7 +67,7 @@ func TestConsoleIsServedOnlyWithItsCredentials(t *testing.T) {
 	code, _, page := send(http.MethodGet, on+"/console/", true, nil)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, page, "Relay backlog")
-	code, _, page = send(http.MethodGet, on+"/console/events", true, nil)
+	code, _, _ = send(http.MethodGet, on+"/console/events", true, nil)
 	require.Equal(t, http.StatusOK, code)
 	code, _, _ = send(http.MethodPost, on+"/console/events/unpark", true, url.Values{"ids": {"1"}})
 	require.Equal(t, http.StatusForbidden, code, "no CSRF token")

@@ -119,7 +119,7 @@ func artifacts(t *testing.T) string {
 	if dir == "" {
 		dir = "artifacts"
 	}
-	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.MkdirAll(dir, 0o750))
 	return dir
 }
 
@@ -129,7 +129,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	png, err := chromedp.Run(step(t, ctx), chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	path := filepath.Join(artifacts(t), name+".png")
-	require.NoError(t, os.WriteFile(path, png, 0o644))
+	require.NoError(t, os.WriteFile(path, png, 0o600))
 	t.Logf("screenshot: %s", path)
 }
 
