@@ -53,6 +53,9 @@ type StoredKey struct {
 	// ExpiresIn is the time left until the row may be deleted; zero or
 	// less means the key is gone (expired or purged).
 	ExpiresIn time.Duration
+	// Failures counts the executions of the key that ended failed in its
+	// lifecycle (see ExecutionError.Failures).
+	Failures int
 }
 
 // CachedKey is a key's value in Redis, decoded.
@@ -91,7 +94,7 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 	if found {
 		in.Postgres = &StoredKey{
 			Status: KeyStatus(k.Status), Version: k.Version, Fingerprint: k.Fingerprint,
-			LeaseRemaining: k.LeaseRemaining, Response: k.Response, ExpiresIn: k.ExpiresIn,
+			LeaseRemaining: k.LeaseRemaining, Response: k.Response, ExpiresIn: k.ExpiresIn, Failures: k.Failures,
 		}
 		if k.Status == keystate.InProgress {
 			in.Postgres.Owner = k.Owner.String()

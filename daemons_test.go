@@ -49,7 +49,9 @@ func TestStartRunsTheDaemons(t *testing.T) {
 		return onceonly.Result{Status: 201}, nil
 	}))
 	_, err = engine.Run(ctx, "charge", "acct_1", "handed-off", []byte(`{}`))
-	require.Error(t, err, "the step's outcome is unknown: the key is handed off")
+	var handedOff *onceonly.ExecutionError
+	require.ErrorAs(t, err, &handedOff)
+	require.True(t, handedOff.HandedOff, "the step's outcome is unknown: the key is handed off")
 
 	require.NoError(t, engine.Start(ctx))
 	require.NoError(t, engine.Start(ctx), "a second Start does nothing")

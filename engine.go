@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +42,13 @@ const (
 type Config struct {
 	// Pool is the Postgres pool holding the migrated schema.
 	Pool *pgxpool.Pool
+	// DB, when set, is a database/sql handle on the same database as Pool,
+	// of any driver over Postgres (pgx's stdlib, lib/pq): an execution's
+	// handler may then write through SQLTx, a transaction on DB that
+	// commits with the key's completion (DoSQL). The engine's own work
+	// (claims, leases, steps) stays on Pool. With DB set, executions run
+	// two-phase: SingleCommit is ignored.
+	DB *sql.DB
 	// Redis is the cache; nil runs from Postgres alone.
 	Redis redis.UniversalClient
 	// RedisPrefix prefixes every Redis key (default "idem:").
@@ -262,9 +270,13 @@ func DefaultShouldStore(status int) bool {
 // message body); the same key with another payload returns ErrKeyReused.
 // fn writes through tx, which commits together with the key's completion.
 // Other errors: *InFlightError, ErrUnavailable, ErrLeaseLost, ErrInvalidKey,
-// ErrInvalidScope, and fn's own error (the key is then failed and retryable).
-// A handler that calls systems outside Postgres is a Func: see Register and
-// Run.
+// ErrInvalidScope, and an *ExecutionError wrapping fn's own error (the key
+// is then failed and retryable; errors.Is and errors.As see fn's error
+// through it). A Result whose status is not stored (Config.ShouldStore)
+// fails the key too, but is returned as an answer, with a nil error. A
+// handler that calls systems outside Postgres is a Func: see Register and
+// Run. Settle turns any of these answers into a broker's ack, redelivery
+// or dead letter.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
 	return e.execute(ctx, e.modeFor(""), scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
 }
@@ -327,7 +339,7 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 	if callerLeft(ctx, m) {
 		// The caller left while the claim ran: give the key back now.
 		x.rollback(ctx)
-		e.abandon(ctx, x, x.anyStep())
+		e.abandon(ctx, x, endFor(x.anyStep(), false))
 		outcome = outcomeFailed
 		return Outcome{}, ctx.Err()
 	}
@@ -347,7 +359,7 @@ func callerLeft(ctx context.Context, m mode) bool {
 // not claimed its key yet. Every request makes one, a replay too, so its
 // step maps are made only when a step is recorded (setStep).
 func (e *Engine) newExecution(m mode, ref keystate.Ref, owner keystate.Owner, handler string, request func() []byte) *Execution {
-	return &Execution{engine: e, mode: m, ref: ref, fence: Fence{Owner: owner}, handler: handler, request: request}
+	return &Execution{engine: e, mode: m, ref: ref, fence: Fence{Owner: owner}, handler: handler, request: request, by: byFirst}
 }
 
 // checkCache asks Redis first, claiming the key there provisionally for
@@ -400,7 +412,7 @@ func answerCached(res cache.CheckResult) (out Outcome, outcome string, done bool
 		}
 		return Outcome{Result: res.Entry.Response, Replayed: true}, outcomeReplayedCache, true, nil
 	case cache.InFlight:
-		return Outcome{}, outcomeInFlight, true, &InFlightError{RetryAfter: res.RetryAfter}
+		return Outcome{}, outcomeInFlight, true, inFlight(res.RetryAfter)
 	case cache.Mismatch:
 		return Outcome{}, outcomeReused, true, ErrKeyReused
 	case cache.Claimed, cache.Undecided:
@@ -418,18 +430,21 @@ func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string
 	case keystate.Completed:
 		return Outcome{Result: k.Response, Replayed: true}, outcomeReplayedDB, nil
 	case keystate.InProgress:
-		return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: max(k.LeaseRemaining, time.Second)}
+		return Outcome{}, outcomeInFlight, inFlight(k.LeaseRemaining)
 	case keystate.Failed:
 	}
 	// failed between our claim and our read: the next try claims it.
-	return Outcome{}, outcomeInFlight, &InFlightError{RetryAfter: time.Second}
+	return Outcome{}, outcomeInFlight, inFlight(time.Second)
 }
 
 // run executes fn as x, which holds its key since x.claimedAt, and
 // records the result: a stored result completes the key in the execution's
 // transaction; otherwise the key is failed (retryable), or handed off for a
 // resumption when a step may have had an effect the key must not forget.
-func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (Outcome, string, error) {
+// fn's own error comes back as an *ExecutionError that says which.
+func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, outcome string, err error) {
+	outcome = outcomePanic // unless run returns: a panic of fn goes on up
+	defer func() { e.finished(ctx, x, outcome, err) }()
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	x.lease = x.mode.hold(ctx, x, func() { cancel(ErrLeaseLost) })
@@ -456,8 +471,9 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (Outcome, strin
 		}
 		// The commit (or begin) failed; whether a commit that lost its
 		// connection went through is unknown, so the key is left to the
-		// lease if abandon cannot run either, and the client retries.
-		e.abandon(ctx, x, x.anyStep())
+		// lease if abandon cannot run either, and the client retries. The
+		// store failed, not the handler: no failure is counted.
+		e.abandon(ctx, x, endFor(x.anyStep(), false))
 		if callerLeft(ctx, x.mode) {
 			return Outcome{}, outcomeFailed, ctx.Err()
 		}
@@ -470,15 +486,19 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (Outcome, strin
 		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
 	case handleErr == nil:
 		// A deliberate answer that is not stored: retryable, unless a step
-		// is unsettled and must be finished first.
-		e.abandon(ctx, x, x.unsettled())
+		// is unsettled and must be finished first. It counts as a failure,
+		// and is the caller's answer, not an error.
+		e.abandon(ctx, x, endFor(x.unsettled(), true))
 		return Outcome{Result: res}, outcomeFailed, nil
 	}
-	e.abandon(ctx, x, x.anyStep())
-	if callerLeft(ctx, x.mode) {
+	// A handler that failed because its caller left (a canceled context)
+	// is not counted against the key.
+	left := callerLeft(ctx, x.mode)
+	handedOff, failures := e.abandon(ctx, x, endFor(x.anyStep(), !left))
+	if left {
 		return Outcome{}, outcomeFailed, ctx.Err()
 	}
-	return Outcome{}, outcomeHandlerError, handleErr
+	return Outcome{}, outcomeHandlerError, &ExecutionError{Err: handleErr, HandedOff: handedOff, Failures: failures}
 }
 
 // call runs fn; a panic rolls the transaction back and abandons the key
@@ -487,11 +507,30 @@ func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error
 	defer func() {
 		if p := recover(); p != nil {
 			x.rollback(ctx)
-			e.abandon(ctx, x, x.anyStep())
+			e.abandon(ctx, x, endFor(x.anyStep(), true))
 			panic(p)
 		}
 	}()
 	return fn(ctx, x)
+}
+
+// finished counts an execution that ended with outcome, by who ran it, and
+// logs its end: at Info when a takeover or the resumer finished it (the
+// line operators read to see who finished an execution whose holder died
+// or handed it off), at Debug for a first execution.
+func (e *Engine) finished(ctx context.Context, x *Execution, outcome string, err error) {
+	e.metrics.executions.WithLabelValues(x.by, outcome).Inc()
+	msg, level := "execution finished", slog.LevelDebug
+	switch x.by {
+	case byResumer:
+		msg, level = "execution resumed", slog.LevelInfo
+	case byTakeover:
+		level = slog.LevelInfo
+	}
+	if e.log.Enabled(ctx, level) {
+		e.log.Log(ctx, level, msg, "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler,
+			"by", x.by, "outcome", outcome, "err", err)
+	}
 }
 
 // complete stores res and completes the key with the handler's writes, in
@@ -515,6 +554,9 @@ func (x *Execution) rollback(ctx context.Context) {
 	if x.tx != nil {
 		_ = x.tx.Rollback(context.WithoutCancel(ctx))
 	}
+	if x.sqlTx != nil {
+		_ = x.sqlTx.Rollback()
+	}
 }
 
 // lostLease reports whether err, or the cause of ctx, says x lost its
@@ -525,32 +567,69 @@ func (x *Execution) lostLease(ctx context.Context, err error) bool {
 	return x.lease != nil && (errors.Is(err, ErrLeaseLost) || errors.Is(context.Cause(ctx), ErrLeaseLost))
 }
 
-// abandon ends an execution that has no stored result: the key is handed
-// off for a resumption when handOff (a step may have had an effect), else
-// failed, so a retry runs again. Both outlive ctx: a request canceled by
-// its client must not leave the key claimed. When Postgres does not answer
-// (it is what failed), the release goes on in the background until it
-// lands or the lease is over (releaseLater), so the key is free for the
-// next retry as soon as Postgres is back rather than when its lease ends.
-func (e *Engine) abandon(ctx context.Context, x *Execution, handOff bool) {
+// An ending is how an execution that has no stored result gives its key
+// back (release).
+type ending int
+
+const (
+	// endFailed fails the key; the store or the caller ended the
+	// execution, so no failure is counted.
+	endFailed ending = iota
+	// endHandlerFailed fails the key and counts a failure of its handler
+	// (Key.Failures).
+	endHandlerFailed
+	// endHandOff hands the key off for a resumption: a step may have had an
+	// effect the key must not forget.
+	endHandOff
+)
+
+// endFor returns the ending of an execution: a hand-off when handOff,
+// else a fail, counted when handlerFailed.
+func endFor(handOff, handlerFailed bool) ending {
+	switch {
+	case handOff:
+		return endHandOff
+	case handlerFailed:
+		return endHandlerFailed
+	}
+	return endFailed
+}
+
+// abandon ends an execution that has no stored result as end says: the key
+// is handed off for a resumption or failed, so a retry runs again. Both
+// outlive ctx: a request canceled by its client must not leave the key
+// claimed. When Postgres does not answer (it is what failed), the release
+// goes on in the background until it lands or the lease is over
+// (releaseLater), so the key is free for the next retry as soon as
+// Postgres is back rather than when its lease ends.
+//
+// It reports whether the key was handed off and, when it was failed, the
+// key's failures after it; 0 when they are not known: the fail went to the
+// background, found nothing of x's left to fail, or wrote no row (DoTx).
+func (e *Engine) abandon(ctx context.Context, x *Execution, end ending) (handedOff bool, failures int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	_, err := e.release(ctx, x, handOff)
-	if err == nil {
-		return
-	}
-	if !x.mode.keepsRow() {
+	k, released, err := e.release(ctx, x, end)
+	switch {
+	case err == nil && released && end != endHandOff:
+		return false, k.Failures
+	case err == nil:
+		return end == endHandOff, 0
+	case !x.mode.keepsRow():
 		// No row of x's holds the key: its transaction ended with Postgres.
 		e.log.Warn("record a failed execution; a retry runs again", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
-		return
+		return false, 0
 	}
 	// Postgres is what failed, likely what the handler answered for too: a
 	// step's effect must not be forgotten, so an execution that stepped is
 	// handed off (a resumption finishes it) rather than failed.
-	handOff = handOff || x.anyStep()
+	if x.anyStep() {
+		end = endHandOff
+	}
 	e.log.Warn("release key failed; trying again until Postgres answers or the lease ends",
-		"scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff, "err", err)
-	e.releaseLater(ctx, x, handOff)
+		"scope", x.ref.Scope, "key", x.ref.Key, "hand_off", end == endHandOff, "err", err)
+	e.releaseLater(ctx, x, end)
+	return end == endHandOff, 0
 }
 
 // releaseLost releases, in the background, the key of an execution that
@@ -564,7 +643,7 @@ func (e *Engine) releaseLost(ctx context.Context, x *Execution) {
 	if !x.mode.keepsRow() {
 		return
 	}
-	e.releaseLater(ctx, x, x.anyStep())
+	e.releaseLater(ctx, x, endFor(x.anyStep(), false))
 }
 
 // releaseLater releases x's key in the background: at once, then on a
@@ -573,7 +652,7 @@ func (e *Engine) releaseLost(ctx context.Context, x *Execution) {
 // run out too, and the key is takeable anyway), or until the engine
 // closes. The tries keep ctx's values, not its end. Once the engine is
 // closed it tries nothing.
-func (e *Engine) releaseLater(ctx context.Context, x *Execution, handOff bool) {
+func (e *Engine) releaseLater(ctx context.Context, x *Execution, end ending) {
 	e.releasesMu.Lock()
 	defer e.releasesMu.Unlock()
 	if e.closed {
@@ -592,11 +671,11 @@ func (e *Engine) releaseLater(ctx context.Context, x *Execution, handOff bool) {
 		}()
 		for pause := releaseRetryFirst; ; pause = min(2*pause, releaseRetryMax) {
 			tctx, tcancel := context.WithTimeout(ctx, releaseTimeout)
-			released, err := e.release(tctx, x, handOff)
+			_, released, err := e.release(tctx, x, end)
 			tcancel()
 			switch {
 			case err == nil && released:
-				e.log.Info("key released in the background", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", handOff)
+				e.log.Info("key released in the background", "scope", x.ref.Scope, "key", x.ref.Key, "hand_off", end == endHandOff)
 				return
 			case err == nil:
 				return // another execution holds the key: nothing of x's to release
@@ -617,22 +696,22 @@ const (
 	releaseRetryMax   = 2 * time.Second
 )
 
-// release hands x's key off or fails it within ctx, and writes the new
-// state through to Redis. It reports whether it released anything: false
-// with a nil error when the key is no longer x's; the error when Postgres
-// did not answer.
-func (e *Engine) release(ctx context.Context, x *Execution, handOff bool) (bool, error) {
-	k, released, err := x.mode.release(ctx, x, handOff)
+// release hands x's key off or fails it within ctx, as end says, and
+// writes the new state through to Redis. It reports whether it released
+// anything, and the key's new state: false with a nil error when the key is
+// no longer x's; the error when Postgres did not answer.
+func (e *Engine) release(ctx context.Context, x *Execution, end ending) (keystate.Key, bool, error) {
+	k, released, err := x.mode.release(ctx, x, end)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		return false, nil
+		return keystate.Key{}, false, nil
 	case err != nil:
-		return false, err
+		return keystate.Key{}, false, err
 	case !released:
-		return false, nil
+		return keystate.Key{}, false, nil
 	}
 	e.writeThrough(ctx, k)
-	return true, nil
+	return k, true, nil
 }
 
 // writeThrough copies a transition this engine committed into Redis. A

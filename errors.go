@@ -44,6 +44,16 @@ var ErrNoExecution = errors.New("onceonly: no execution in this context")
 // open: an external call never runs while a Postgres transaction waits.
 var ErrStepAfterTx = errors.New("onceonly: Step called after Tx: external calls run before the final transaction")
 
+// ErrTxKind is returned by Tx and SQLTx when the execution's transaction
+// is of the other kind: an execution writes through one transaction, pgx's
+// (Tx, Do, DoTx) or database/sql's (SQLTx, DoSQL, DoSQLTx), the first it
+// asks for.
+var ErrTxKind = errors.New("onceonly: the execution's transaction is of the other kind: Tx (pgx) or SQLTx (database/sql), one per execution")
+
+// ErrNoSQLDB is returned by SQLTx and DoSQL on an engine without
+// Config.DB.
+var ErrNoSQLDB = errors.New("onceonly: SQLTx and DoSQL need Config.DB")
+
 // ErrUnnamedHandler is returned by Step in a handler that is not
 // registered under a name: its execution could not be resumed.
 var ErrUnnamedHandler = errors.New("onceonly: Step needs a named handler (MiddlewareOptions.Name or Engine.Register)")
@@ -57,8 +67,26 @@ var ErrNoSuchKey = errors.New("onceonly: no such key")
 
 // InFlightError is returned while another execution holds the key.
 type InFlightError struct {
-	// RetryAfter is how long the current lease still runs.
+	// RetryAfter is how long to wait before asking again: the rest of the
+	// holder's lease, but at most MaxInFlightRetry (a live holder usually
+	// finishes long before its lease would end, and a copy asked again
+	// then is replayed at once) and at least a few milliseconds.
 	RetryAfter time.Duration
+	// LeaseRemaining is how long the holder's lease still runs: the longest
+	// a caller may have to wait, when the holder died. When a single-commit
+	// execution's transaction holds the key, whose lease is not read, it is
+	// the lease's bound: Config.LeaseTimeout.
+	LeaseRemaining time.Duration
+}
+
+// minInFlightRetry is the shortest InFlightError.RetryAfter: a lease about
+// to end is asked about again once it has.
+const minInFlightRetry = 10 * time.Millisecond
+
+// inFlight returns the InFlightError of a key whose holder's lease runs
+// for lease still.
+func inFlight(lease time.Duration) *InFlightError {
+	return &InFlightError{RetryAfter: min(max(lease, minInFlightRetry), MaxInFlightRetry), LeaseRemaining: max(lease, 0)}
 }
 
 // Error implements error.

@@ -35,11 +35,25 @@ var outcomes = []string{
 	outcomeLeaseLost, outcomeUnavailable, outcomeInvalid, outcomeHandlerError, outcomePanic,
 }
 
+// Who runs an execution: the by label of onceonly_executions_total.
+const (
+	// byFirst: the request (or delivery) that claimed a key with no
+	// execution to continue: a new key, a failed one, an expired one.
+	byFirst = "first"
+	// byTakeover: a retry or redelivery that took over an execution whose
+	// lease ran out (its holder died, or handed it off).
+	byTakeover = "takeover"
+	// byResumer: the engine's Resume, finishing an execution that started
+	// a step, without any request.
+	byResumer = "resumer"
+)
+
 type metrics struct {
 	requests      *prometheus.CounterVec
 	duration      *prometheus.HistogramVec
 	redisFallback *prometheus.CounterVec
 	resumptions   *prometheus.CounterVec
+	executions    *prometheus.CounterVec
 	waits         prometheus.Counter
 	claimBatches  prometheus.Histogram
 	claimFailures prometheus.Counter
@@ -67,6 +81,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceonly_resumptions_total",
 			Help: "Executions a live engine took over and finished after their holder died or handed off, by outcome.",
 		}, []string{labelOutcome}),
+		executions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "onceonly_executions_total",
+			Help: "Executions that ran a handler, by who ran it (first, takeover, resumer) and by outcome.",
+		}, []string{"by", labelOutcome}),
 		waits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "onceonly_waits_total",
 			Help: "Requests that found their key in flight and waited for its answer (MiddlewareOptions.Wait).",
@@ -90,7 +108,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, op := range []string{redisOpCheck, redisOpApply, redisOpRelease, redisOpWatch} {
 		m.redisFallback.WithLabelValues(op)
 	}
-	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.waits, m.claimBatches, m.claimFailures); err != nil {
+	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.executions, m.waits, m.claimBatches, m.claimFailures); err != nil {
 		return nil, err
 	}
 	return m, nil

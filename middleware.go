@@ -267,11 +267,6 @@ func writeResult(w http.ResponseWriter, res Result) {
 	_, _ = w.Write(res.Body)
 }
 
-// maxRetryAfter caps the Retry-After of a 409. The remaining lease is the
-// worst case (the holder died); a live holder usually finishes much sooner,
-// and a retry that comes early costs one Redis round trip.
-const maxRetryAfter = time.Second
-
 // answersUnavailable reports whether writeEngineError answers err with a
 // 503.
 func answersUnavailable(err error) bool {
@@ -282,7 +277,10 @@ func answersUnavailable(err error) bool {
 // writeEngineError answers an error of the engine through fail.
 func writeEngineError(w http.ResponseWriter, err error, fail func(status int, code, message, param string)) {
 	if inFlight, ok := IsInFlight(err); ok {
-		writeRetryAfter(w, min(inFlight.RetryAfter, maxRetryAfter).Seconds())
+		// RetryAfter is at most MaxInFlightRetry: the remaining lease is the
+		// worst case (the holder died); a live holder usually finishes much
+		// sooner, and a retry that comes early costs one Redis round trip.
+		writeRetryAfter(w, min(inFlight.RetryAfter, MaxInFlightRetry).Seconds())
 		fail(http.StatusConflict, "idempotency_key_in_use",
 			"A request with this Idempotency-Key is already in progress; retry later.", "")
 		return

@@ -126,7 +126,7 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		fn, _ := e.registered(r.Handler)
 		request := r.Request
 		x := e.newExecution(twoPhase{e}, r.Key.Ref, r.Key.Owner, r.Handler, func() []byte { return request })
-		x.fence.Version, x.fingerprint, x.claimedAt = r.Key.Version, r.Key.Fingerprint, claimedAt
+		x.fence.Version, x.fingerprint, x.claimedAt, x.by = r.Key.Version, r.Key.Fingerprint, claimedAt, byResumer
 		if err := x.loadSteps(r.Steps); err != nil {
 			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
 		}
@@ -136,9 +136,10 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 	return len(due), nil
 }
 
-// resume finishes x, an execution this engine took over at x.claimedAt. A
-// panic of the handler is logged, not raised: it would end the process,
-// and call has handed the key off already.
+// resume finishes x, an execution this engine took over at x.claimedAt;
+// run logs its end ("execution resumed"). A panic of the handler is
+// logged, not raised: it would end the process, and call has handed the
+// key off already.
 func (e *Engine) resume(ctx context.Context, x *Execution, fn Func) {
 	ctx, span := e.startSpan(ctx, spanExecute)
 	if span.IsRecording() {
@@ -152,9 +153,7 @@ func (e *Engine) resume(ctx context.Context, x *Execution, fn Func) {
 		if p := recover(); p != nil {
 			e.log.Error("resumed handler panicked", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler,
 				"panic", p, "stack", string(debug.Stack()))
-			return
 		}
-		e.log.Info("execution resumed", "scope", x.ref.Scope, "key", x.ref.Key, "handler", x.handler, "outcome", outcome, "err", err)
 	}()
 	_, outcome, err = e.run(ctx, x, fn)
 }

@@ -90,7 +90,8 @@ const (
 	// after a failed execution when SettlePolicy leaves them unset.
 	DefaultMinBackoff = time.Second
 	DefaultMaxBackoff = time.Minute
-	// MaxInFlightRetry caps the delay before a copy of a message whose key
+	// MaxInFlightRetry caps InFlightError.RetryAfter, the middleware's
+	// Retry-After and the delay before a copy of a message whose key
 	// another execution holds comes again: the holder may finish long
 	// before its lease would end, and the copy should then replay at once.
 	MaxInFlightRetry = time.Second
@@ -118,7 +119,11 @@ func Settle(out Outcome, err error) Settlement {
 // Settle turns the answer of Do, Run or DoTx (or an error of the consumer's
 // own, such as one wrapping ErrInvalidMessage) into a settlement:
 //
-//   - no error: Ack (a first execution or a replay alike);
+//   - no error: Ack (a first execution or a replay alike). That includes
+//     a Result whose status is not stored (Config.ShouldStore): the key is
+//     failed and the failure counted, but the Result is an answer, which
+//     Outcome.Status carries. A handler run for a consumer reports a
+//     failure with an error instead, so that its delivery comes again;
 //   - ErrKeyReused: DeadLetter, ReasonReused;
 //   - ErrInvalidMessage, ErrInvalidKey, ErrInvalidScope, ErrMissingKeyField:
 //     DeadLetter, ReasonInvalid;
@@ -126,7 +131,8 @@ func Settle(out Outcome, err error) Settlement {
 //   - *ExecutionError handed off: Retry after MinBackoff (the key settles by
 //     a resumption or this redelivery; nothing failed);
 //   - *ExecutionError failed: Retry with backoff, or DeadLetter
-//     (ReasonFailed) once MaxFailures executions of the key failed;
+//     (ReasonFailed) once MaxFailures executions of the key failed; a count
+//     of 0 (not known) always retries;
 //   - anything else (ErrUnavailable, ErrLeaseLost, a canceled context):
 //     Retry after MinBackoff, counted as no failure.
 func (p SettlePolicy) Settle(out Outcome, err error) Settlement {
@@ -189,11 +195,17 @@ func invalid(err error) bool {
 		errors.Is(err, ErrInvalidScope) || errors.Is(err, ErrMissingKeyField)
 }
 
-// ExecutionError is returned by Do, Run and DoTx when the handler ran and
-// its execution ended without a stored result: the handler returned an
-// error (or a Result that is not stored, or panicked), or its final
-// transaction failed. It wraps the handler's error, and its message is
-// that error's.
+// ExecutionError is returned by Do, Run, DoTx and their database/sql forms
+// (DoSQL, DoSQLTx) when the handler ran and returned an error, so its
+// execution ended without a stored result. It wraps the handler's error
+// (errors.Is and errors.As see it), and its message is that error's.
+//
+// Other ways an execution ends without a stored result are not
+// ExecutionErrors: a Result whose status is not stored is an answer (a nil
+// error; the key is failed and the failure counted); a final commit that
+// failed is ErrUnavailable, a lost lease ErrLeaseLost, a caller that left
+// its context's error (none of them counts as a failure); a panic goes on
+// up to the caller.
 type ExecutionError struct {
 	// Err is the handler's error.
 	Err error
@@ -203,7 +215,12 @@ type ExecutionError struct {
 	// Otherwise the key is failed and a later call runs the handler again.
 	HandedOff bool
 	// Failures counts the executions of the key that ended failed, this
-	// one included; 0 when it was handed off.
+	// one included, as the statement that failed the key returned them
+	// (Postgres keeps the count with the key, for its lifecycle). It is 0
+	// when the key was handed off, and when the count is not known: the
+	// fail was left to the background because Postgres did not answer,
+	// the key was no longer this execution's, or DoTx (DoSQLTx), which
+	// records no failure. Settle never dead-letters on 0.
 	Failures int
 }
 

@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,7 +44,7 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 		return x.mode.claim(ctx, x)
 	case !opened.Locked:
 		x.rollback(ctx)
-		return keystate.Key{}, false, &InFlightError{RetryAfter: time.Second}
+		return keystate.Key{}, false, inFlight(e.cfg.LeaseTimeout) // the holder's lease is not read: its bound
 	}
 	return keystate.Key{Ref: x.ref, Owner: x.fence.Owner}, true, nil
 }
@@ -56,6 +57,10 @@ func (m singleCommit) hold(_ context.Context, x *Execution, onLost func()) *leas
 
 func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
 
+// sqlTx refuses: the engine runs single-commit executions only without
+// Config.DB (modeFor).
+func (singleCommit) sqlTx(context.Context, *Execution) (*sql.Tx, error) { return nil, ErrNoSQLDB }
+
 // complete writes the key's row, completed, and commits in one round trip.
 func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
 	return x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
@@ -65,12 +70,13 @@ func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (k
 
 // release writes the key's row, failed, once the transaction rolled back,
 // so a retry runs again (I3); nothing when the key has a row of another
-// execution.
-func (m singleCommit) release(ctx context.Context, x *Execution, _ bool) (keystate.Key, bool, error) {
+// execution. An execution in this mode takes no step, so it is never
+// handed off.
+func (m singleCommit) release(ctx context.Context, x *Execution, end ending) (keystate.Key, bool, error) {
 	e := m.e
 	var written bool
 	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (k keystate.Key, err error) {
-		k, written, err = e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint)
+		k, written, err = e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint, end == endHandlerFailed)
 		return k, err
 	})
 	if err != nil || !written {

@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,6 +41,9 @@ func (m twoPhase) claim(ctx context.Context, x *Execution) (keystate.Key, bool, 
 		return claim.Key, false, nil
 	}
 	x.fence = Fence{Owner: claim.Key.Owner, Version: claim.Key.Version}
+	if claim.TookOver {
+		x.by = byTakeover
+	}
 	if err := x.loadSteps(claim.Steps); err != nil {
 		e.log.Error("resume from recorded steps: calling them again", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
 	}
@@ -52,6 +56,12 @@ func (m twoPhase) hold(ctx context.Context, x *Execution, onLost func()) *lease.
 
 func (twoPhase) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
 
+// sqlTx begins the execution's transaction on Config.DB and hands x to the
+// sqlTwoPhase mode.
+func (m twoPhase) sqlTx(ctx context.Context, x *Execution) (*sql.Tx, error) {
+	return m.e.beginSQL(ctx, x)
+}
+
 // complete sends the key's completion, fenced by the owner, and the COMMIT
 // in one round trip.
 func (m twoPhase) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
@@ -60,13 +70,13 @@ func (m twoPhase) complete(ctx context.Context, x *Execution, res Result) (keyst
 	})
 }
 
-func (m twoPhase) release(ctx context.Context, x *Execution, handOff bool) (keystate.Key, bool, error) {
+func (m twoPhase) release(ctx context.Context, x *Execution, end ending) (keystate.Key, bool, error) {
 	e := m.e
 	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystate.Key, error) {
-		if handOff {
+		if end == endHandOff {
 			return e.store.HandOff(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
 		}
-		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner)
+		return e.store.Fail(ctx, e.cfg.Pool, x.ref, x.fence.Owner, end == endHandlerFailed)
 	})
 	if err != nil {
 		return keystate.Key{}, false, fromStore(err)

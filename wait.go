@@ -56,7 +56,7 @@ func (e *Engine) await(ctx context.Context, ref keystate.Ref, bound time.Duratio
 		if settled == nil {
 			pause, poll = poll, min(2*poll, awaitPollMax)
 		}
-		timer := time.NewTimer(min(pause, remaining, max(inFlight.RetryAfter, time.Millisecond)))
+		timer := time.NewTimer(min(pause, remaining, max(inFlight.LeaseRemaining, time.Millisecond)))
 		select {
 		case <-ctx.Done():
 			timer.Stop()

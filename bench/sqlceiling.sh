@@ -43,7 +43,7 @@ channel=$(sed -n 's/^const NotifyChannel = "\([^"]*\)"$/\1/p' internal/keystore/
 declare -A value=(
 	[scope]=acct_bench [fingerprint]=v1:bench [owner]=00000000-0000-0000-0000-0000000000b1
 	[lease]='30 seconds' [lease_ms]=30000 [ttl]='24 hours' [channel]=$channel
-	[notify]=false [async_commit]=true [fail_when_lost]=true
+	[notify]=false [async_commit]=true [fail_when_lost]=true [count_failure]=false
 	[status]=completed [response_status]=201 [response_content_type]=application/json
 	[response_body]='\x7b7d' [response_headers]=-
 )

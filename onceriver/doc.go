@@ -39,10 +39,15 @@
 // and river.JobCompleteTx in one transaction: no crash can leave the
 // ledger written and the job still running, or the reverse. A duplicate job,
 // or a rerun of one whose message is done, completes without running the
-// handler. A key held by a live run snoozes the job for the lease's
-// remainder (river.JobSnooze, which does not use up an attempt; an error
-// would, on River's backoff). A key reused with other args cancels the job.
-// Postgres errors and the handler's errors go back to River, which retries.
+// handler. Every other answer is settled by onceonly.SettlePolicy
+// (Options.Policy) and told to River in its verbs: a key held by a live run,
+// or an execution handed off with a step's outcome unknown, snoozes the job
+// (river.JobSnooze, which does not use up an attempt: neither is a failure),
+// for at most a second while the key is in flight. The handler's errors go
+// back to River, which retries on its RetryPolicy, until Policy.MaxFailures
+// executions of the key failed: then the job is cancelled. A key reused with
+// other args, or an invalid one, cancels the job. Postgres errors go back to
+// River, which retries.
 // The engine's Pool must reach the database holding River's tables (the
 // driver is riverpgxv5): the job is completed in the engine's transaction.
 //

@@ -33,8 +33,10 @@ type Keyed interface {
 // external call runs through onceonly.Step (with the downstream key it is
 // given), then the business writes go through onceonly.Tx(ctx), which
 // commits together with the key's completion and the job's. Returning nil
-// completes the job; an error is returned to River as it is (River retries
-// it with its backoff, or cancels or snoozes it if the error says so).
+// completes the job; an error fails the execution, and River retries the
+// job with its backoff until Options.Policy says the key failed too often
+// (see Worker). A river.JobCancel or river.JobSnooze error is River's to
+// act on, as it is.
 //
 // A Handler must depend on args alone: when the process running it dies
 // after a step started, a live engine's Resume runs it again from the
@@ -68,29 +70,45 @@ type Options[T river.JobArgs] struct {
 	Timeout time.Duration
 	// Logger receives the worker's rare warnings (default slog.Default()).
 	Logger *slog.Logger
+	// Policy settles each attempt's answer (see Worker). Its MaxFailures
+	// is how many executions of a key may fail before a job carrying it is
+	// cancelled (default onceonly.DefaultMaxFailures); its MinBackoff is
+	// the snooze of a job whose execution was handed off. The retries of
+	// failed executions are River's, on its RetryPolicy.
+	Policy onceonly.SettlePolicy
 }
 
 // Worker is a river.Worker[T] that runs its handler once per logical
 // message (scope, key) however often River runs the job, and however many
 // jobs carry the message. Add it with river.AddWorker.
 //
-// What each attempt of a job turns into:
+// What each attempt of a job turns into, as Options.Policy settles the
+// engine's answer (onceonly.SettlePolicy.Settle):
 //
 //   - first run: the handler runs; its writes, the key's completion and the
 //     job's completion (river.JobCompleteTx) commit in one transaction;
 //   - the key is completed already (a duplicate job, or a run after a
 //     resumption finished the message): the handler does not run and the
-//     job completes;
+//     job completes (Ack);
 //   - the key is held by a live execution (*onceonly.InFlightError): the job
 //     is snoozed (river.JobSnooze), which does not use up an attempt, for
-//     the error's RetryAfter capped at maxSnooze: RetryAfter is the rest of
-//     the holder's lease, the worst case, while a live holder usually
-//     finishes in milliseconds;
+//     the settlement's After: at most onceonly.MaxInFlightRetry, as a live
+//     holder usually finishes long before its lease would end;
+//   - the execution was handed off (a step's outcome is unknown): the job
+//     is snoozed for Policy.MinBackoff; a resumption or its next run
+//     finishes the execution, and no failure is counted;
+//   - the handler failed: its error goes back to River, which records it,
+//     uses up an attempt and retries on its RetryPolicy, so River's attempt
+//     count is the runs that failed; once Policy.MaxFailures executions of
+//     the key failed (this run's included), the job is cancelled
+//     (river.JobCancel, DeadLetter with reason failed) instead. A job of the
+//     same key inserted later runs again, once. A handler that returns
+//     river.JobCancel or river.JobSnooze itself gets what it asked for;
 //   - the key was used with other args (onceonly.ErrKeyReused), or the key
-//     or scope is invalid: the job is cancelled (river.JobCancel); retrying
+//     or scope is invalid: the job is cancelled (DeadLetter); retrying
 //     cannot help;
-//   - Postgres unreachable (onceonly.ErrUnavailable), a lost lease, or the
-//     handler's own error: the error goes back to River, which retries.
+//   - Postgres unreachable (onceonly.ErrUnavailable) or a lost lease: the
+//     error goes back to River, which retries.
 type Worker[T river.JobArgs] struct {
 	river.WorkerDefaults[T]
 
@@ -102,6 +120,7 @@ type Worker[T river.JobArgs] struct {
 	txHandler TxHandler[T] // set by NewTxWorker
 	timeout   time.Duration
 	log       *slog.Logger
+	policy    onceonly.SettlePolicy
 }
 
 // NewWorker returns a worker running fn, and registers fn with engine under
@@ -164,7 +183,7 @@ func newWorker[T river.JobArgs](engine *onceonly.Engine, opts Options[T]) (*Work
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Worker[T]{engine: engine, scope: scope, key: key, timeout: opts.Timeout, log: log}, nil
+	return &Worker[T]{engine: engine, scope: scope, key: key, timeout: opts.Timeout, log: log, policy: opts.Policy}, nil
 }
 
 // kindOf returns the job kind of T.
@@ -176,11 +195,9 @@ func kindOf[T river.JobArgs]() string {
 // Timeout implements river.Worker: Options.Timeout.
 func (w *Worker[T]) Timeout(*river.Job[T]) time.Duration { return w.timeout }
 
-// minSnooze and maxSnooze bound the snooze of a job whose key is in flight.
-const (
-	minSnooze = 100 * time.Millisecond
-	maxSnooze = time.Second
-)
+// minSnooze is the shortest snooze: a lease about to end is asked about
+// again a moment later, not at once.
+const minSnooze = 100 * time.Millisecond
 
 // Work implements river.Worker.
 func (w *Worker[T]) Work(ctx context.Context, job *river.Job[T]) error {
@@ -188,18 +205,21 @@ func (w *Worker[T]) Work(ctx context.Context, job *river.Job[T]) error {
 	payload := canonicalArgs(job.EncodedArgs)
 	ctx = context.WithValue(ctx, jobKey{}, job)
 	ctx = context.WithValue(ctx, jobRowKey{}, job.JobRow)
-	var err error
+	var (
+		out onceonly.Outcome
+		err error
+	)
 	if w.txHandler != nil {
-		_, err = w.engine.Do(ctx, w.scope, key, payload, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		out, err = w.engine.Do(ctx, w.scope, key, payload, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 			if err := w.txHandler(ctx, tx, job); err != nil {
 				return onceonly.Result{}, &handlerError{err: err}
 			}
 			return onceonly.Result{Status: 200}, w.completeJob(ctx, tx, job)
 		})
 	} else {
-		_, err = w.engine.Run(ctx, w.name, w.scope, key, payload)
+		out, err = w.engine.Run(ctx, w.name, w.scope, key, payload)
 	}
-	return w.verdict(job.JobRow, key, err)
+	return w.verdict(job.JobRow, key, out, err)
 }
 
 // execute is the registered onceonly.Func of a Handler: it decodes the
@@ -242,22 +262,44 @@ func (w *Worker[T]) completeJob(ctx context.Context, tx pgx.Tx, job *river.Job[T
 	return fmt.Errorf("onceriver: complete job %d in the final transaction: %w", job.ID, err)
 }
 
-// verdict turns the engine's answer into what River does with the job.
-func (w *Worker[T]) verdict(job *rivertype.JobRow, key string, err error) error {
-	if err == nil {
+// verdict turns the engine's answer into what River does with the job:
+// the settlement of Options.Policy, in River's verbs (see Worker).
+func (w *Worker[T]) verdict(job *rivertype.JobRow, key string, out onceonly.Outcome, err error) error {
+	he, fromHandler := errors.AsType[*handlerError](err)
+	if fromHandler && riversOwn(he.err) {
+		return he.err // the handler cancelled or snoozed its job itself
+	}
+	s := w.policy.Settle(out, err)
+	switch {
+	case s.Disposition == onceonly.Ack:
 		return nil
+	case s.Disposition == onceonly.DeadLetter:
+		return river.JobCancel(fmt.Errorf("onceriver: job %d (%s), key %q: %s: %w", job.ID, job.Kind, key, s.Reason, err)) //nolint:wrapcheck // River reads the cancellation by its type; err inside carries the context
+	case snoozes(err):
+		return river.JobSnooze(max(s.After, minSnooze)) //nolint:wrapcheck // River reads the snooze by its type; it is the job's verdict, not a failure
+	case fromHandler:
+		return he.err // River records it as the handler returned it, and retries
 	}
-	if he, ok := errors.AsType[*handlerError](err); ok {
-		return he.err
+	return fmt.Errorf("onceriver: job %d (%s), key %q: %w", job.ID, job.Kind, key, err)
+}
+
+// snoozes reports whether a job whose answer is err (to be retried) waits
+// without using up an attempt: its key is in flight, or its execution was
+// handed off; neither is a failure.
+func snoozes(err error) bool {
+	if _, inFlight := onceonly.IsInFlight(err); inFlight {
+		return true
 	}
-	if inFlight, ok := onceonly.IsInFlight(err); ok {
-		return river.JobSnooze(min(max(inFlight.RetryAfter, minSnooze), maxSnooze)) //nolint:wrapcheck // River reads the snooze by its type; it is the job's verdict, not a failure
-	}
-	err = fmt.Errorf("onceriver: job %d (%s), key %q: %w", job.ID, job.Kind, key, err)
-	if errors.Is(err, onceonly.ErrKeyReused) || errors.Is(err, onceonly.ErrInvalidKey) || errors.Is(err, onceonly.ErrInvalidScope) {
-		return river.JobCancel(err) //nolint:wrapcheck // River reads the cancellation by its type; err inside carries the context
-	}
-	return err
+	failed, ok := errors.AsType[*onceonly.ExecutionError](err)
+	return ok && failed.HandedOff
+}
+
+// riversOwn reports whether err is a verdict River acts on by its type: a
+// cancellation or a snooze.
+func riversOwn(err error) bool {
+	_, cancel := errors.AsType[*river.JobCancelError](err)
+	_, snooze := errors.AsType[*river.JobSnoozeError](err)
+	return cancel || snooze
 }
 
 // handlerError carries the handler's own error through the engine, so it

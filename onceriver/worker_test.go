@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceriver"
@@ -166,6 +167,45 @@ func TestHandlerErrorIsRetried(t *testing.T) {
 	require.Equal(t, int32(2), runs.Load())
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ledger WHERE order_id = 'order-e'`))
 	require.True(t, b.sameTx(t, id, "order-e"))
+}
+
+// A handler that keeps failing is retried by River, one attempt per failed
+// run, until Policy.MaxFailures executions of its key failed: then the job
+// is cancelled (dead-lettered, reason failed), its errors recorded. A job
+// of the same key inserted later runs again.
+func TestFailingHandlerIsCancelledAfterMaxFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var runs atomic.Int32
+	var healthy atomic.Bool
+	w, err := onceriver.NewTxWorker(b.engine, func(ctx context.Context, tx pgx.Tx, job *river.Job[chargejob.Args]) error {
+		runs.Add(1)
+		if !healthy.Load() {
+			return errors.New("downstream down")
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO ledger (order_id, charge_id, amount) VALUES ($1, $2, $3)`,
+			job.Args.OrderID, "ch_"+job.Args.OrderID, job.Args.Amount)
+		return err
+	}, onceriver.Options[chargejob.Args]{Policy: onceonly.SettlePolicy{MaxFailures: 3}})
+	require.NoError(t, err)
+	workers := river.NewWorkers()
+	river.AddWorker(workers, w)
+	client := b.start(t, workers)
+
+	row := b.waitFinal(t, client, b.insert(t, client, order("order-f", 100))[0])[0]
+	require.Equal(t, rivertype.JobStateCancelled, row.State)
+	require.Equal(t, int32(3), runs.Load(), "three executions, three failures")
+	require.Equal(t, 3, row.Attempt, "one River attempt per failed run")
+	require.Len(t, row.Errors, 3)
+	require.Equal(t, "downstream down", row.Errors[0].Error, "River records the handler's error as it returned it")
+	require.Contains(t, row.Errors[2].Error, "failed: downstream down")
+	require.Equal(t, 3, b.count(t, `SELECT failures FROM idempotency_keys WHERE key = 'order-f'`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM ledger WHERE order_id = 'order-f'`))
+
+	healthy.Store(true)
+	row = b.waitFinal(t, client, b.insert(t, client, order("order-f", 100))[0])[0]
+	require.Equal(t, rivertype.JobStateCompleted, row.State, "a later job of the key runs again: %+v", row.Errors)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ledger WHERE order_id = 'order-f'`))
 }
 
 // A Handler with a step: duplicate jobs charge the gateway once per order,

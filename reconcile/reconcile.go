@@ -493,8 +493,9 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 	if err != nil {
 		return err
 	}
-	var keys []keystate.Key
+	var keys, running []keystate.Key
 	var names, expect []string
+	var runningSeen []cache.Header
 	for _, d := range drifted {
 		k, ok := current[d.ref]
 		kind := compare(k, d.header)
@@ -516,8 +517,12 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 		if !rep.DryRun {
 			r.metrics.drift.WithLabelValues(kind).Inc()
 		}
+		if kind == kindStale && k.Status == keystate.InProgress {
+			running, runningSeen = append(running, k), append(runningSeen, d.header)
+		}
 		keys, names, expect = append(keys, k), append(names, r.cache.Key(d.ref)), append(expect, d.header.Expect())
 	}
+	r.explainStale(ctx, running, runningSeen)
 	if rep.DryRun || len(keys) == 0 {
 		return nil // a dry run counts in its report only
 	}
@@ -527,6 +532,48 @@ func (r *Reconciler) repair(ctx context.Context, rep *Report, drifted []drift) e
 	}
 	r.countRepairs(rep, names, results)
 	return nil
+}
+
+// explainStale logs, at Info, why each key of running (stale, its
+// execution in progress) that recorded a step was stale: Redis holds an
+// older version of the execution than Postgres (seen), most often the
+// provisional claim of the request that runs it, because the claim, a
+// takeover or a hand-off has not reached Redis yet (the relay delivers it;
+// a provisional claim under a live lease is not overwritten). An execution
+// waiting on an external call is expected to be so; nothing is wrong. It
+// names the steps, the one in flight first. A key without a step is left
+// to the pass's counts, and a failure to read the steps only costs the
+// explanation.
+func (r *Reconciler) explainStale(ctx context.Context, running []keystate.Key, seen []cache.Header) {
+	if len(running) == 0 || !r.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	refs := make([]keystate.Ref, len(running))
+	for i, k := range running {
+		refs[i] = k.Ref
+	}
+	steps, err := r.store.StepsInProgress(ctx, r.cfg.Pool, refs)
+	if err != nil {
+		r.log.Debug("reconcile: read the steps of stale keys in progress", "err", err)
+		return
+	}
+	for i, k := range running {
+		recorded := steps[k.Ref]
+		if len(recorded) == 0 {
+			continue
+		}
+		var inFlight, settled []string
+		for _, s := range recorded {
+			if s.Settled {
+				settled = append(settled, s.Name)
+			} else {
+				inFlight = append(inFlight, s.Name)
+			}
+		}
+		r.log.Info("reconcile: key stale while its execution runs a step; the relay delivers its state",
+			"scope", k.Scope, "key", k.Key, "step", strings.Join(inFlight, ","), "steps_settled", strings.Join(settled, ","),
+			"postgres_version", k.Version, "redis_version", seen[i].Version, "redis_provisional", seen[i].Provisional)
+	}
 }
 
 // walkRedis SCANs the keyspace under the prefix on every master of a

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -485,4 +486,31 @@ func TestRunEndsWithItsContext(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10s of its context's end")
 	}
+}
+
+// TestStaleWhileAStepRunsIsExplained: a key whose execution waits on a
+// step's call while Redis still holds the provisional claim of its request
+// (Postgres's claim has not reached Redis) is stale, and the pass says why
+// at Info, naming the step in flight; a provisional claim under a live
+// lease is left alone.
+func TestStaleWhileAStepRunsIsExplained(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ref := keystate.Ref{Scope: "s", Key: "stepping"}
+	_, err := b.Cache.Check(b.Ctx, ref, "v1:fp", owner, time.Minute) // the request's provisional claim
+	require.NoError(t, err)
+	claim, err := b.Store.Claim(b.Ctx, b.Pool, ref, "v1:fp", owner, time.Minute)
+	require.NoError(t, err)
+	require.True(t, claim.Claimed)
+	require.NoError(t, b.Store.RecordStep(b.Ctx, b.Pool, ref, owner, "authorize", []byte(`{"outcome":"ok"}`), "h", []byte("{}"), false))
+	require.NoError(t, b.Store.RecordStep(b.Ctx, b.Pool, ref, owner, "charge", []byte(`{}`), "h", nil, false))
+	logs := &testenv.LogBuffer{}
+	r := b.reconciler(t, Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+
+	rep := b.pass(t, r, false)
+	require.EqualValues(t, 1, rep.Stale)
+	require.Contains(t, logs.String(), `level=INFO msg="reconcile: key stale while its execution runs a step; the relay delivers its state" scope=s key=stepping step=charge steps_settled=authorize postgres_version=1 redis_version=0 redis_provisional=true`)
+	e, found, err := b.Cache.Read(b.Ctx, ref)
+	require.NoError(t, err)
+	require.True(t, found && e.Provisional, "the live provisional claim is left alone")
 }

@@ -77,7 +77,7 @@ func (b *bundle) churn(ctx context.Context, scope, key string) error {
 	}
 	if k.Status == keystate.InProgress {
 		// Another writer may have failed it first.
-		if _, err = b.Store.Fail(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, owner); errors.Is(err, keystore.ErrLeaseLost) {
+		if _, err = b.Store.Fail(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, owner, true); errors.Is(err, keystore.ErrLeaseLost) {
 			return nil
 		}
 		return err

@@ -7,6 +7,8 @@
 #   scripts/services.sh cluster DIR FIRST_PORT [test]
 #   scripts/services.sh pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]
 #   scripts/services.sh sentinel DIR FIRST_PORT [test]
+#   scripts/services.sh rabbitmq DIR PORT
+#   scripts/services.sh nats DIR PORT
 #   scripts/services.sh stop DIR
 #
 # Data lives under DIR (git-ignored .data/ by default) and is reused by the
@@ -22,6 +24,17 @@
 # and three Sentinels on FIRST_PORT+2..FIRST_PORT+4 watching them as master
 # "onceonly" (REDIS_SENTINEL_URL=redis://127.0.0.1:FIRST_PORT+2?master_name=
 # onceonly&addr=127.0.0.1:FIRST_PORT+3&addr=127.0.0.1:FIRST_PORT+4).
+# "rabbitmq" starts a RabbitMQ node of its own (Debian rabbitmq-server,
+# installed when missing; the system service the package starts is stopped)
+# with its data, logs, configuration and Erlang cookie in DIR/rabbitmq:
+# AMQP on 127.0.0.1:PORT (amqp://guest:guest@127.0.0.1:PORT/; RabbitMQ lets
+# guest in from loopback only), Erlang distribution on PORT+1, an epmd of its
+# own on PORT+2 and the CLI tools' distribution on PORT+3..PORT+7, so it
+# never meets another node on the machine. It returns once the node answers
+# an AMQP handshake. DIR/rabbitmq/rabbitmqctl runs rabbitmqctl against it.
+# "nats" starts nats-server (Debian package, installed when missing) with
+# JetStream on, on 127.0.0.1:PORT (TEST_NATS_URL=nats://127.0.0.1:PORT), its
+# streams stored in DIR/nats.
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -307,9 +320,149 @@ sentinel() {
 	log "redis sentinel: primary 127.0.0.1:$primary, replica :$replica, sentinels :${sentinels[0]}-${sentinels[2]} (master onceonly)"
 }
 
+# rabbitmq_ready PORT: a broker answers the AMQP 0-9-1 protocol header
+# with a method frame (type 1, connection.start) on 127.0.0.1:PORT.
+rabbitmq_ready() {
+	local first
+	first=$(timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf "AMQP\x00\x00\x09\x01" >&3 && head -c 1 <&3 | od -An -tx1' _ "$1" 2>/dev/null) || return 1
+	[ "${first// /}" = 01 ]
+}
+
+# rabbitmq DIR PORT: see the top. The node's files live in DIR/rabbitmq and
+# are reused by the next start on the same PORT (the node is named after it).
+rabbitmq() {
+	local dir=$1 port=$2
+	local sbin=/usr/lib/rabbitmq/bin
+	if [ ! -x "$sbin/rabbitmq-server" ]; then
+		if [ "$(id -u)" != 0 ]; then
+			log "missing rabbitmq-server: install it (apt-get install rabbitmq-server) or run as root"
+			exit 1
+		fi
+		log "installing rabbitmq-server"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+		# The package may start a system node on 5672 (with epmd on 4369);
+		# the project runs its own.
+		if command -v service >/dev/null; then service rabbitmq-server stop >/dev/null 2>&1 || true; fi
+	fi
+	mkdir -p "$dir/rabbitmq"
+	dir=$(cd "$dir/rabbitmq" && pwd)
+	if [ -f "$dir/server.pid" ] && kill -0 "$(cat "$dir/server.pid")" 2>/dev/null && rabbitmq_ready "$port"; then
+		return
+	fi
+	# Sourced by rabbitmq-server and by every CLI tool run through the
+	# wrapper below: they find the node by its name, its epmd port and the
+	# cookie in $HOME.
+	cat >"$dir/rabbitmq-env.conf" <<-ENV
+		export RABBITMQ_NODENAME=onceonly-$port@localhost
+		export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+		export RABBITMQ_NODE_PORT=$port
+		export RABBITMQ_DIST_PORT=$((port + 1))
+		export ERL_EPMD_PORT=$((port + 2))
+		export RABBITMQ_CTL_DIST_PORT_MIN=$((port + 3))
+		export RABBITMQ_CTL_DIST_PORT_MAX=$((port + 7))
+		export RABBITMQ_MNESIA_BASE=$dir/mnesia
+		export RABBITMQ_LOG_BASE=$dir/log
+		export RABBITMQ_CONFIG_FILE=$dir/rabbitmq.conf
+		export RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins
+		export RABBITMQ_PID_FILE=$dir/beam.pid
+		# No busy-waiting schedulers: the node shares the machine with the tests.
+		export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none -kernel inet_dist_use_interface {127,0,0,1}"
+	ENV
+	cat >"$dir/rabbitmq.conf" <<-CONF
+		listeners.tcp.1 = 127.0.0.1:$port
+		log.console = false
+		log.file.level = warning
+	CONF
+	echo '[].' >"$dir/enabled_plugins"
+	cat >"$dir/rabbitmqctl" <<-CTL
+		#!/bin/sh
+		# rabbitmqctl against the node on port $port (scripts/services.sh rabbitmq).
+		HOME=$dir RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf exec $sbin/rabbitmqctl "\$@"
+	CTL
+	chmod +x "$dir/rabbitmqctl"
+	# An epmd of its own, on a port of its own: the node would otherwise
+	# start one on 4369, shared with every Erlang node of the machine.
+	if ! { [ -f "$dir/epmd.pid" ] && kill -0 "$(cat "$dir/epmd.pid")" 2>/dev/null; }; then
+		ERL_EPMD_ADDRESS=127.0.0.1 setsid epmd -port $((port + 2)) </dev/null >>"$dir/epmd.log" 2>&1 &
+		echo $! >"$dir/epmd.pid"
+	fi
+	HOME=$dir RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf setsid "$sbin/rabbitmq-server" </dev/null >"$dir/server.log" 2>&1 &
+	echo $! >"$dir/server.pid"
+	local _
+	for _ in $(seq 600); do
+		if rabbitmq_ready "$port"; then
+			log "rabbitmq on 127.0.0.1:$port (distribution :$((port + 1)), epmd :$((port + 2)))"
+			return
+		fi
+		kill -0 "$(cat "$dir/server.pid")" 2>/dev/null || break
+		sleep 0.1
+	done
+	log "rabbitmq did not start on port $port: see $dir/server.log and $dir/log"
+	tail -5 "$dir/server.log" >&2 || true
+	exit 1
+}
+
+# rabbitmq_stop DIR: the node's wrapper stops it gracefully on TERM (its
+# queues are on disk); a node that does not stop in 30s is killed.
+rabbitmq_stop() {
+	local dir=$1/rabbitmq pid
+	if [ -f "$dir/server.pid" ]; then
+		pid=$(cat "$dir/server.pid")
+		if kill -TERM "$pid" 2>/dev/null; then
+			for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+		fi
+		[ -f "$dir/beam.pid" ] && kill -KILL "$(cat "$dir/beam.pid")" 2>/dev/null || true
+		rm -f "$dir/server.pid" "$dir/beam.pid"
+	fi
+	if [ -f "$dir/epmd.pid" ]; then
+		kill "$(cat "$dir/epmd.pid")" 2>/dev/null || true
+		rm -f "$dir/epmd.pid"
+	fi
+}
+
+# nats_ready PORT: the server on PORT greets with an INFO line that says
+# JetStream is on (it accepts clients only once JetStream is up).
+nats_ready() {
+	local line
+	line=$(exec 2>/dev/null 3<>"/dev/tcp/127.0.0.1/$1" && IFS= read -r -t 2 l <&3 && printf '%s' "$l") || return 1
+	[[ $line == INFO* && $line == *'"jetstream":true'* ]]
+}
+
+# nats DIR PORT: see the top. The server runs in the background, its pid
+# and log in DIR/nats.
+nats() {
+	local dir=$1 port=$2
+	if ! type -P nats-server >/dev/null; then
+		if [ "$(id -u)" != 0 ]; then
+			log "missing nats-server: install it (apt-get install nats-server) or run as root"
+			exit 1
+		fi
+		log "installing nats-server"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+		# The package may start a system nats-server on 4222; the project runs its own.
+		if command -v service >/dev/null; then service nats-server stop >/dev/null 2>&1 || true; fi
+	fi
+	mkdir -p "$dir/nats"
+	dir=$(cd "$dir" && pwd)/nats
+	nats_ready "$port" && return
+	local _
+	nohup nats-server --jetstream --store_dir "$dir" --addr 127.0.0.1 --port "$port" \
+		--pid "$dir/nats.pid" --log "$dir/nats.log" >/dev/null 2>&1 &
+	for _ in $(seq 300); do
+		nats_ready "$port" && { log "nats-server (JetStream) on 127.0.0.1:$port"; return; }
+		sleep 0.1
+	done
+	log "nats-server did not start on port $port: see $dir/nats.log"
+	exit 1
+}
+
 stop() {
 	local dir=$1 bin pid
+	rabbitmq_stop "$dir"
 	bin=$(pg_bin)
+	stop_nats "$dir"
 	if [ -f "$dir/pgbouncer/pgbouncer.pid" ]; then
 		kill "$(cat "$dir/pgbouncer/pgbouncer.pid")" 2>/dev/null || true
 	fi
@@ -327,6 +480,17 @@ stop() {
 	fi
 }
 
+# stop_nats DIR: ends the nats-server of DIR and waits for it, so the next
+# start finds its store unlocked.
+stop_nats() {
+	local pidfile=$1/nats/nats.pid pid
+	[ -f "$pidfile" ] || return 0
+	pid=$(cat "$pidfile")
+	kill "$pid" 2>/dev/null || true
+	for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	rm -f "$pidfile"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -336,6 +500,8 @@ start) start "$@" ;;
 cluster) cluster "$@" ;;
 pgbouncer) pgbouncer "$@" ;;
 sentinel) sentinel "$@" ;;
+rabbitmq) rabbitmq "$@" ;;
+nats) nats "$@" ;;
 stop) stop "$@" ;;
-*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | stop DIR" >&2; exit 2 ;;
+*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR" >&2; exit 2 ;;
 esac

@@ -12,8 +12,14 @@
 # ephemeral range (32768-60999), where no outgoing connection of another
 # process can hold it when the server binds. Unless TEST_PGBOUNCER_URL is set, it starts
 # PgBouncer (installed when missing) in transaction mode on port 61432
-# (TEST_PGBOUNCER_PORT) in front of the test Postgres. It installs Chromium
-# and promtool when missing (scripts/services.sh tools). Extra arguments go to
+# (TEST_PGBOUNCER_PORT) in front of the test Postgres. Unless TEST_NATS_URL is
+# set, it starts nats-server (installed when missing) with JetStream on port
+# 61442 (TEST_NATS_PORT). Unless TEST_AMQP_URL is set, it starts a RabbitMQ
+# node of its own (rabbitmq-server, installed when missing) on port 61600
+# (TEST_AMQP_PORT; its Erlang ports are the next seven) and points
+# TEST_RABBITMQCTL at the rabbitmqctl of that node, which the tests that
+# close connections from the broker's side run. It installs Chromium and
+# promtool when missing (scripts/services.sh tools). Extra arguments go to
 # `go test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +57,20 @@ if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
 	started=1
 	scripts/services.sh pgbouncer .data/test "${pg_addr##*:}" "$p" "${pg_addr%:*}"
 	export TEST_PGBOUNCER_URL="postgres://postgres@127.0.0.1:$p/postgres?sslmode=disable"
+fi
+if [ -z "${TEST_AMQP_URL:-}" ]; then
+	p=${TEST_AMQP_PORT:-61600}
+	started=1
+	scripts/services.sh rabbitmq .data/test "$p"
+	export TEST_AMQP_URL="amqp://guest:guest@127.0.0.1:$p/"
+	export TEST_RABBITMQCTL=${TEST_RABBITMQCTL:-$PWD/.data/test/rabbitmq/rabbitmqctl}
+fi
+if [ -z "${TEST_NATS_URL:-}" ]; then
+	# NATS JetStream for oncenats; each test declares streams of its own.
+	p=${TEST_NATS_PORT:-61442}
+	started=1
+	scripts/services.sh nats .data/test "$p"
+	export TEST_NATS_URL="nats://127.0.0.1:$p"
 fi
 
 # Chromium (the console's browser test) and promtool (the alert rules'

@@ -60,14 +60,14 @@ func TestMigrateAndSchemaCheck(t *testing.T) {
 
 	code, stdout, stderr = runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, "applied 7 migration(s); schema at version 8")
+	require.Contains(t, stdout, "applied 8 migration(s); schema at version 8")
 	require.Contains(t, stdout, "demo schema: applied 1 migration(s)")
 
 	code, stdout, _ = runAPI(t, env, "migrate", "status")
 	require.Equal(t, 0, code)
-	require.Equal(t, 7, strings.Count(stdout, " engine "), stdout)
+	require.Equal(t, 8, strings.Count(stdout, " engine "), stdout)
 	require.Equal(t, 1, strings.Count(stdout, " demo "), stdout)
-	require.Equal(t, 8, strings.Count(stdout, "applied"), stdout)
+	require.Equal(t, 9, strings.Count(stdout, "applied"), stdout)
 
 	code, stdout, _ = runAPI(t, env, "migrate", "down")
 	require.Equal(t, 0, code)

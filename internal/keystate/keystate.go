@@ -146,6 +146,12 @@ type Key struct {
 	// means the key is gone (expired, purged or deleted), and the cache
 	// drops its copy.
 	ExpiresIn time.Duration
+	// Failures counts the executions of the key that ended failed in its
+	// current lifecycle: their handler returned an error, panicked or
+	// answered a status that is not stored. Reaped leases, purges,
+	// hand-offs and failures of the store do not count. Postgres keeps it;
+	// the cache does not.
+	Failures int
 }
 
 // Gone returns the state of a key that no longer exists, at version: the

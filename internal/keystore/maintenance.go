@@ -132,6 +132,40 @@ func (s *Store) Live(ctx context.Context, db DB, refs []keystate.Ref) (map[keyst
 	return live, nil
 }
 
+// StepState is a step an execution in progress recorded.
+type StepState struct {
+	// Name is the step's name.
+	Name string
+	// Settled is true once the step's outcome is recorded; false while
+	// only its intent is (its call is in flight, or its outcome unknown).
+	Settled bool
+}
+
+// StepsInProgress reads the recorded steps of those of refs that are in
+// progress, by key, in name order; a key in progress with no step, or not
+// in progress, is absent from the result.
+func (s *Store) StepsInProgress(ctx context.Context, db DB, refs []keystate.Ref) (map[keystate.Ref][]StepState, error) {
+	scopes, keys := refColumns(refs)
+	rows, err := stepsInProgressSQL.query(ctx, db, pgx.StrictNamedArgs{"scopes": scopes, "keys": keys})
+	if err != nil {
+		return nil, fmt.Errorf("read steps in progress: %w", err)
+	}
+	defer rows.Close()
+	steps := map[keystate.Ref][]StepState{}
+	for rows.Next() {
+		var r keystate.Ref
+		var st StepState
+		if err := rows.Scan(&r.Scope, &r.Key, &st.Name, &st.Settled); err != nil {
+			return nil, fmt.Errorf("read steps in progress: %w", err)
+		}
+		steps[r] = append(steps[r], st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read steps in progress: %w", err)
+	}
+	return steps, nil
+}
+
 // ErrKeyInProgress is returned by Purge for a key whose lease is held,
 // unless forced.
 var ErrKeyInProgress = errors.New("the key is in progress; purging it lets a duplicate run")

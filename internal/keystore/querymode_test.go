@@ -120,6 +120,12 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.Equal(t, []byte("request\x00body"), resumed[0].Request)
 	require.JSONEq(t, `{"charge":{"outcome":{"id":"ch_1"}}}`, string(resumed[0].Steps))
 
+	// steps_in_progress: a settled step and one in flight.
+	require.NoError(t, store.RecordStep(ctx, pool, a, ownerC, "capture", []byte(`{}`), "h", nil, false))
+	steps, err := store.StepsInProgress(ctx, pool, []keystate.Ref{a, batched, b})
+	require.NoError(t, err)
+	require.Equal(t, map[keystate.Ref][]keystore.StepState{a: {{Name: "capture"}, {Name: "charge", Settled: true}}}, steps)
+
 	// finish (completed), get_key.
 	resp := keystate.Response{Status: 201, ContentType: "application/json",
 		Header: http.Header{"Location": {"/v1/x"}}, Body: []byte(`{"ok":true}`)}
@@ -136,12 +142,14 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	// finish (failed), claim_takeover.
 	_, err = store.Claim(ctx, pool, b, "v1:fp", ownerA, time.Minute)
 	require.NoError(t, err)
-	_, err = store.Fail(ctx, pool, b, ownerA)
+	k, err = store.Fail(ctx, pool, b, ownerA, true)
 	require.NoError(t, err)
+	require.Equal(t, 1, k.Failures)
 	res, err = store.Claim(ctx, pool, b, "v1:fp", ownerB, time.Minute)
 	require.NoError(t, err)
 	require.True(t, res.Claimed)
 	require.Equal(t, ownerB, res.Key.Owner)
+	require.Equal(t, 1, res.Key.Failures, "a retry of a failed key keeps its count")
 
 	// count_reapable, reap_leases.
 	_, err = store.Claim(ctx, pool, c, "v1:fp", ownerA, time.Millisecond)
@@ -239,13 +247,14 @@ func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, stor
 	_, err = conn.Exec(ctx, "rollback") // the COMMIT was skipped
 	require.NoError(t, err)
 	require.Equal(t, keystore.SingleBegin{Locked: true, HasRow: true}, opened)
-	_, written, err := store.SingleFail(ctx, pool, single, "v1:fp")
+	_, written, err := store.SingleFail(ctx, pool, single, "v1:fp", true)
 	require.NoError(t, err)
 	require.False(t, written)
-	failed, written, err := store.SingleFail(ctx, pool, keystate.Ref{Scope: "s", Key: "single-failed"}, "v1:fp")
+	failed, written, err := store.SingleFail(ctx, pool, keystate.Ref{Scope: "s", Key: "single-failed"}, "v1:fp", true)
 	require.NoError(t, err)
 	require.True(t, written)
 	require.Equal(t, keystate.Failed, failed.Status)
+	require.Equal(t, 1, failed.Failures)
 
 	// finish (completed) as QueueComplete queues it, held and lost.
 	held := keystate.Ref{Scope: "s", Key: "queued"}

@@ -65,7 +65,7 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 	singleFinishSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "status": keystate.Completed,
 		"fingerprint": fingerprint, "response_status": resp.Status, "response_content_type": resp.ContentType,
 		"response_body": body, "response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
-		"fail_when_lost": true, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}).QueryRow(func(row pgx.Row) error {
+		"count_failure": false, "fail_when_lost": true, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}).QueryRow(func(row pgx.Row) error {
 		var notified bool
 		k, err := scanKey(row, &notified)
 		if err != nil {
@@ -79,13 +79,16 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 // SingleFail records a single-commit execution that ended without a
 // stored result, after its transaction rolled back: the key's row, failed,
 // so a request with another payload is refused (I3) and a retry runs
-// again. written is false when the key has a row already.
-func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerprint string) (k keystate.Key, written bool, err error) {
+// again; countFailure records it as the key's first failure (the handler
+// failed, not the store or the caller). written is false when the key has
+// a row already.
+func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, countFailure bool) (k keystate.Key, written bool, err error) {
 	var notified bool
 	k, err = scanKey(singleFinishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
 		"status": keystate.Failed, "fingerprint": fingerprint,
 		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
-		"ttl": s.cfg.FailedTTL, "fail_when_lost": false, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}), &notified)
+		"ttl": s.cfg.FailedTTL, "count_failure": countFailure, "fail_when_lost": false,
+		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel}), &notified)
 	if err = finishError(keystate.Failed, err); err == ErrLeaseLost { //nolint:errorlint // finishError returns it bare
 		return keystate.Key{}, false, nil
 	}

@@ -40,6 +40,7 @@ var (
 	scanLiveSQL             = load("scan_live")
 	liftStatementTimeoutSQL = load("lift_statement_timeout")
 	liveKeysSQL             = load("live_keys")
+	stepsInProgressSQL      = load("steps_in_progress")
 	takeBatchSQL            = load("take_batch")
 	requeueEventsSQL        = load("requeue_events")
 	countEventsSQL          = load("count_events")
@@ -214,7 +215,7 @@ func (s *statement) query(ctx context.Context, db DB, args pgx.StrictNamedArgs) 
 }
 
 // queryRow runs the statement on db with args.
-func (s *statement) queryRow(ctx context.Context, db DB, args pgx.StrictNamedArgs) pgx.Row {
+func (s *statement) queryRow(ctx context.Context, db Querier, args pgx.StrictNamedArgs) pgx.Row {
 	return db.QueryRow(ctx, s.sql, s.args(args)...)
 }
 

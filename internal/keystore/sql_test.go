@@ -46,7 +46,7 @@ func TestStatementsBindAsPgxDoes(t *testing.T) {
 		require.Equal(t, wantArgs, s.args(named), name)
 	}
 	require.Equal(t, []string{"status", "response_status", "response_content_type", "response_body",
-		"response_headers", "ttl", "scope", "key", "owner", "notify", "channel", "fail_when_lost"}, finishSQL.params,
+		"response_headers", "count_failure", "ttl", "scope", "key", "owner", "notify", "channel", "fail_when_lost"}, finishSQL.params,
 		"each name once, numbered where it first appears outside comments")
 }
 
@@ -90,7 +90,8 @@ func TestKeyColumns(t *testing.T) {
 		aliases = append(aliases, m[1])
 	}
 	require.Equal(t, []string{"scope", "key", "status", "version", "fingerprint", "owner", "lease_ms",
-		"response_status", "response_content_type", "response_headers", "response_body", "body_omitted", "expires_ms"},
+		"response_status", "response_content_type", "response_headers", "response_body", "body_omitted", "expires_ms",
+		"failures"},
 		aliases, "in the order of keyRow.dest")
 	var r keyRow
 	require.Len(t, r.dest(), len(aliases))

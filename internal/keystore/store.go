@@ -18,7 +18,7 @@
 // arguments in the order it found: what Postgres receives is what
 // pgx.StrictNamedArgs would send.
 //
-// The 13 key columns that every statement returning keys selects first are
+// The 14 key columns that every statement returning keys selects first are
 // written once, in sql/key_columns.sql, and scanned by one type, keyRow. A
 // statement names them {{key_columns}} ({{key_columns @max_body}} to leave
 // out long bodies), and the package puts those lines in its place when it
@@ -68,11 +68,13 @@ const (
 )
 
 // DB is what the store runs statements on: a pool, a connection or a
-// transaction (pgx.Tx). The caller owns commit and rollback.
+// transaction (pgx.Tx). The caller owns commit and rollback. Claim and
+// Complete take a Querier, which a database/sql transaction is too
+// (SQLTx).
 type DB interface {
+	Querier
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // ErrLeaseLost is returned by Complete, Fail and Heartbeat when the key is no
@@ -128,7 +130,8 @@ type keyRow struct {
 // dest returns the destinations of the key columns, in their order.
 func (r *keyRow) dest() []any {
 	return []any{&r.k.Scope, &r.k.Key, &r.k.Status, &r.k.Version, &r.k.Fingerprint, &r.owner, &r.leaseMs,
-		&r.k.Response.Status, &r.k.Response.ContentType, &r.header, &r.k.Response.Body, &r.k.BodyOmitted, &r.expiresMs}
+		&r.k.Response.Status, &r.k.Response.ContentType, &r.header, &r.k.Response.Body, &r.k.BodyOmitted, &r.expiresMs,
+		&r.k.Failures}
 }
 
 // key returns the key scanned.
@@ -169,6 +172,10 @@ type ClaimResult struct {
 	// Steps holds the recovery points of an execution this claim took over
 	// (see RecordStep): a JSON object by step name, or nil.
 	Steps []byte
+	// TookOver is true when the claim took over an execution whose lease
+	// ran out (its holder died or handed it off), rather than a key with
+	// no row, a failed one or an expired one.
+	TookOver bool
 }
 
 // maxClaimRounds bounds how often Claim retries a row that keeps changing
@@ -190,19 +197,19 @@ const maxClaimRounds = 16
 // claim lost in a crash was acted on by nobody, since the completion or
 // failure that follows it flushes it first, and a duplicate it turned away
 // retries.
-func (s *Store) Claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, db Querier, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
 	return s.claim(ctx, db, ref, fingerprint, owner, lease, true)
 }
 
 // ClaimHeld is Claim for a key that ClaimNew found a row for: it starts
 // by reading that row.
-func (s *Store) ClaimHeld(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
+func (s *Store) ClaimHeld(ctx context.Context, db Querier, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
 	return s.claim(ctx, db, ref, fingerprint, owner, lease, false)
 }
 
 // claim is Claim; insert false skips its first insert.
-func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
-	_, inTx := db.(pgx.Tx)
+func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
+	inTx := inTransaction(db)
 	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint, "owner": owner.String(),
 		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
 		"async_commit": !inTx}
@@ -238,9 +245,10 @@ func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint 
 		case !takeable:
 			return ClaimResult{Key: k}, nil
 		}
+		tookOver := k.Status == keystate.InProgress && k.ExpiresIn > 0
 		k, err = scanKey(claimTakeoverSQL.queryRow(ctx, db, args), &notified, &durability, &steps)
 		if err == nil {
-			return ClaimResult{Claimed: true, Key: k, Steps: steps}, nil
+			return ClaimResult{Claimed: true, Key: k, Steps: steps, TookOver: tookOver}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return ClaimResult{}, fmt.Errorf("claim key: %w", err)
@@ -319,11 +327,13 @@ func (s *Store) Get(ctx context.Context, db DB, ref keystate.Ref) (keystate.Key,
 }
 
 // Complete stores resp and marks the key completed, inside the caller's
-// transaction: it commits with the business writes or not at all. It
-// returns ErrLeaseLost when owner no longer holds the key.
-func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner keystate.Owner, resp keystate.Response) (keystate.Key, error) {
+// transaction: it commits with the business writes or not at all. When
+// owner no longer holds the key, the statement fails (rather than changing
+// nothing), so the transaction it ran in cannot commit the writes without
+// the key, and Complete returns ErrLeaseLost.
+func (s *Store) Complete(ctx context.Context, tx Querier, ref keystate.Ref, owner keystate.Owner, resp keystate.Response) (keystate.Key, error) {
 	var notified bool
-	k, err := scanKey(finishSQL.queryRow(ctx, tx, s.completeArgs(ref, owner, resp, false)), &notified)
+	k, err := scanKey(finishSQL.queryRow(ctx, tx, s.completeArgs(ref, owner, resp)), &notified)
 	return k, finishError(keystate.Completed, err)
 }
 
@@ -333,7 +343,7 @@ func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner key
 // (rather than returning no row), so Postgres skips that COMMIT. The
 // completed key is stored in dst as b's results are read.
 func (s *Store) QueueComplete(b *pgx.Batch, ref keystate.Ref, owner keystate.Owner, resp keystate.Response, dst *keystate.Key) {
-	finishSQL.queue(b, s.completeArgs(ref, owner, resp, true)).QueryRow(func(row pgx.Row) error {
+	finishSQL.queue(b, s.completeArgs(ref, owner, resp)).QueryRow(func(row pgx.Row) error {
 		var notified bool
 		k, err := scanKey(row, &notified)
 		if err != nil {
@@ -344,8 +354,9 @@ func (s *Store) QueueComplete(b *pgx.Batch, ref keystate.Ref, owner keystate.Own
 	})
 }
 
-// completeArgs are the arguments of finish.sql for a completion.
-func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keystate.Response, failWhenLost bool) pgx.StrictNamedArgs {
+// completeArgs are the arguments of finish.sql for a completion, which
+// fails when owner no longer holds the key.
+func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keystate.Response) pgx.StrictNamedArgs {
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
@@ -353,28 +364,30 @@ func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keysta
 	return pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(), "status": keystate.Completed,
 		"response_status": resp.Status, "response_content_type": resp.ContentType, "response_body": body,
 		"response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
-		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": failWhenLost}
+		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": true, "count_failure": false}
 }
 
 // Fail marks the key failed (retryable: the next request claims it again).
-// It returns ErrLeaseLost when owner no longer holds the key.
-func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner) (keystate.Key, error) {
+// countFailure adds one to the key's failures: set it when the handler
+// failed, not when the store or the caller ended the execution. It returns
+// ErrLeaseLost when owner no longer holds the key.
+func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, countFailure bool) (keystate.Key, error) {
 	var notified bool
 	k, err := scanKey(finishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
 		"owner": owner.String(), "status": keystate.Failed,
 		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
-		"ttl": s.cfg.FailedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": false}), &notified)
+		"ttl": s.cfg.FailedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": false,
+		"count_failure": countFailure}), &notified)
 	return k, finishError(keystate.Failed, err)
 }
 
 // finishError maps the error of finish.sql: no row, or its failure when the
 // owner lost the key (SQLSTATE OO001, onceonly_lease_lost), is ErrLeaseLost.
 func finishError(status keystate.Status, err error) error {
-	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == leaseLostCode:
+	case errors.Is(err, pgx.ErrNoRows), sqlState(err) == leaseLostCode:
 		return ErrLeaseLost
 	}
 	return fmt.Errorf("mark key %s: %w", status, err)

@@ -108,7 +108,7 @@ func TestClaim(t *testing.T) {
 		b := setup(t)
 		_, err := b.store.Claim(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerA, time.Minute)
 		require.NoError(t, err)
-		k, err := b.store.Fail(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
+		k, err := b.store.Fail(b.ctx, b.pool, keystate.Ref{Scope: "s", Key: "k"}, ownerA, true)
 		require.NoError(t, err)
 		require.Equal(t, keystate.Failed, k.Status)
 		require.Equal(t, int64(2), k.Version)
@@ -235,9 +235,14 @@ func TestCompleteIsFencedByOwner(t *testing.T) {
 	_, err = b.store.Claim(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
 	require.NoError(t, err)
 
-	_, err = b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
+	// The completion fails (so its transaction cannot commit): in a
+	// savepoint, the transaction goes on.
+	sp, err := tx.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = b.store.Complete(b.ctx, sp, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
 	require.ErrorIs(t, err, keystore.ErrLeaseLost)
-	_, err = b.store.Fail(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA)
+	require.NoError(t, sp.Rollback(b.ctx))
+	_, err = b.store.Fail(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, true)
 	require.ErrorIs(t, err, keystore.ErrLeaseLost)
 	require.ErrorIs(t, b.store.Heartbeat(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Minute), keystore.ErrLeaseLost)
 
@@ -356,4 +361,63 @@ func TestTransitionsNotifyTheRelays(t *testing.T) {
 	require.False(t, notified(), "a completion with DeferNotify")
 	require.NoError(t, deferred.Notify(b.ctx, b.pool))
 	require.True(t, notified(), "Notify")
+}
+
+// TestFailures: a key counts the fails of failed handlers over its
+// lifecycle; fails that are not the handler's, hand-offs, takeovers,
+// reaps and completions leave the count as it is, and a new lifecycle
+// starts again at 0.
+func TestFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ref := keystate.Ref{Scope: "s", Key: "k"}
+	claim := func(owner keystate.Owner, fp string) keystore.ClaimResult {
+		t.Helper()
+		res, err := b.store.Claim(b.ctx, b.pool, ref, fp, owner, time.Minute)
+		require.NoError(t, err)
+		require.True(t, res.Claimed)
+		return res
+	}
+	fail := func(owner keystate.Owner, counted bool) int {
+		t.Helper()
+		k, err := b.store.Fail(b.ctx, b.pool, ref, owner, counted)
+		require.NoError(t, err)
+		return k.Failures
+	}
+
+	require.Zero(t, claim(ownerA, "fp").Key.Failures)
+	require.Equal(t, 1, fail(ownerA, true))
+	res := claim(ownerB, "fp")
+	require.Equal(t, 1, res.Key.Failures)
+	require.False(t, res.TookOver, "a failed key is claimed afresh")
+	require.Equal(t, 2, fail(ownerB, true))
+	claim(ownerA, "fp")
+	require.Equal(t, 2, fail(ownerA, false), "a fail that is not the handler's is not counted")
+
+	claim(ownerB, "fp")
+	k, err := b.store.HandOff(b.ctx, b.pool, ref, ownerB)
+	require.NoError(t, err)
+	require.Equal(t, 2, k.Failures)
+	res = claim(ownerA, "fp")
+	require.True(t, res.TookOver, "a handed-off execution is taken over")
+	require.Equal(t, 2, res.Key.Failures)
+
+	b.expireLease(t, b.pool, "k")
+	n, err := b.store.ReapLeases(b.ctx, b.pool, 0, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	k, _, err = b.store.Get(b.ctx, b.pool, ref)
+	require.NoError(t, err)
+	require.Equal(t, keystate.Failed, k.Status)
+	require.Equal(t, 2, k.Failures, "a reaped lease is no failure of a handler")
+
+	claim(ownerB, "fp")
+	k, err = b.store.Complete(b.ctx, b.pool, ref, ownerB, keystate.Response{Status: 200})
+	require.NoError(t, err)
+	require.Equal(t, 2, k.Failures, "a completed key keeps the count of the failures before it")
+
+	_, purged, err := b.store.Purge(b.ctx, b.pool, ref, false)
+	require.NoError(t, err)
+	require.True(t, purged)
+	require.Zero(t, claim(ownerA, "another payload").Key.Failures, "a new lifecycle starts again at 0")
 }

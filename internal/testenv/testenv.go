@@ -133,7 +133,8 @@ type TestingM interface{ Run() int }
 // program reads: DATABASE_URL, a
 // fresh empty database of the run's own (examples migrate it, as users
 // do), and REDIS_URL, the test Redis's logical database reserved for pkg
-// (see exampleRedisDB), emptied first. Examples then need no test helper:
+// (see exampleRedisDB), emptied first; NATS_URL and AMQP_URL are the test
+// brokers when scripts/test.sh started them. Examples then need no test helper:
 // they read os.Getenv("DATABASE_URL") as the code a user copies does.
 func WithExampleEnv(m TestingM, pkg string) TestingM {
 	return exampleEnv{m: m, pkg: pkg}
@@ -178,6 +179,12 @@ func (e exampleEnv) Run() int {
 	}
 	_ = os.Setenv("DATABASE_URL", url)
 	_ = os.Setenv("REDIS_URL", u.String())
+	// The brokers' examples name their stream or queue per package.
+	for name, test := range map[string]string{"NATS_URL": "TEST_NATS_URL", "AMQP_URL": "TEST_AMQP_URL"} {
+		if v := os.Getenv(test); v != "" && os.Getenv(name) == "" {
+			_ = os.Setenv(name, v)
+		}
+	}
 	return m.Run()
 }
 
@@ -247,9 +254,9 @@ func template(tb testing.TB, admin string) string {
 	return templateName
 }
 
-// migrateUp runs the engine's migrations, then the demo's (its payments
+// MigrateUp runs the engine's migrations, then the demo's (its payments
 // table), as `api migrate up` does.
-func migrateUp(ctx context.Context, pool *pgxpool.Pool) error {
+func MigrateUp(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, opts := range [][]migrations.Option{nil, {schema.Migrations()}} {
 		m, err := migrations.NewMigrator(pool, opts...)
 		if err != nil {
@@ -316,7 +323,7 @@ func buildTemplate(admin string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("open template: %w", err)
 	}
-	err = migrateUp(ctx, pool)
+	err = MigrateUp(ctx, pool)
 	pool.Close()
 	if err != nil {
 		return "", fmt.Errorf("migrate template: %w", err)

@@ -5,7 +5,9 @@
 --
 -- Taking over an execution whose lease ran out keeps what it recorded (its
 -- handler, request and steps), so the new holder continues from its last
--- recovery point; a failed or expired row starts afresh.
+-- recovery point; a failed or expired row starts afresh. The key's failures
+-- carry over to the retry of a failed row (a consumer counts them), and
+-- start again at 0 with a new lifecycle (an expired row).
 --
 -- @scope   @key   @fingerprint   @owner (uuid)   @lease (interval)
 -- @ttl: how long the row lives (interval)
@@ -20,7 +22,8 @@ WITH claimed AS (
 		response_status = NULL, response_content_type = NULL, response_headers = NULL, response_body = NULL,
 		handler = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.handler END,
 		request = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.request END,
-		steps = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.steps END
+		steps = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.steps END,
+		failures = CASE WHEN k.expires_at > now() THEN k.failures ELSE 0 END
 	WHERE k.scope = @scope AND k.key = @key
 		AND (k.expires_at <= now()
 			OR (k.fingerprint = @fingerprint AND (k.status = 'failed'

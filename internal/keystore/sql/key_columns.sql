@@ -23,4 +23,5 @@ coalesce(k.scope, '') AS scope, coalesce(k.key, '') AS key, coalesce(k.status, '
 	coalesce(k.response_headers, '') AS response_headers,
 	CASE WHEN octet_length(k.response_body) > @max_body THEN NULL ELSE k.response_body END AS response_body,
 	coalesce(octet_length(k.response_body) > @max_body, false) AS body_omitted,
-	coalesce((extract(epoch FROM k.expires_at - now()) * 1000)::bigint, 0) AS expires_ms
+	coalesce((extract(epoch FROM k.expires_at - now()) * 1000)::bigint, 0) AS expires_ms,
+	coalesce(k.failures, 0) AS failures

@@ -2,7 +2,10 @@
 -- first and only row, at the version floor + 1, with its outbox event:
 -- completed with the response inside the execution's transaction, which
 -- commits with it; or failed after that transaction rolled back, so a later
--- request with another payload is still refused (I3) and a retry runs again.
+-- request with another payload is still refused (I3) and a retry runs again;
+-- its failures are 1 with @count_failure (the handler failed, not the store
+-- or the caller), else 0. The row is always the key's first, so there is no
+-- earlier count to add to.
 -- When the key has a row by now (a two-phase claim took it meanwhile),
 -- nothing is written and no row comes back — or, with @fail_when_lost, the
 -- statement fails (onceonly_lease_lost), so the COMMIT sent behind it is
@@ -12,14 +15,16 @@
 -- @response_status   @response_content_type   @response_body
 -- @response_headers (keystate.EncodeHeader)
 -- @ttl: how long the row lives (interval)
+-- @count_failure: count this execution among the key's failures
 -- @fail_when_lost: fail instead of returning no row
 -- @notify: notify the relays (on @channel) in this statement's transaction
 WITH inserted AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint,
-		 response_status, response_content_type, response_body, response_headers, expires_at)
+		 response_status, response_content_type, response_body, response_headers, expires_at, failures)
 	VALUES (@scope, @key, @status, coalesce((SELECT version FROM idempotency_version_floor), 0) + 1, @fingerprint,
-		@response_status, @response_content_type, @response_body, @response_headers, now() + @ttl::interval)
+		@response_status, @response_content_type, @response_body, @response_headers, now() + @ttl::interval,
+		CASE WHEN @count_failure THEN 1 ELSE 0 END)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (

@@ -1,0 +1,353 @@
+package onceamqp
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/startstop"
+)
+
+// Message is one logical message as a handler sees it.
+type Message struct {
+	// Scope and Key identify the message (Options.Scope, Options.Key).
+	Scope, Key string
+	// Payload is the message's content as the key's first execution
+	// recorded it (Options.Payload; the body by default).
+	Payload []byte
+	// Delivery is the delivery being handled; nil when Engine.Resume
+	// finishes the message after the process running it died.
+	Delivery *amqp.Delivery
+}
+
+// Handler is the work of a message that may call systems outside Postgres:
+// each external call runs through onceonly.Step (with the downstream key it
+// is given), then the business writes go through onceonly.Tx(ctx), which
+// commits together with the key's completion. Returning nil acks the
+// delivery after that commit; an error fails the key (or hands it off when
+// a step's outcome is unknown) and the delivery comes again (see the
+// package comment); so does a panic, which is recovered. Wrap
+// onceonly.ErrInvalidMessage to dead-letter the message as invalid at
+// once.
+//
+// A Handler must depend on msg.Scope, msg.Key and msg.Payload alone: when
+// its process dies after a step started, a live engine's Resume runs it
+// again from the stored payload, with no delivery (msg.Delivery nil).
+type Handler func(ctx context.Context, msg Message) error
+
+// TxHandler is the work of a message that only writes to Postgres: its
+// writes go through tx, which commits together with the key's completion.
+// It cannot call onceonly.Step (the transaction is open); use Handler for
+// external calls. Errors as for Handler.
+type TxHandler func(ctx context.Context, tx pgx.Tx, msg Message) error
+
+// Defaults of Options.
+const (
+	DefaultWorkers         = 4
+	DefaultShutdownTimeout = 8 * time.Second
+	DefaultReconnectMin    = 100 * time.Millisecond
+	DefaultReconnectMax    = 5 * time.Second
+	// DefaultDialTimeout bounds a dial and the AMQP handshake when
+	// Options.AMQP.Dial is unset.
+	DefaultDialTimeout = 10 * time.Second
+)
+
+// Options configures a Consumer. URL, Queue, and Scope or ScopeOf are
+// required.
+type Options struct {
+	// URL is the broker's amqp:// (or amqps://) URL, virtual host
+	// included.
+	URL string
+	// AMQP configures the connection: TLS, heartbeat, client properties.
+	// Its connection_name property defaults to "onceamqp <Queue>".
+	AMQP amqp.Config
+	// Queue is the queue consumed.
+	Queue string
+	// Declare, when set, runs on the channel of every new connection
+	// before consuming starts: declare the topology there (DeclareQueue),
+	// idempotently. An error closes the connection and is retried as a
+	// failed connection.
+	Declare func(ch *amqp.Channel) error
+
+	// Scope is the scope of every message's key (the tenant, or the
+	// message type). ScopeOf, when set, takes it from each delivery
+	// instead.
+	Scope   string
+	ScopeOf func(d *amqp.Delivery) (string, error)
+	// Key returns a delivery's idempotency key; default MessageID (the
+	// message-id property). Never derive it from the delivery tag or
+	// anything else a redelivery changes.
+	Key func(d *amqp.Delivery) (string, error)
+	// Payload returns what the key's first execution is compared with and
+	// what the handler gets as Message.Payload; default the body. A payload
+	// that differs for two deliveries of one message (a timestamp the
+	// publisher set on each send) makes the second a reused key.
+	//
+	// ScopeOf, Key and Payload must be pure functions of the delivery: an
+	// error from any of them dead-letters the delivery as invalid
+	// (onceonly.ReasonInvalid), and no key row is written.
+	Payload func(d *amqp.Delivery) ([]byte, error)
+
+	// Name is the name NewConsumer registers the Handler under with the
+	// engine, the same in every process consuming the queue (default
+	// "amqp." + Queue).
+	Name string
+	// Workers is how many deliveries are handled at once (default
+	// DefaultWorkers).
+	Workers int
+	// Prefetch is the channel's Qos prefetch count: deliveries sent ahead
+	// of the workers, including those held for a retry (default 2 ×
+	// Workers).
+	Prefetch int
+	// Policy turns the engine's answers into acks, retries and dead
+	// letters (MaxFailures, MinBackoff, MaxBackoff).
+	Policy onceonly.SettlePolicy
+	// ShutdownTimeout bounds how long Stop waits for the executions under
+	// way before canceling their contexts (default DefaultShutdownTimeout).
+	ShutdownTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the jittered backoff between
+	// attempts to reach the broker (defaults DefaultReconnectMin,
+	// DefaultReconnectMax).
+	ReconnectMin, ReconnectMax time.Duration
+	// Settled, when set, is called after each delivery is settled: acked,
+	// rejected to the dead-letter exchange, or held for a later requeue
+	// (s.Disposition Retry, s.After). It runs on the worker that handled
+	// the delivery, so it must return quickly. Audit trails and tests use
+	// it, as River's Client.Subscribe.
+	Settled func(d *amqp.Delivery, s onceonly.Settlement)
+	// Logger receives the consumer's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Registerer receives the consumer's Prometheus metrics; nil keeps
+	// them unregistered. Consumers of several queues may share one.
+	Registerer prometheus.Registerer
+}
+
+// Consumer consumes one queue, running each logical message once through
+// an onceonly.Engine. Create it with NewConsumer or NewTxConsumer; it is
+// safe for concurrent use.
+type Consumer struct {
+	life      startstop.Base
+	engine    *onceonly.Engine
+	opts      Options
+	name      string    // registered name; "" for a TxHandler
+	handler   Handler   // set by NewConsumer
+	txHandler TxHandler // set by NewTxConsumer
+	tag       string    // consumer tag, the same on every connection
+	log       *slog.Logger
+	metrics   *metrics
+	holds     *holds
+	connected atomic.Bool
+}
+
+// NewConsumer returns a consumer running fn, and registers fn with engine
+// under opts.Name so that engine.Resume can finish an execution whose
+// process died after a step started. Every process consuming the queue
+// must create the consumer (which registers it) and run the engine's
+// resumer (Engine.Start runs it, or Engine.Resume).
+func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, error) {
+	if fn == nil {
+		return nil, errors.New("onceamqp: a Handler is required")
+	}
+	c, err := newConsumer(engine, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.handler = fn
+	c.name = opts.Name
+	if c.name == "" {
+		c.name = "amqp." + opts.Queue
+	}
+	if err := engine.Register(c.name, c.execute); err != nil {
+		return nil, fmt.Errorf("onceamqp: %w", err)
+	}
+	return c, nil
+}
+
+// NewTxConsumer returns a consumer running fn, a handler that only writes
+// to Postgres (through Engine.Do).
+func NewTxConsumer(engine *onceonly.Engine, fn TxHandler, opts Options) (*Consumer, error) {
+	if fn == nil {
+		return nil, errors.New("onceamqp: a TxHandler is required")
+	}
+	c, err := newConsumer(engine, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.txHandler = fn
+	return c, nil
+}
+
+func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
+	switch {
+	case engine == nil:
+		return nil, errors.New("onceamqp: an Engine is required")
+	case opts.URL == "":
+		return nil, errors.New("onceamqp: Options.URL is required")
+	case opts.Queue == "":
+		return nil, errors.New("onceamqp: Options.Queue is required")
+	case opts.Scope == "" && opts.ScopeOf == nil:
+		return nil, errors.New("onceamqp: Options.Scope or Options.ScopeOf is required")
+	case opts.ScopeOf == nil && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")):
+		// Every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("onceamqp: Options.Scope: %w", onceonly.ErrInvalidScope)
+	case opts.Workers < 0, opts.Prefetch < 0:
+		return nil, errors.New("onceamqp: Options.Workers and Options.Prefetch must not be negative")
+	}
+	if opts.Key == nil {
+		opts.Key = MessageID
+	}
+	if opts.Workers == 0 {
+		opts.Workers = DefaultWorkers
+	}
+	if opts.Prefetch == 0 {
+		opts.Prefetch = 2 * opts.Workers
+	}
+	if opts.ShutdownTimeout <= 0 {
+		opts.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if opts.ReconnectMin <= 0 {
+		opts.ReconnectMin = DefaultReconnectMin
+	}
+	if opts.ReconnectMax <= 0 {
+		opts.ReconnectMax = DefaultReconnectMax
+	}
+	opts.ReconnectMax = max(opts.ReconnectMax, opts.ReconnectMin)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	// The caller's table is not ours to change.
+	opts.AMQP.Properties = maps.Clone(opts.AMQP.Properties)
+	if opts.AMQP.Properties == nil {
+		opts.AMQP.Properties = amqp.NewConnectionProperties()
+	}
+	if _, ok := opts.AMQP.Properties["connection_name"]; !ok {
+		opts.AMQP.Properties.SetClientConnectionName("onceamqp " + opts.Queue)
+	}
+	m, err := newMetrics(opts.Registerer, opts.Queue)
+	if err != nil {
+		return nil, fmt.Errorf("onceamqp: %w", err)
+	}
+	host, _ := os.Hostname()
+	return &Consumer{
+		engine:  engine,
+		opts:    opts,
+		tag:     fmt.Sprintf("onceamqp.%s.%d.%s", host, os.Getpid(), rand.Text()[:8]),
+		log:     opts.Logger.With("queue", opts.Queue),
+		metrics: m,
+		holds:   newHolds(m.held),
+	}, nil
+}
+
+// Run consumes until ctx ends or Stop is called, reconnecting whenever the
+// broker is lost, and returns nil after a graceful stop (see Stop).
+func (c *Consumer) Run(ctx context.Context) error {
+	return startstop.Run(ctx, c)
+}
+
+// Start starts consuming in the background, as Run does, and returns at
+// once; consuming ends when ctx ends or at Stop. Starting a running
+// consumer does nothing.
+func (c *Consumer) Start(ctx context.Context) error {
+	ctx, ok, started, stopped := c.life.StartInit(ctx)
+	if !ok {
+		return nil
+	}
+	go func() {
+		defer stopped()
+		c.consume(ctx, started)
+	}()
+	return nil
+}
+
+// Stop stops consuming and returns once the executions under way have
+// finished and settled their deliveries, or ShutdownTimeout has passed
+// (their contexts are then canceled), and the channel is closed: the
+// broker requeues every delivery left unsettled. It is safe to call twice,
+// or without Start.
+func (c *Consumer) Stop() { c.life.Stop() }
+
+// Started returns a channel closed once the consumer has started (its
+// workers are up; the broker may not be reached yet: see Connected).
+func (c *Consumer) Started() <-chan struct{} { return c.life.Started() }
+
+// Stopped returns a channel closed once the consumer started last has
+// stopped (closed already when it is not running).
+func (c *Consumer) Stopped() <-chan struct{} { return c.life.Stopped() }
+
+// Connected reports whether the consumer is consuming on a live
+// connection now (a readiness check).
+func (c *Consumer) Connected() bool { return c.connected.Load() }
+
+// consume is the consumer's loop (see Run).
+func (c *Consumer) consume(ctx context.Context, started func()) {
+	// Executions run on a context of their own: the end of ctx stops the
+	// intake, and only the shutdown bound cancels what is under way.
+	execCtx, cancelExecutions := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelExecutions()
+	work := make(chan amqp.Delivery)
+	var workers sync.WaitGroup
+	for range c.opts.Workers {
+		workers.Go(func() {
+			for d := range work {
+				c.handle(execCtx, d)
+			}
+		})
+	}
+	c.holds.start()
+	started()
+	last := c.connectLoop(ctx, work)
+	if last != nil {
+		last.cancel(c.tag) // no more deliveries; the prefetched ones stay unsettled
+	}
+	close(work)
+	c.awaitWorkers(&workers, cancelExecutions)
+	c.holds.stop()
+	if last != nil {
+		last.close()
+	}
+	c.log.Info("onceamqp: stopped consuming")
+}
+
+// awaitWorkers waits for the workers to finish their deliveries, at most
+// ShutdownTimeout, then cancels the executions' contexts and waits a little
+// more for the handlers to notice.
+func (c *Consumer) awaitWorkers(workers *sync.WaitGroup, cancel context.CancelFunc) {
+	done := make(chan struct{})
+	go func() {
+		workers.Wait()
+		close(done)
+	}()
+	bound := time.NewTimer(c.opts.ShutdownTimeout)
+	defer bound.Stop()
+	select {
+	case <-done:
+		return
+	case <-bound.C:
+	}
+	c.log.Warn("onceamqp: executions still running at the shutdown bound: canceling them", "shutdown_timeout", c.opts.ShutdownTimeout)
+	cancel()
+	grace := time.NewTimer(cancelGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		c.log.Error("onceamqp: handlers ignore their canceled context; leaving them running", "after", cancelGrace)
+	}
+}
+
+// cancelGrace is how long Stop still waits for handlers whose context it
+// canceled.
+const cancelGrace = time.Second

@@ -1,0 +1,99 @@
+package oncenats
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The reason label of onceonly_nats_messages_total, besides the
+// dead-letter reasons of onceonly (reused, invalid, failed).
+const (
+	reasonExecuted         = "executed"           // ack
+	reasonReplayed         = "replayed"           // ack
+	reasonInFlight         = "in_flight"          // retry
+	reasonFailed           = "failed"             // retry
+	reasonHandedOff        = "handed_off"         // retry
+	reasonError            = "error"              // retry: store unavailable, lease lost, canceled
+	reasonDeadLetterFailed = "dead_letter_failed" // retry: the copy was not published
+	reasonShutdown         = "shutdown"           // retry: handed back unstarted
+)
+
+// The op label of onceonly_nats_settle_errors_total.
+const (
+	opAck        = "ack"
+	opNak        = "nak"
+	opTerm       = "term"
+	opInProgress = "in_progress"
+	opDeadLetter = "dead_letter"
+	opConsume    = "consume"
+)
+
+type metrics struct {
+	messages     *prometheus.CounterVec
+	duration     prometheus.ObserverVec
+	inFlight     prometheus.Gauge
+	settleErrors *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, stream, consumer string) (*metrics, error) {
+	labels := []string{"stream", "consumer"}
+	messages := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "onceonly_nats_messages_total",
+		Help: "Messages settled, by stream, consumer, disposition (ack, retry, dead_letter) and reason: executed or replayed (ack); in_flight, failed, handed_off, error, dead_letter_failed or shutdown (retry); reused, invalid or failed (dead_letter).",
+	}, append(labels, "disposition", "reason"))
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "onceonly_nats_message_duration_seconds",
+		Help:    "Time from a message's arrival at a worker to its settlement, by stream, consumer and disposition.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, append(labels, "disposition"))
+	inFlight := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "onceonly_nats_messages_in_flight",
+		Help: "Messages being handled now, by stream and consumer.",
+	}, labels)
+	settleErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "onceonly_nats_settle_errors_total",
+		Help: "Calls to the server that failed, by stream, consumer and op (ack, nak, term, in_progress, dead_letter, consume); an unsettled message comes back after AckWait.",
+	}, append(labels, "op"))
+	var err error
+	if messages, err = register(reg, messages); err != nil {
+		return nil, err
+	}
+	if duration, err = register(reg, duration); err != nil {
+		return nil, err
+	}
+	if inFlight, err = register(reg, inFlight); err != nil {
+		return nil, err
+	}
+	if settleErrors, err = register(reg, settleErrors); err != nil {
+		return nil, err
+	}
+	l := prometheus.Labels{"stream": stream, "consumer": consumer}
+	return &metrics{
+		messages:     messages.MustCurryWith(l),
+		duration:     duration.MustCurryWith(l),
+		inFlight:     inFlight.With(l),
+		settleErrors: settleErrors.MustCurryWith(l),
+	}, nil
+}
+
+// register registers c with reg (nil: nothing), or returns the collector
+// registered already under its name, so consumers of several streams share
+// one registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if reg == nil {
+		return c, nil
+	}
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	var zero C
+	return zero, fmt.Errorf("register metrics: %w", err)
+}
