@@ -235,9 +235,9 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	field("version", pVersion, rVersion)
 	field("owner", pOwner, rOwner)
 	field("stored status", pStatus, rStatus)
-	var pFingerprint, pLease, pExpiry, rTTL string
+	var pFingerprint, pLease, pExpiry, rTTL, pFailures string
 	if pg != nil {
-		pFingerprint = pg.Fingerprint
+		pFingerprint, pFailures = pg.Fingerprint, strconv.Itoa(pg.Failures)
 		if pg.Status == onceonly.StatusInProgress {
 			pLease = relative(pg.LeaseRemaining.Milliseconds())
 		}
@@ -252,6 +252,7 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	v.Fields = append(v.Fields,
 		fieldRow{Name: "fingerprint", Postgres: pFingerprint, Redis: digestNote(rd)},
 		fieldRow{Name: "lease", Postgres: pLease},
+		fieldRow{Name: "failed executions", Postgres: pFailures},
 		fieldRow{Name: "expiry", Postgres: pExpiry, Redis: rTTL,
 			Differs: pg != nil && rd != nil && !closeDurations(pg.ExpiresIn, in.RedisTTL)})
 

@@ -75,16 +75,15 @@ type message struct {
 	Heading, Text string
 }
 
-// fail answers a page that could not be read: 503 when the database timed
-// out or is unreachable, 500 otherwise, with the error (escaped) for the
-// operator.
+// fail answers 500 for a page that could not be read or an action that
+// failed, with the error (escaped) for the operator, and logs it. A client
+// that left gets nothing.
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
-	c.log.Error("console: page failed", "path", r.URL.Path, "err", err)
-	status := http.StatusInternalServerError
-	if errors.Is(err, r.Context().Err()) && r.Context().Err() != nil {
-		return // the client left
+	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+		return
 	}
-	c.render(w, r, status, "message", "Error", message{Heading: "This page could not be read", Text: err.Error()})
+	c.log.Error("console: page failed", "path", r.URL.Path, "err", err)
+	c.render(w, r, http.StatusInternalServerError, "message", "Error", message{Heading: "This page could not be read", Text: err.Error()})
 }
 
 // notFound answers 404 with text.
