@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos
+.PHONY: test lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos console-screenshots
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -62,6 +62,11 @@ bench-compare:
 # (BENCH_EVENTS, BENCH_SECONDS, BENCH_CONNS; see docs/scaling.md).
 bench-scale:
 	bench/scale.sh
+
+# Retakes the console's screenshots in docs/images/ (headless Chromium,
+# installed when missing).
+console-screenshots:
+	scripts/console-screenshots.sh
 
 # Regenerates docs/configuration.md from the commands' -h output.
 docs:

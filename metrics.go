@@ -28,6 +28,13 @@ const (
 	redisOpWatch         = "watch"
 )
 
+// outcomes are the labels of onceonly_requests_total and
+// onceonly_resumptions_total.
+var outcomes = []string{
+	outcomeExecuted, outcomeReplayedCache, outcomeReplayedDB, outcomeInFlight, outcomeReused, outcomeFailed,
+	outcomeLeaseLost, outcomeUnavailable, outcomeInvalid, outcomeHandlerError, outcomePanic,
+}
+
 // Who runs an execution: the by label of onceonly_executions_total.
 const (
 	// byFirst: the request (or delivery) that claimed a key with no
@@ -91,6 +98,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceonly_claim_batch_failures_total",
 			Help: "Batches of claims that failed (Postgres unreachable, or a wait for another transaction's key past 50ms); their claims were sent one by one.",
 		}),
+	}
+	// Every outcome and operation is exported from the start, at 0, so a
+	// rate or an alert over them has a series before the first event.
+	for _, outcome := range outcomes {
+		m.requests.WithLabelValues(outcome)
+		m.resumptions.WithLabelValues(outcome)
+	}
+	for _, op := range []string{redisOpCheck, redisOpApply, redisOpRelease, redisOpWatch} {
+		m.redisFallback.WithLabelValues(op)
 	}
 	if err := promutil.Register(reg, m.requests, m.duration, m.redisFallback, m.resumptions, m.executions, m.waits, m.claimBatches, m.claimFailures); err != nil {
 		return nil, err

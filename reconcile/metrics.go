@@ -23,6 +23,7 @@ type metrics struct {
 	reaped       prometheus.Counter
 	expired      prometheus.Counter
 	lastSuccess  prometheus.Gauge
+	stuck        prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -60,6 +61,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceonly_reconcile_last_success_timestamp_seconds",
 			Help: "When the last successful repairing pass ended (Unix time).",
 		}),
+		stuck: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceonly_reconcile_stuck_executions",
+			Help: "Keys in progress with a step started whose lease ran out more than REAP_GRACE ago, as the last pass counted: executions no live engine has resumed.",
+		}),
 	}
 	for _, kind := range driftKinds {
 		m.drift.WithLabelValues(kind)
@@ -67,6 +72,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, res := range []string{resultOK, resultPartial, resultSkipped, resultFailed} {
 		m.passes.WithLabelValues(res)
 	}
-	err := promutil.Register(reg, m.passes, m.duration, m.drift, m.repaired, m.repairErrors, m.reaped, m.expired, m.lastSuccess)
+	err := promutil.Register(reg, m.passes, m.duration, m.drift, m.repaired, m.repairErrors, m.reaped, m.expired, m.lastSuccess, m.stuck)
 	return m, err
 }

@@ -118,11 +118,15 @@ type Report struct {
 	Unreachable      int64 `json:"unreachable"`
 	UnreachableNodes int64 `json:"unreachable_nodes"`
 	// Repaired counts the drifted keys written or deleted.
-	Repaired       int64 `json:"repaired"`
-	LeasesReaped   int64 `json:"leases_reaped"`
-	ExpiredDeleted int64 `json:"expired_deleted"`
-	DurationMs     int64 `json:"duration_ms"`
-	DryRun         bool  `json:"dry_run"`
+	Repaired     int64 `json:"repaired"`
+	LeasesReaped int64 `json:"leases_reaped"`
+	// StuckExecutions counts the keys in progress with a step started whose
+	// lease ran out more than ReapGrace ago: executions no live engine has
+	// resumed (the reaper leaves them alone).
+	StuckExecutions int64 `json:"stuck_executions"`
+	ExpiredDeleted  int64 `json:"expired_deleted"`
+	DurationMs      int64 `json:"duration_ms"`
+	DryRun          bool  `json:"dry_run"`
 	// Skipped is true when another instance held the pass lock.
 	Skipped bool `json:"skipped"`
 }
@@ -214,9 +218,11 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (_ Report, err error
 	err = r.pass(ctx, lockTx, &rep)
 	rep.DurationMs = time.Since(began).Milliseconds()
 	if err != nil {
-		return rep, r.failed(fmt.Errorf("reconcile: %w", err))
+		err = r.failed(fmt.Errorf("reconcile: %w", err))
+		r.remember(ctx, resultFailed, rep, time.Since(began), err)
+		return rep, err
 	}
-	r.record(rep, time.Since(began))
+	r.remember(ctx, r.record(rep, time.Since(began)), rep, time.Since(began), nil)
 	return rep, nil
 }
 
@@ -281,6 +287,11 @@ func (rep *Report) add(o Report) {
 
 // reap marks keys whose lease expired more than ReapGrace ago failed.
 func (r *Reconciler) reap(ctx context.Context, rep *Report) error {
+	stuck, err := r.store.CountStuck(ctx, r.cfg.Pool, r.cfg.ReapGrace)
+	if err != nil {
+		return err
+	}
+	rep.StuckExecutions = int64(stuck)
 	if rep.DryRun {
 		n, err := r.store.CountReapable(ctx, r.cfg.Pool, r.cfg.ReapGrace)
 		rep.LeasesReaped = int64(n)
@@ -760,8 +771,9 @@ func (r *Reconciler) failed(err error) error {
 	return err
 }
 
-// record logs a finished pass (one line) and updates the metrics.
-func (r *Reconciler) record(rep Report, took time.Duration) {
+// record logs a finished pass (one line), updates the metrics and returns
+// the pass's result.
+func (r *Reconciler) record(rep Report, took time.Duration) string {
 	result := resultOK
 	if rep.Unreachable+rep.UnreachableNodes > 0 {
 		result = resultPartial
@@ -772,6 +784,7 @@ func (r *Reconciler) record(rep Report, took time.Duration) {
 	r.metrics.duration.Observe(took.Seconds())
 	if !rep.DryRun {
 		r.metrics.reaped.Add(float64(rep.LeasesReaped))
+		r.metrics.stuck.Set(float64(rep.StuckExecutions))
 		r.metrics.expired.Add(float64(rep.ExpiredDeleted))
 		if result == resultOK {
 			r.metrics.lastSuccess.SetToCurrentTime()
@@ -782,4 +795,5 @@ func (r *Reconciler) record(rep Report, took time.Duration) {
 		"orphaned", rep.Orphaned, "in_flight", rep.InFlight, "redis_scanned", rep.RedisScanned,
 		"repaired", rep.Repaired, "leases_reaped", rep.LeasesReaped, "expired_deleted", rep.ExpiredDeleted,
 		"duration_ms", rep.DurationMs)
+	return result
 }

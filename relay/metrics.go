@@ -24,6 +24,7 @@ type metrics struct {
 	errors        *prometheus.CounterVec
 	pendingEvents prometheus.Gauge
 	parkedEvents  prometheus.Gauge
+	oldestPending prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,10 +59,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "onceonly_relay_parked_events",
 			Help: "Parked outbox events, as last counted.",
 		}),
+		oldestPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "onceonly_relay_oldest_pending_seconds",
+			Help: "Age of the oldest outbox event waiting for delivery, as last counted (0 when none waits): it grows while no relay delivers.",
+		}),
 	}
 	for _, stage := range []string{stagePostgres, stageRedis, stageListen, stageEvent, stageCount, stageReplicas} {
 		m.errors.WithLabelValues(stage)
 	}
-	err := promutil.Register(reg, m.published, m.parked, m.batchSize, m.lag, m.errors, m.pendingEvents, m.parkedEvents)
+	err := promutil.Register(reg, m.published, m.parked, m.batchSize, m.lag, m.errors, m.pendingEvents, m.parkedEvents, m.oldestPending)
 	return m, err
 }

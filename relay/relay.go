@@ -559,20 +559,22 @@ func (r *Relay) poke() {
 	}
 }
 
-// countInterval is how often the pending and parked gauges are refreshed.
+// countInterval is how often the backlog's gauges are refreshed.
 const countInterval = 5 * time.Second
 
-// countEvents refreshes the pending and parked gauges until ctx ends.
+// countEvents refreshes the backlog's gauges (pending, parked, the oldest
+// pending event's age) until ctx ends.
 func (r *Relay) countEvents(ctx context.Context) {
 	t := time.NewTicker(countInterval)
 	defer t.Stop()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, countInterval)
-		pending, parked, err := r.store.CountEvents(cctx, r.cfg.Pool)
+		counts, err := r.store.CountEvents(cctx, r.cfg.Pool)
 		cancel()
 		if err == nil {
-			r.metrics.pendingEvents.Set(float64(pending))
-			r.metrics.parkedEvents.Set(float64(parked))
+			r.metrics.pendingEvents.Set(float64(counts.Pending))
+			r.metrics.parkedEvents.Set(float64(counts.Parked))
+			r.metrics.oldestPending.Set(counts.OldestPending.Seconds())
 		} else if ctx.Err() == nil {
 			r.metrics.errors.WithLabelValues(stageCount).Inc()
 		}

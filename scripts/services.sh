@@ -2,6 +2,7 @@
 # Local Postgres 15 and Redis for onceonly, without Docker.
 #
 #   scripts/services.sh install            install missing Debian packages
+#   scripts/services.sh tools              install Chromium and promtool when missing
 #   scripts/services.sh start DIR PG_PORT REDIS_PORT [test]
 #   scripts/services.sh cluster DIR FIRST_PORT [test]
 #   scripts/services.sh pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]
@@ -91,6 +92,25 @@ await() {
 		sleep 0.1
 	done
 	return 1
+}
+
+# tools: what the tests use besides servers: Debian's Chromium (the
+# console's browser test) and promtool from Debian's prometheus package (the
+# alert rules' tests). Without recommends: no node exporter, no desktop.
+tools() {
+	local missing=()
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
+	command -v promtool >/dev/null || missing+=(prometheus)
+	[ ${#missing[@]} -eq 0 ] && return
+	if [ "$(id -u)" != 0 ]; then
+		log "missing ${missing[*]}: install them (apt-get install --no-install-recommends ${missing[*]}) or run as root"
+		exit 1
+	fi
+	log "installing ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	# The Debian package starts a system Prometheus; the tests need only promtool.
+	if command -v service >/dev/null; then service prometheus stop >/dev/null 2>&1 || true; fi
 }
 
 start() {
@@ -483,6 +503,7 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
 install) install ;;
+tools) tools ;;
 start) start "$@" ;;
 cluster) cluster "$@" ;;
 pgbouncer) pgbouncer "$@" ;;
@@ -490,5 +511,5 @@ sentinel) sentinel "$@" ;;
 rabbitmq) rabbitmq "$@" ;;
 nats) nats "$@" ;;
 stop) stop "$@" ;;
-*) echo "usage: $0 install | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR" >&2; exit 2 ;;
+*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR" >&2; exit 2 ;;
 esac

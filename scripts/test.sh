@@ -18,7 +18,8 @@
 # node of its own (rabbitmq-server, installed when missing) on port 61600
 # (TEST_AMQP_PORT; its Erlang ports are the next seven) and points
 # TEST_RABBITMQCTL at the rabbitmqctl of that node, which the tests that
-# close connections from the broker's side run. Extra arguments go to
+# close connections from the broker's side run. It installs Chromium and
+# promtool when missing (scripts/services.sh tools). Extra arguments go to
 # `go test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +72,10 @@ if [ -z "${TEST_NATS_URL:-}" ]; then
 	scripts/services.sh nats .data/test "$p"
 	export TEST_NATS_URL="nats://127.0.0.1:$p"
 fi
+
+# Chromium (the console's browser test) and promtool (the alert rules'
+# tests), installed when missing.
+scripts/services.sh tools
 
 # Every module of the workspace (go.work): the library, the commands, the
 # integrations with heavy dependencies, the chaos suite.

@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/onceonly/onceonly"
@@ -23,6 +26,7 @@ import (
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
+	"github.com/onceonly/onceonly/console"
 	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/redisconn"
@@ -44,6 +48,8 @@ type settings struct {
 	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay *time.Duration
 	gatewayTimeout, resumeInterval                                          *time.Duration
 	force                                                                   *bool
+	consoleAuth                                                             *string
+	consoleReadOnly, consoleRedact                                          *bool
 }
 
 func define(s *config.Set) *settings {
@@ -60,6 +66,9 @@ func define(s *config.Set) *settings {
 		slowGatewayDelay: s.Duration("slow-gateway-delay", "SLOW_GATEWAY_DELAY", 2*time.Second, "in-process gateway: extra delay of source tok_slow"),
 		resumeInterval:   s.Duration("resume-interval", "RESUME_INTERVAL", onceonly.DefaultResumeInterval, "how often the api looks for executions whose holder died after calling the gateway, to finish them"),
 		force:            s.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress"),
+		consoleAuth:      s.String("console-auth", "CONSOLE_AUTH", "", "user:password of the operators' console served under /console/ (HTTP Basic); unset: no console, every /console/ path answers 404"),
+		consoleReadOnly:  s.Bool("console-readonly", "CONSOLE_READONLY", false, "the console shows no form that changes anything and answers every POST 403"),
+		consoleRedact:    s.Bool("console-redact", "CONSOLE_REDACT", false, "the console never shows stored request or response bodies"),
 	}
 }
 
@@ -97,6 +106,11 @@ func validate(s *settings) (validated, error) {
 		return v, err
 	}
 	v.apiKeys = keys
+	if *s.consoleAuth != "" {
+		if err := console.ParseAuth(*s.consoleAuth); err != nil {
+			return v, errors.New("bad configuration: CONSOLE_AUTH must be user:password, neither empty")
+		}
+	}
 	return v, validateGateway(s)
 }
 
@@ -155,13 +169,28 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	}
 	mux := http.NewServeMux()
 	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping}, optional)
+	stopConsole, err := mountConsole(ctx, mux, s, engine, pool, log)
+	if err != nil {
+		return err
+	}
+	defer stopConsole()
 	mux.Handle("/", payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
 		GatewayOnOwnDatabase: *s.gatewayURL == "",
 	}))
+	// The api's answers by status code, for the 5xx alert
+	// (deploy/prometheus/alerts.yml): the engine's outcomes do not say what
+	// the demo answered.
+	answered := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "onceonly_http_requests_total",
+		Help: "HTTP requests the api answered, by status code and method.",
+	}, []string{"code", "method"})
+	if err := reg.Register(answered); err != nil {
+		return fmt.Errorf("register the api's metrics: %w", err)
+	}
 	srv := &http.Server{
 		Addr:              *s.HTTPAddr,
-		Handler:           tracing.Handler(mux, "api"),
+		Handler:           tracing.Handler(promhttp.InstrumentHandlerCounter(answered, mux), "api"),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -175,6 +204,31 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	err = shutdown.Serve(ctx, srv, log, 9*time.Second)
 	<-resuming
 	return err
+}
+
+// mountConsole serves the operators' console under /console/ when
+// CONSOLE_AUTH is set; otherwise every /console/ path answers 404, with or
+// without credentials. The returned function stops the console's sampler.
+func mountConsole(ctx context.Context, mux *http.ServeMux, s *settings, engine *onceonly.Engine, pool *pgxpool.Pool, log *slog.Logger) (func(), error) {
+	if *s.consoleAuth == "" {
+		mux.Handle(console.DefaultPrefix+"/", http.NotFoundHandler())
+		mux.Handle(console.DefaultPrefix, http.NotFoundHandler())
+		return func() {}, nil
+	}
+	c, err := console.New(console.Config{
+		Engine: engine, Pool: pool, Auth: *s.consoleAuth,
+		ReadOnly: *s.consoleReadOnly, Redact: *s.consoleRedact, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		return nil, fmt.Errorf("start the console: %w", err)
+	}
+	mux.Handle(console.DefaultPrefix+"/", c)
+	mux.Handle(console.DefaultPrefix, c)
+	log.Info("console served", "path", console.DefaultPrefix+"/", "read_only", *s.consoleReadOnly, "redact", *s.consoleRedact)
+	return c.Stop, nil
 }
 
 // openGateway returns the client of the payment gateway at GATEWAY_URL, or

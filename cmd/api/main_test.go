@@ -40,6 +40,9 @@ func TestBadConfiguration(t *testing.T) {
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "API_KEYS": "nokey"}, Want: "API_KEYS"},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "http://x"}, Want: "REDIS_URL"},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://a", "REDIS_CLUSTER_URL": "redis://b"}, Want: "not both"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_AUTH": "nocolon"}, Want: "CONSOLE_AUTH must be user:password"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_AUTH": "ops:"}, Want: "CONSOLE_AUTH must be user:password"},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_READONLY": "maybe"}, Want: `CONSOLE_READONLY="maybe": use true or false`},
 	})
 }
 
@@ -57,18 +60,18 @@ func TestMigrateAndSchemaCheck(t *testing.T) {
 
 	code, stdout, stderr = runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, "applied 7 migration(s); schema at version 7")
+	require.Contains(t, stdout, "applied 8 migration(s); schema at version 8")
 	require.Contains(t, stdout, "demo schema: applied 1 migration(s)")
 
 	code, stdout, _ = runAPI(t, env, "migrate", "status")
 	require.Equal(t, 0, code)
-	require.Equal(t, 7, strings.Count(stdout, " engine "), stdout)
+	require.Equal(t, 8, strings.Count(stdout, " engine "), stdout)
 	require.Equal(t, 1, strings.Count(stdout, " demo "), stdout)
-	require.Equal(t, 8, strings.Count(stdout, "applied"), stdout)
+	require.Equal(t, 9, strings.Count(stdout, "applied"), stdout)
 
 	code, stdout, _ = runAPI(t, env, "migrate", "down")
 	require.Equal(t, 0, code)
-	require.Contains(t, stdout, "00007_failures.sql")
+	require.Contains(t, stdout, "00008_reconcile_passes.sql")
 	code, stdout, _ = runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code)
 	require.Contains(t, stdout, "applied 1 migration(s)")

@@ -190,12 +190,24 @@ func (s *Store) Requeue(ctx context.Context, db DB, failed []FailedEvent, maxAtt
 	return parked, nil
 }
 
-// CountEvents returns the number of events waiting for delivery and of
-// parked ones.
-func (s *Store) CountEvents(ctx context.Context, db DB) (pending, parked int64, err error) {
-	err = countEventsSQL.queryRow(ctx, db, nil).Scan(&pending, &parked)
-	if err != nil {
-		return 0, 0, fmt.Errorf("count outbox events: %w", err)
+// EventCounts is what CountEvents counts.
+type EventCounts struct {
+	// Pending and Parked count the events waiting for delivery and the
+	// parked ones.
+	Pending, Parked int64
+	// OldestPending is how long the oldest waiting event has waited (0 when
+	// none waits).
+	OldestPending time.Duration
+}
+
+// CountEvents counts the events waiting for delivery and the parked ones,
+// and tells the age of the oldest waiting one.
+func (s *Store) CountEvents(ctx context.Context, db DB) (EventCounts, error) {
+	var c EventCounts
+	var oldestMs int64
+	if err := countEventsSQL.queryRow(ctx, db, nil).Scan(&c.Pending, &c.Parked, &oldestMs); err != nil {
+		return EventCounts{}, fmt.Errorf("count outbox events: %w", err)
 	}
-	return pending, parked, nil
+	c.OldestPending = time.Duration(oldestMs) * time.Millisecond
+	return c, nil
 }

@@ -200,10 +200,12 @@ func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.NoError(t, err)
 	require.Equal(t, 1, requeued)
 	require.NoError(t, tx.Commit(ctx))
-	pending, parked, err := store.CountEvents(ctx, pool)
+	counts, err := store.CountEvents(ctx, pool)
 	require.NoError(t, err)
-	require.Zero(t, pending)
-	require.EqualValues(t, 1, parked)
+	require.Zero(t, counts.Pending)
+	require.EqualValues(t, 1, counts.Parked)
+	require.Zero(t, counts.OldestPending)
+	exerciseAdmin(t, ctx, pool, store, a)
 
 	exerciseBatched(t, ctx, pool, store)
 }
@@ -272,4 +274,30 @@ func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, stor
 		require.True(t, locked)
 		return err
 	}))
+}
+
+// exerciseAdmin runs the operators' statements: unpark_events,
+// raise_version_floor_key and delete_key (after a purge), count_stuck,
+// record_pass.
+func exerciseAdmin(t *testing.T, ctx context.Context, pool *pgxpool.Pool, store *keystore.Store, ref keystate.Ref) {
+	t.Helper()
+	var parked int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM outbox WHERE parked_at IS NOT NULL LIMIT 1`).Scan(&parked))
+	n, err := store.Unpark(ctx, pool, []int64{parked, -1})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	stuck, err := store.CountStuck(ctx, pool, time.Second)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, stuck, 0)
+
+	_, found, err := store.Purge(ctx, pool, ref, true)
+	require.NoError(t, err)
+	require.True(t, found)
+	deleted, err := store.DeletePurged(ctx, pool, ref)
+	require.NoError(t, err)
+	require.True(t, deleted)
+
+	require.NoError(t, store.RecordPass(ctx, pool, keystore.Pass{Result: "ok", Report: []byte(`{"scanned":1}`), Duration: time.Second}))
+	require.NoError(t, store.RecordPass(ctx, pool, keystore.Pass{Result: "failed", Report: []byte(`{}`), Err: errors.New("down")}))
 }

@@ -50,6 +50,11 @@ var (
 	resumeClaimSQL          = load("resume_claim")
 	renewLeasesSQL          = load("renew_leases")
 	tryLockSQL              = load("try_lock")
+	unparkEventsSQL         = load("unpark_events")
+	raiseVersionFloorKeySQL = load("raise_version_floor_key")
+	deleteKeySQL            = load("delete_key")
+	recordPassSQL           = load("record_pass")
+	countStuckSQL           = load("count_stuck")
 )
 
 // statement is one file of sql/, as the package loaded it.

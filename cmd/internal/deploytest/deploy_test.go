@@ -38,12 +38,18 @@ func TestComposeFile(t *testing.T) {
 	project, err := opts.LoadProject(context.Background())
 	require.NoError(t, err)
 
-	want := []string{"api", "gateway", "migrate", "postgres", "reconciler", "redis", "relay"}
+	want := []string{"api", "gateway", "grafana", "migrate", "postgres", "prometheus", "reconciler", "redis", "relay"}
 	require.ElementsMatch(t, want, project.ServiceNames())
 
 	for name, svc := range project.Services {
 		if svc.Image != "" && svc.Build == nil {
 			require.NotNil(t, svc.HealthCheck, "%s has a health check", name)
+			for _, v := range svc.Volumes {
+				if v.Type == "bind" {
+					_, err := os.Stat(v.Source)
+					require.NoError(t, err, "%s mounts %s, which exists", name, v.Source)
+				}
+			}
 			continue
 		}
 		require.NotNil(t, svc.Build, "%s is built from this project", name)
