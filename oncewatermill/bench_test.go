@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -33,29 +32,19 @@ import (
 // it (its batch commits after). No relay runs beside the engine. It
 // reports each variant's rate and the ratio.
 func BenchmarkRouter(b *testing.B) {
-	messages := benchEnvInt(b, "BENCH_MESSAGES", 2000)
+	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
 	// The rounds open their own publishers and subscribers.
 	tb := setup(b, pubSub{name: "sql-queue", joined: true, open: func(testing.TB, *testBundle) (message.Publisher, message.Subscriber) {
 		return nil, nil
 	}})
-	variants := []string{"bare", "oncewatermill"}
-	took := make([]time.Duration, len(variants))
-	b.ResetTimer()
-	b.StopTimer()
-	for i := range b.N {
-		for j := range variants {
-			v := (i + j) % len(variants)
-			topic := fmt.Sprintf("bench_%d_%s", i, variants[v])
+	variant := func(name string, middleware bool) testenv.Variant {
+		return testenv.Variant{Name: name, Drain: func(b *testing.B, i int) time.Duration {
+			topic := fmt.Sprintf("bench_%d_%s", i, name)
 			tb.publishBacklog(b, topic, messages)
-			took[v] += tb.drain(b, topic, messages, v == 1)
-		}
+			return tb.drain(b, topic, messages, middleware)
+		}}
 	}
-	rate := func(v int) float64 { return float64(messages*b.N) / took[v].Seconds() }
-	b.ReportMetric(rate(0), "msgs/s_bare")
-	b.ReportMetric(rate(1), "msgs/s_oncewatermill")
-	b.ReportMetric(rate(1)/rate(0), "oncewatermill/bare")
-	b.Logf("%d messages per round, %d rounds: bare %.0f msgs/s, oncewatermill %.0f msgs/s (%.2f× bare)",
-		messages, b.N, rate(0), rate(1), rate(1)/rate(0))
+	testenv.CompareRates(b, messages, variant("bare", false), variant("oncewatermill", true))
 }
 
 // queueSchema is watermill-sql's Postgres queue: rows deleted on ack.
@@ -134,18 +123,4 @@ func (b *testBundle) drain(t *testing.B, topic string, n int, once bool) time.Du
 	require.NoError(t, router.Close())
 	require.NoError(t, <-routerDone)
 	return took
-}
-
-// benchEnvInt reads a positive integer setting of the benchmark.
-func benchEnvInt(b *testing.B, name string, def int) int {
-	b.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
 }

@@ -1,11 +1,10 @@
 package oncewatermill
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/consume"
 	"github.com/onceonly/onceonly/internal/promutil"
 )
 
@@ -35,41 +34,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return &metrics{messages: messages, waiting: waiting}, nil
 }
 
-// The reason label of onceonly_watermill_messages_total, besides the
-// dead-letter reasons of onceonly (reused, invalid, failed).
-const (
-	reasonExecuted  = "executed"
-	reasonReplayed  = "replayed"
-	reasonInFlight  = "in_flight"
-	reasonHandedOff = "handed_off"
-	reasonFailed    = "failed"
-	reasonConflict  = "conflict"
-	reasonError     = "error"
-)
+// reasonConflict is a reason of onceonly_watermill_messages_total besides
+// the dead-letter reasons of onceonly (reused, invalid, failed) and those
+// consume.Reason names: a joined transaction's snapshot is older than the
+// key's row (retry).
+const reasonConflict = "conflict"
 
 // reasonOf names why a message was settled as it was.
 func reasonOf(s onceonly.Settlement) string {
-	switch s.Disposition {
-	case onceonly.Ack:
-		if s.Outcome.Replayed {
-			return reasonReplayed
-		}
-		return reasonExecuted
-	case onceonly.DeadLetter:
-		return s.Reason
-	case onceonly.Retry:
-		if _, ok := onceonly.IsInFlight(s.Err); ok {
-			return reasonInFlight
-		}
-		if failed, ok := errors.AsType[*onceonly.ExecutionError](s.Err); ok {
-			if failed.HandedOff {
-				return reasonHandedOff
-			}
-			return reasonFailed
-		}
-		if serializationFailure(s.Err) {
-			return reasonConflict
-		}
+	reason := consume.Reason(s)
+	if reason == consume.ReasonError && serializationFailure(s.Err) {
+		return reasonConflict
 	}
-	return reasonError
+	return reason
 }

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/consume"
 )
 
 // DefaultKeyMetadata is the metadata field that carries a message's
@@ -106,12 +106,8 @@ func UUIDKey(msg *message.Message) (string, error) {
 // Add it to one handler (Handler.AddMiddleware) or to the router, after
 // a poison queue that takes DeadLetterErrors (IsDeadLetter).
 func NewMiddleware(engine *onceonly.Engine, opts Options) (message.HandlerMiddleware, error) {
-	switch {
-	case engine == nil:
+	if engine == nil {
 		return nil, errors.New("oncewatermill: an Engine is required")
-	case opts.ScopeOf == nil && opts.Scope != "" && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")):
-		// Every message would be dead-lettered as invalid.
-		return nil, fmt.Errorf("oncewatermill: Options.Scope: %w", onceonly.ErrInvalidScope)
 	}
 	if opts.KeyMetadata == "" {
 		opts.KeyMetadata = DefaultKeyMetadata
@@ -122,21 +118,27 @@ func NewMiddleware(engine *onceonly.Engine, opts Options) (message.HandlerMiddle
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	ider := identifier(opts)
+	if err := ider.CheckScope(); err != nil {
+		// Every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("oncewatermill: %w", err)
+	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("oncewatermill: %w", err)
 	}
-	mw := &middleware{engine: engine, opts: opts, log: opts.Logger, metrics: m, failures: newFailureCounts(maxCounted)}
+	mw := &middleware{engine: engine, opts: opts, identifier: ider, log: opts.Logger, metrics: m, failures: newFailureCounts(maxCounted)}
 	return mw.wrap, nil
 }
 
 // middleware is the state NewMiddleware's HandlerMiddleware shares
 // between the handlers it wraps.
 type middleware struct {
-	engine  *onceonly.Engine
-	opts    Options
-	log     *slog.Logger
-	metrics *metrics
+	engine     *onceonly.Engine
+	opts       Options
+	identifier consume.Identifier[*message.Message]
+	log        *slog.Logger
+	metrics    *metrics
 	// failures counts the failed executions the engine does not count
 	// (joined transactions): see settlementOf.
 	failures *failureCounts
@@ -147,12 +149,6 @@ func (m *middleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		return m.handle(msg, h)
 	}
-}
-
-// identity is what a message is run as.
-type identity struct {
-	scope, key string
-	payload    []byte
 }
 
 // handle runs msg once through the engine and settles it.
@@ -172,50 +168,38 @@ func (m *middleware) handle(msg *message.Message, h message.HandlerFunc) ([]*mes
 // A panic in Options.Key, ScopeOf or Payload is such an error too: they
 // depend on the message alone, so it would panic again on every
 // redelivery.
-func (m *middleware) identify(msg *message.Message) (id identity, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			m.log.Error("oncewatermill: Options.Key, ScopeOf or Payload panicked", "message_uuid", msg.UUID, "panic", p)
-			err = invalid("identify", fmt.Errorf("panic: %v", p))
-		}
-	}()
-	id.payload = msg.Payload
-	if id.key, err = m.opts.Key(msg); err != nil {
-		return id, invalid("key", err)
+func (m *middleware) identify(msg *message.Message) (consume.Identity, error) {
+	id, err := m.identifier.Identify(msg)
+	if p, ok := errors.AsType[*consume.PanicError](err); ok {
+		m.log.Error("oncewatermill: Options.Key, ScopeOf or Payload panicked", "message_uuid", msg.UUID, "panic", p.Value)
 	}
-	if err := onceonly.ValidateKey(id.key); err != nil {
-		return id, fmt.Errorf("key %q: %w", id.key, err)
-	}
-	switch {
-	case m.opts.ScopeOf != nil:
-		if id.scope, err = m.opts.ScopeOf(msg); err != nil {
-			return id, invalid("scope", err)
-		}
-	case m.opts.Scope != "":
-		id.scope = m.opts.Scope
-	default:
-		if id.scope = message.HandlerNameFromCtx(msg.Context()); id.scope == "" {
-			return id, invalid("scope", errors.New("no Options.Scope and no router handler name"))
-		}
-	}
-	if m.opts.Payload != nil {
-		if id.payload, err = m.opts.Payload(msg); err != nil {
-			return id, invalid("payload", err)
-		}
-	}
-	return id, nil
+	return id, err
 }
 
-// invalid wraps an error of Options.Key, ScopeOf or Payload in
-// onceonly.ErrInvalidMessage, so that Settle dead-letters the message as
-// invalid.
-func invalid(what string, err error) error {
-	return fmt.Errorf("%w: %s: %w", onceonly.ErrInvalidMessage, what, err)
+// identifier takes a message's identity as opts say: Key; Scope, ScopeOf,
+// or else the router handler's name; Payload or the message's payload.
+func identifier(opts Options) consume.Identifier[*message.Message] {
+	ider := consume.Identifier[*message.Message]{
+		Scope:   opts.Scope,
+		ScopeOf: opts.ScopeOf,
+		Key:     opts.Key,
+		Payload: opts.Payload,
+		Body:    func(msg *message.Message) []byte { return msg.Payload },
+	}
+	if ider.ScopeOf == nil && ider.Scope == "" {
+		ider.ScopeOf = func(msg *message.Message) (string, error) {
+			if name := message.HandlerNameFromCtx(msg.Context()); name != "" {
+				return name, nil
+			}
+			return "", errors.New("no Options.Scope and no router handler name")
+		}
+	}
+	return ider
 }
 
 // execute runs msg's handler once for id: in the subscriber's transaction
 // when it hands one over (joined), else in the engine's own.
-func (m *middleware) execute(msg *message.Message, id identity, run *execution) (onceonly.Outcome, error) {
+func (m *middleware) execute(msg *message.Message, id consume.Identity, run *execution) (onceonly.Outcome, error) {
 	ctx := msg.Context()
 	if !m.opts.NoJoin {
 		tx, err := subscriberTx(ctx)
@@ -225,13 +209,13 @@ func (m *middleware) execute(msg *message.Message, id identity, run *execution) 
 		switch {
 		case tx.pgx != nil:
 			run.joined = true
-			return m.engine.DoTx(ctx, tx.pgx, id.scope, id.key, id.payload, run.pgxHandler)
+			return m.engine.DoTx(ctx, tx.pgx, id.Scope, id.Key, id.Payload, run.pgxHandler)
 		case tx.sql != nil:
 			run.joined = true
-			return m.engine.DoSQLTx(ctx, tx.sql, id.scope, id.key, id.payload, run.sqlHandler)
+			return m.engine.DoSQLTx(ctx, tx.sql, id.Scope, id.Key, id.Payload, run.sqlHandler)
 		}
 	}
-	return m.engine.Do(ctx, id.scope, id.key, id.payload, run.pgxHandler)
+	return m.engine.Do(ctx, id.Scope, id.Key, id.Payload, run.pgxHandler)
 }
 
 // settlementOf settles the engine's answer. A failed execution the engine
@@ -239,11 +223,11 @@ func (m *middleware) execute(msg *message.Message, id identity, run *execution) 
 // it, so no row records the failure; and an engine that does not count)
 // is counted here, in memory, so that SettlePolicy.MaxFailures bounds it
 // in this process too. A settled key's count is forgotten.
-func (m *middleware) settlementOf(id identity, run *execution, out onceonly.Outcome, err error) onceonly.Settlement {
+func (m *middleware) settlementOf(id consume.Identity, run *execution, out onceonly.Outcome, err error) onceonly.Settlement {
 	if run.err != nil && err != nil {
 		failed, ok := errors.AsType[*onceonly.ExecutionError](err)
 		if !ok || (!failed.HandedOff && failed.Failures == 0) {
-			err = &onceonly.ExecutionError{Err: err, Failures: m.failures.add(id.scope, id.key)}
+			err = &onceonly.ExecutionError{Err: err, Failures: m.failures.add(id.Scope, id.Key)}
 		}
 	}
 	s := m.opts.Policy.Settle(out, err)
@@ -258,7 +242,7 @@ func (m *middleware) settlementOf(id identity, run *execution, out onceonly.Outc
 		s.After = onceonly.MaxInFlightRetry
 	}
 	if s.Disposition != onceonly.Retry {
-		m.failures.forget(id.scope, id.key)
+		m.failures.forget(id.Scope, id.Key)
 	}
 	return s
 }
@@ -266,7 +250,7 @@ func (m *middleware) settlementOf(id identity, run *execution, out onceonly.Outc
 // settle returns what the router makes of msg for s: its produced
 // messages (ack), nothing after a Nack sent once s.After passed (retry),
 // or a DeadLetterError for the poison queue.
-func (m *middleware) settle(msg *message.Message, id identity, s onceonly.Settlement, run *execution) ([]*message.Message, error) {
+func (m *middleware) settle(msg *message.Message, id consume.Identity, s onceonly.Settlement, run *execution) ([]*message.Message, error) {
 	var produced []*message.Message
 	if s.Disposition == onceonly.Ack {
 		var err error
@@ -276,7 +260,7 @@ func (m *middleware) settle(msg *message.Message, id identity, s onceonly.Settle
 	}
 	reason := reasonOf(s)
 	m.metrics.messages.WithLabelValues(message.HandlerNameFromCtx(msg.Context()), s.Disposition.String(), reason).Inc()
-	log := m.log.With("message_uuid", msg.UUID, "scope", id.scope, "key", id.key)
+	log := m.log.With("message_uuid", msg.UUID, "scope", id.Scope, "key", id.Key)
 	var err error
 	switch s.Disposition {
 	case onceonly.Ack:
@@ -286,7 +270,7 @@ func (m *middleware) settle(msg *message.Message, id identity, s onceonly.Settle
 		err = &DeadLetterError{Reason: s.Reason, Err: s.Err}
 	case onceonly.Retry:
 		level := slog.LevelInfo
-		if reason == reasonInFlight || reason == reasonConflict {
+		if reason == consume.ReasonInFlight || reason == reasonConflict {
 			level = slog.LevelDebug // a copy of a message under way: routine
 		}
 		log.Log(msg.Context(), level, "oncewatermill: nacking the message after a delay", "why", reason, "after", s.After, "failures", s.Failures, "error", s.Err)
