@@ -47,7 +47,7 @@ type Config struct {
 	// handler may then write through SQLTx, a transaction on DB that
 	// commits with the key's completion (DoSQL). The engine's own work
 	// (claims, leases, steps) stays on Pool. With DB set, executions run
-	// two-phase: SingleCommit is ignored.
+	// two-phase: TwoPhase is implied.
 	DB *sql.DB
 	// Redis is the cache; nil runs from Postgres alone.
 	Redis redis.UniversalClient
@@ -74,22 +74,33 @@ type Config struct {
 	// ResumeInterval is how often Resume looks for executions to finish
 	// (default 5s; keep it at most the reconciler's interval).
 	ResumeInterval time.Duration
-	// SingleCommit runs the executions of unnamed handlers (Do, and the
-	// middleware without a Name) in one transaction: the key's row is
-	// written once, with the result, by the commit that holds the
-	// handler's writes, instead of after a claim committed on its own. A
-	// duplicate in flight is turned away by the key's transaction-scoped
-	// advisory lock (I4). Postgres ends the transaction when it lasts
-	// longer than LeaseTimeout (statement_timeout,
+	// TwoPhase runs every execution two-phase from the start: its claim
+	// commits on its own, before the handler runs, under a lease the engine
+	// renews. By default an execution begins as a single commit instead:
+	// one round trip begins its transaction, takes the key's
+	// transaction-scoped advisory lock (a duplicate in flight is turned
+	// away: I4) and finds the key has no row; a handler that only writes to
+	// Postgres then completes in one commit, the key's row written once,
+	// with its result. Its first Step promotes it: the claim commits (in
+	// progress, with its lease and owner, the lock held until then) and it
+	// goes on two-phase, steps, fencing, heartbeats and resumption as ever.
+	// A key that has a row (failed, taken over) is claimed two-phase.
+	//
+	// Until its first step (for the whole run if it never steps) such an
+	// execution holds a pooled connection and an open transaction, has no
+	// heartbeat and Fence().Version 0, and is bounded by LeaseTimeout:
+	// Postgres ends a transaction that outlives it (statement_timeout,
 	// idle_in_transaction_session_timeout; TCP keepalives, set once per
-	// connection for its session, find a dead client host sooner), so a
-	// stuck or dead holder blocks the key no longer than that (I5); a
-	// handler that fails records the key failed after its rollback (I3).
-	// For short handlers that write only to Postgres: the handler holds a
-	// pooled connection and an open transaction for its whole run, and gets
-	// no heartbeat. A key that has a row already (a failed key retried, a
-	// takeover) goes the two-phase way. Fence().Version is 0 in such an
-	// execution. Off by default.
+	// connection, find a dead client host), which fails the handler and
+	// leaves the key retryable (I5, I3). Set TwoPhase when handlers may
+	// run longer than the lease before they step or write (or raise
+	// LeaseTimeout), when the pool cannot spare a connection per running
+	// handler, or when running executions must show in Postgres (Inspect,
+	// the console) from their start. With DB set, executions run two-phase
+	// whatever TwoPhase says.
+	TwoPhase bool
+	// Deprecated: executions begin as a single commit by default now;
+	// SingleCommit has no effect. See TwoPhase.
 	SingleCommit bool
 	// Daemons configures what Start runs beside the handlers: the relay,
 	// the reconciler and the resumer (all three by default).
@@ -278,7 +289,7 @@ func DefaultShouldStore(status int) bool {
 // Run. Settle turns any of these answers into a broker's ack, redelivery
 // or dead letter.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	return e.execute(ctx, e.modeFor(""), scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
+	return e.execute(ctx, e.modeFor(), scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
 }
 
 // withTx runs a Handler as a Func: the transaction opens first.

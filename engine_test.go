@@ -56,6 +56,10 @@ func (b *testBundle) newEngine(t *testing.T, lease time.Duration, reg prometheus
 	e, err := onceonly.New(onceonly.Config{
 		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, LeaseTimeout: lease,
 		MaxCachedBody: 1024, Registerer: reg,
+		// These tests are of the two-phase path's claims, leases and
+		// recovery from the start; onecommit_test.go and single_test.go
+		// test the default, which begins as one commit.
+		TwoPhase: true,
 	})
 	require.NoError(t, err)
 	t.Cleanup(e.Close) // its lease renewals stop with the test
@@ -542,7 +546,7 @@ func TestDeferredRelayNotify(t *testing.T) {
 	require.True(t, notified(2*time.Second), "the write-through failed: the relay is woken")
 
 	// Asked to, the engine notifies inside its transactions.
-	inTx, err := onceonly.New(onceonly.Config{Pool: b.pool, Tuning: onceonly.Tuning{NotifyInTransaction: true}})
+	inTx, err := onceonly.New(onceonly.Config{Pool: b.pool, TwoPhase: true, Tuning: onceonly.Tuning{NotifyInTransaction: true}})
 	require.NoError(t, err)
 	t.Cleanup(inTx.Close)
 	_, err = inTx.Do(b.ctx, "m", "in-tx", []byte("p"), payment(201, `{}`))

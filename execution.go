@@ -55,7 +55,8 @@ type Execution struct {
 	by string
 
 	mu       sync.Mutex
-	tx       *exectx.Tx                 // set by the first Tx
+	tx       *exectx.Tx                 // set by the first Tx, or by a single commit's claim
+	txGiven  bool                       // the handler asked for its transaction (Tx)
 	sqlTx    *sql.Tx                    // set by the first SQLTx on Config.DB (sqldb.go)
 	stored   bool                       // the request is stored with the key
 	outcomes map[string]json.RawMessage // recorded step outcomes
@@ -100,12 +101,18 @@ func Tx(ctx context.Context) (pgx.Tx, error) {
 // its first statement, and its COMMIT with the key's completion.
 func (x *Execution) Tx(context.Context) (pgx.Tx, error) {
 	x.mu.Lock()
-	begun := x.tx != nil
+	begun := x.txGiven
 	x.mu.Unlock()
 	if !begun && !x.lease.Valid() {
 		return nil, ErrLeaseLost
 	}
-	return x.mode.tx(x)
+	tx, err := x.mode.tx(x)
+	if err == nil {
+		x.mu.Lock()
+		x.txGiven = true
+		x.mu.Unlock()
+	}
+	return tx, err
 }
 
 // commitWith sends the statement queue puts on a batch (the key's
@@ -218,12 +225,19 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 	switch {
 	case x.mode.callerCommits():
 		return ErrNoExecution // a step needs a lease, which a caller's transaction has not
-	case x.tx != nil, x.sqlTx != nil:
+	case x.txGiven, x.sqlTx != nil:
 		return ErrStepAfterTx
 	case x.handler == "":
 		return ErrUnnamedHandler
 	case !x.lease.Valid():
 		return ErrLeaseLost
+	}
+	if m, ok := x.mode.(singleCommit); ok {
+		// The first step of a single-commit execution: its claim commits
+		// first, and it goes on two-phase.
+		if err := m.promote(ctx, x); err != nil {
+			return err
+		}
 	}
 	if !x.started[name] {
 		var request []byte

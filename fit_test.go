@@ -426,7 +426,7 @@ func TestCanceledClaimDoesNotStrand(t *testing.T) {
 	for _, c := range warm {
 		c.Release()
 	}
-	e, err := onceonly.New(onceonly.Config{Pool: slow, LeaseTimeout: time.Minute, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: slow, LeaseTimeout: time.Minute, TwoPhase: true, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 
@@ -566,7 +566,7 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 	// A renewal goes a third of the way into the lease, with half of it
 	// left to land in on a loaded machine.
 	const lease = 3 * time.Second
-	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	leaseEnd := func(key string) (time.Time, error) {
@@ -621,7 +621,7 @@ func TestPostgresRestartCostsNoRequest(t *testing.T) {
 	t.Parallel()
 	srv, pool := privatePostgres(t)
 	ctx := testenv.Context(t)
-	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: pool, TwoPhase: true, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	require.NoError(t, e.Register("step", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {

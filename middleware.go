@@ -185,7 +185,7 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 			}
 			request := func() []byte { return encodeRequest(r, body) }
 			run := func(ctx context.Context) (Outcome, error) {
-				return e.execute(ctx, e.modeFor(opts.Name), scope, key[0], fp, opts.Name, request, func(ctx context.Context, _ *Execution) (Result, error) {
+				return e.execute(ctx, e.modeFor(), scope, key[0], fp, opts.Name, request, func(ctx context.Context, _ *Execution) (Result, error) {
 					inner := r.WithContext(ctx)
 					inner.Body = io.NopCloser(bytes.NewReader(body))
 					return serve(next, inner, opts.StoreHeaders), nil

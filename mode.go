@@ -18,8 +18,9 @@ import (
 //     the engine renews; the handler's writes commit with the completion.
 //     Steps, fencing, heartbeats and resumption need it.
 //   - singleCommit (single.go): one transaction takes the key's lock, holds
-//     the handler's writes and writes the key's row, completed
-//     (Config.SingleCommit).
+//     the handler's writes and writes the key's row, completed. Every
+//     execution begins so (unless Config.TwoPhase); its first step commits
+//     its claim and hands it to twoPhase.
 //   - callerTx (dotx.go): the claim, the handler's writes and the
 //     completion run in a savepoint of the caller's transaction, which the
 //     caller commits (DoTx; DoSQLTx, sqltx.go, for database/sql's).
@@ -69,12 +70,14 @@ type mode interface {
 }
 
 // modeFor returns the mode of a new execution of an entry point that
-// leaves the commit to the engine. With Config.DB, any handler may ask for
+// leaves the commit to the engine: a single commit, which its first step
+// promotes to two-phase (singleCommit.promote), unless Config.TwoPhase asks
+// for two-phase from the start. With Config.DB, any handler may ask for
 // SQLTx, which a single-commit execution cannot give (its key is held by
 // the pgx transaction it began before the handler ran): all run two-phase.
-func (e *Engine) modeFor(handler string) mode {
-	if e.cfg.SingleCommit && handler == "" && e.cfg.DB == nil {
-		return singleCommit{e}
+func (e *Engine) modeFor() mode {
+	if e.cfg.TwoPhase || e.cfg.DB != nil {
+		return twoPhase{e}
 	}
-	return twoPhase{e}
+	return singleCommit{e}
 }

@@ -26,7 +26,7 @@ func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 	ctx := testenv.Context(t)
 
 	const lease = 30 * time.Second
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, Logger: testenv.QuietLogger()})
+	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 	cut := true
@@ -74,7 +74,7 @@ func TestLeaseLostInAPartitionIsReleasedWhenItHeals(t *testing.T) {
 	dbURL := testenv.DatabaseURL(t)
 	proxy, proxied := testenv.NewFaultProxyFor(t, dbURL)
 	const lease = 3 * time.Second
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, Logger: testenv.QuietLogger()})
+	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 	ctx := testenv.Context(t)

@@ -41,7 +41,7 @@ func (e *Engine) Run(ctx context.Context, name, scope, key string, request []byt
 	if !ok {
 		return Outcome{}, fmt.Errorf("onceonly: run: no handler registered as %q", name)
 	}
-	return e.execute(ctx, e.modeFor(name), scope, key, fingerprint{value: payloadFingerprint(request)}, name, func() []byte { return request }, fn)
+	return e.execute(ctx, e.modeFor(), scope, key, fingerprint{value: payloadFingerprint(request)}, name, func() []byte { return request }, fn)
 }
 
 func (e *Engine) registered(name string) (Func, bool) {

@@ -3,6 +3,7 @@ package onceonly
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,6 +84,45 @@ func (m singleCommit) release(ctx context.Context, x *Execution, end ending) (ke
 		return keystate.Key{}, false, fromStore(err)
 	}
 	return k, true, nil
+}
+
+// promote commits x's claim in x's transaction, at x's first step (x.mu is
+// held): the key's row, in progress under x's owner and lease, with its
+// outbox event, then the COMMIT, in one round trip. The transaction holds
+// the key's advisory lock until that COMMIT, and the row holds the key from
+// it on, so no duplicate runs in between (I4). x goes on two-phase: its
+// lease is renewed from the claim on, and the handler's writes go to a new
+// transaction (Tx), which commits with the key's completion, fenced by the
+// owner. When the key has a row by now (a two-phase claim took it: they take
+// no advisory lock), x has lost it. When the round trip fails, whether the
+// claim committed is unknown: x goes on two-phase all the same, so its end
+// releases a row of its owner if there is one (its lease stays fixed).
+func (m singleCommit) promote(ctx context.Context, x *Execution) (err error) {
+	e := m.e
+	ctx, span := e.startSpan(ctx, spanClaim)
+	var claimed bool
+	var k keystate.Key
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attrClaimed.Bool(claimed), attrVersion.Int64(k.Version))
+		}
+		endSpan(span, err)
+	}()
+	claimedAt := time.Now()
+	err = x.tx.CommitWith(ctx, func(b *pgx.Batch) {
+		e.store.QueueSinglePromote(b, x.ref, x.fingerprint, x.fence.Owner, e.cfg.LeaseTimeout, &k, &claimed)
+	})
+	x.tx = nil
+	switch {
+	case err != nil:
+		x.mode = twoPhase{e}
+		return fromStore(fmt.Errorf("claim key at its first step: %w", err))
+	case !claimed:
+		return ErrLeaseLost // x stays single-commit: nothing of its to release
+	}
+	x.mode, x.fence, x.claimedAt = twoPhase{e}, Fence{Owner: k.Owner, Version: k.Version}, claimedAt
+	e.leases.Renew(ctx, x.lease, claimedAt)
+	return nil
 }
 
 // keepsRow is false: the execution's transaction ended with Postgres, and

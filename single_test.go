@@ -16,11 +16,12 @@ import (
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
-// singleEngine is an engine of b's pool and Redis in SingleCommit mode.
+// singleEngine is an engine of b's pool and Redis in the default
+// configuration, whose executions begin as one commit.
 func (b *testBundle) singleEngine(t *testing.T, lease time.Duration) *onceonly.Engine {
 	t.Helper()
 	e, err := onceonly.New(onceonly.Config{
-		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, LeaseTimeout: lease, SingleCommit: true,
+		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, LeaseTimeout: lease,
 	})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)

@@ -20,7 +20,7 @@ func (e *Engine) DoSQL(ctx context.Context, scope, key string, payload []byte, f
 	if e.cfg.DB == nil {
 		return Outcome{}, ErrNoSQLDB
 	}
-	return e.execute(ctx, e.modeFor(""), scope, key, fingerprint{value: payloadFingerprint(payload)}, "",
+	return e.execute(ctx, e.modeFor(), scope, key, fingerprint{value: payloadFingerprint(payload)}, "",
 		func() []byte { return payload }, withSQLTx(fn))
 }
 

@@ -290,7 +290,7 @@ func TestHolderWithoutPostgresStopsBeforeItsLeaseEnds(t *testing.T) {
 	srv, pool := privatePostgres(t)
 	const lease = 3 * time.Second // the margin, lease/6, dwarfs a loaded machine's lateness
 	const margin = lease / 6
-	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	ctx := testenv.Context(t)

@@ -46,7 +46,9 @@ func TestTracing(t *testing.T) {
 	require.True(t, attr(spans["onceonly.claim"], "onceonly.claimed").AsBool())
 	require.Equal(t, "claimed", attr(spans["onceonly.check"], "onceonly.cache.verdict").AsString())
 	require.Equal(t, "gateway", attr(spans["onceonly.step"], "onceonly.step").AsString())
-	for _, child := range []string{"onceonly.check", "onceonly.claim", "onceonly.handler", "onceonly.complete"} {
+	// The execution began as one commit: its first step committed the claim.
+	require.Equal(t, spans["onceonly.step"].SpanContext().SpanID(), spans["onceonly.claim"].Parent().SpanID(), "the claim is the first step's")
+	for _, child := range []string{"onceonly.check", "onceonly.handler", "onceonly.complete"} {
 		require.Equal(t, root.SpanContext().SpanID(), spans[child].Parent().SpanID(), child+" is a child of the execution")
 	}
 	require.Equal(t, spans["onceonly.handler"].SpanContext().SpanID(), spans["onceonly.step"].Parent().SpanID(), "the step runs inside the handler")

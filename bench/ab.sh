@@ -4,7 +4,7 @@
 # serves its variants, and wrk measures both in alternating rounds (OLD,
 # NEW, OLD, NEW, ...) so a noisy neighbour weighs on both alike. NEW is the
 # work tree when left out. Variants: (d) Postgres only, (e) the default,
-# (f) SingleCommit; replays of one stored key and first executions (a new
+# (f) TwoPhase; replays of one stored key and first executions (a new
 # key every request). Prints each round and, per variant, the median rate
 # of each side and their ratio NEW/OLD.
 #   BENCH_SECONDS (5) per measure, BENCH_ROUNDS (3), BENCH_CONNS (32),
@@ -95,7 +95,7 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((
 echo "== medians (req/s) and NEW/OLD"
 for key in "3-replay.lua:(d) Postgres only, replays" "4-replay.lua:(e) onceonly, replays" \
 	"3-first.lua:(d) Postgres only, first executions" "4-first.lua:(e) onceonly, first executions" \
-	"6-first.lua:(f) SingleCommit, first executions"; do
+	"6-first.lua:(f) TwoPhase, first executions"; do
 	k=${key%%:*}
 	o=$(echo "${runs[$k-old]}" | median)
 	n=$(echo "${runs[$k-new]}" | median)

@@ -6,7 +6,7 @@
 #   (c) Redis-only idempotency (Lua lock)  (d) Postgres-only idempotency
 #   (e) onceonly, as configured by default (NOTIFY deferred) and with
 #       DEFER_NOTIFY=false (NOTIFY in every transaction)
-#   (f) onceonly with SingleCommit (the key written once, one commit)
+#   (f) onceonly with TwoPhase (the claim commits on its own, the default until one commit)
 #   (g) onceonly with RedisNoAutoPipeline (each Redis command on its own
 #       round trip, as the bare GET handler sends it)
 #   (h) onceonly with NoClaimBatching (each claim in a statement of its own)
@@ -126,7 +126,7 @@ measure "(c) Redis-only idempotency" 29003 first.lua
 measure "(d) Postgres-only idempotency" 29004 first.lua
 measure "(e) onceonly" 29005 first.lua
 measure "(e) onceonly, NOTIFY in tx" 29006 first.lua
-measure "(f) onceonly, SingleCommit" 29007 first.lua
+measure "(f) onceonly, TwoPhase" 29007 first.lua
 measure "(g) onceonly, no auto-pipelining" 29008 first.lua
 measure "(h) onceonly, no claim batching" 29009 first.lua
 echo "== first executions, the SQL alone (pgbench of the engine's statements, no Go, no HTTP, no Redis: bench/sqlceiling.sh)"
@@ -149,7 +149,7 @@ openloop "(g) onceonly, no auto-pipelining" 29008 "$replay_rate" fixed bench-rep
 echo "== latency at $first_rate first executions/s, open loop"
 openloop "(b) bare handler, one INSERT" 29002 "$first_rate" unique "open-b-$RANDOM"
 openloop "(e) onceonly" 29005 "$first_rate" unique "open-e-$RANDOM"
-openloop "(f) onceonly, SingleCommit" 29007 "$first_rate" unique "open-f-$RANDOM"
+openloop "(f) onceonly, TwoPhase" 29007 "$first_rate" unique "open-f-$RANDOM"
 
 echo "== duplicate effects: 300 requests x 4 copies (2 at once, 2 later), FLUSHALL halfway"
 bin/harness dupes -n 300
@@ -162,7 +162,7 @@ echo "replays, onceonly no auto-pipelining / bare Redis GET: $(ratio 29008-repla
 echo "replays, Redis-only pattern / bare Redis GET:           $(ratio 29003-replay.lua 29001-replay.lua)"
 echo "first executions, onceonly / bare INSERT:               $(ratio 29005-first.lua 29002-first.lua)"
 echo "first executions, onceonly NOTIFY in tx / bare INSERT:  $(ratio 29006-first.lua 29002-first.lua)"
-echo "first executions, onceonly SingleCommit / bare INSERT:  $(ratio 29007-first.lua 29002-first.lua)"
+echo "first executions, onceonly TwoPhase / bare INSERT:      $(ratio 29007-first.lua 29002-first.lua)"
 echo "first executions, onceonly no auto-pipelining / bare:   $(ratio 29008-first.lua 29002-first.lua)"
 echo "first executions, onceonly no claim batching / bare:    $(ratio 29009-first.lua 29002-first.lua)"
 echo "first executions, Redis-only pattern / bare INSERT:     $(ratio 29003-first.lua 29002-first.lua)"

@@ -5,9 +5,9 @@
 # INSERT of the benchmark's handler and two floors that keep only what each
 # shape cannot do without:
 #   bare         the bare handler's INSERT, autocommit (variant (b))
-#   default      claim_insert (its own commit, without waiting for the flush);
+#   default      TwoPhase: claim_insert (its own commit, without waiting for the flush);
 #                BEGIN with the payment's INSERT; finish with COMMIT
-#   single       SingleCommit: BEGIN with single_begin; the INSERT;
+#   single       the default (one commit until a step): BEGIN with single_begin; the INSERT;
 #                single_finish with COMMIT
 #   floor_2phase any design that commits a claim before the handler runs: a
 #                one-index key table, the claim inserted (commit not waited

@@ -6,9 +6,9 @@
 //	base+2  (c) Redis-only idempotency: a check-and-lock Lua script, the
 //	            response kept in Redis, no Postgres record of the key
 //	base+3  (d) Postgres-only idempotency: onceonly with no Redis
-//	base+4  (e) onceonly, as configured by default (NOTIFY deferred)
+//	base+4  (e) onceonly, as configured by default (one commit, NOTIFY deferred)
 //	base+5  (e) onceonly with NotifyInTransaction (DEFER_NOTIFY=false)
-//	base+6  (f) onceonly with SingleCommit (one transaction per execution)
+//	base+6  (f) onceonly with TwoPhase (the claim commits on its own first)
 //	base+7  (g) onceonly with RedisNoAutoPipeline (a round trip per command)
 //	base+8  (h) onceonly with NoClaimBatching (a statement per claim)
 //	base+9  net/http/pprof
@@ -110,7 +110,7 @@ type harness struct {
 	pgOnly    *onceonly.Engine
 	full      *onceonly.Engine
 	inTx      *onceonly.Engine
-	single    *onceonly.Engine
+	twoPhase  *onceonly.Engine
 	unpiped   *onceonly.Engine
 	unbatched *onceonly.Engine
 	lockCheck *redis.Script
@@ -150,7 +150,7 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	single, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, SingleCommit: true})
+	twoPhase, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, Logger: quiet, TwoPhase: true})
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +162,7 @@ func newHarness(pool *pgxpool.Pool, rdb *redis.Client) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, single: single, unpiped: unpiped,
+	return &harness{pool: pool, rdb: rdb, pgOnly: pgOnly, full: full, inTx: inTx, twoPhase: twoPhase, unpiped: unpiped,
 		unbatched: unbatched, lockCheck: redis.NewScript(lockCheckLua)}, nil
 }
 
@@ -180,7 +180,7 @@ func (h *harness) handlers() []http.Handler {
 		mw(h.pgOnly, "pgonly"),
 		mw(h.full, "full"),
 		mw(h.inTx, "notify-in-tx"),
-		mw(h.single, "single"),
+		mw(h.twoPhase, "two-phase"),
 		mw(h.unpiped, "unpiped"),
 		mw(h.unbatched, "unbatched"),
 	}

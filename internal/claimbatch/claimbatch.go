@@ -21,8 +21,9 @@ const maxClaimBatch = 64
 // transaction that inserted one of its keys and has not ended (see
 // claim_batch.sql); past it the batch's claims are sent one by one. The
 // claims of other batches commit without waiting for a flush, and a
-// SingleCommit execution inserts its key just before its COMMIT, so their
-// waits are short; the claims queued behind a batch wait as long as it.
+// single-commit execution (the default) inserts its key just before its
+// COMMIT, so their waits are short; the claims queued behind a batch wait
+// as long as it.
 const claimLockTimeout = 50 * time.Millisecond
 
 // errClaimBatchPanicked is the error of the claims of a batch that

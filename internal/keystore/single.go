@@ -2,6 +2,7 @@ package keystore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -93,4 +94,31 @@ func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerp
 		return keystate.Key{}, false, nil
 	}
 	return k, err == nil, err
+}
+
+// QueueSinglePromote queues on b, in a single-commit execution's
+// transaction (which holds the key's advisory lock and found no row), the
+// claim of ref for owner (claim_insert.sql: in progress, under the lease,
+// with its outbox event), for the COMMIT queued behind it: the execution
+// goes on two-phase once it commits. The lock is held until the row is
+// committed, so no duplicate runs in between (I4). dst is set and claimed
+// true as b's results are read; claimed stays false when the key has a row
+// by now (a two-phase claim, which takes no advisory lock, inserted it).
+func (s *Store) QueueSinglePromote(b *pgx.Batch, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, dst *keystate.Key, claimed *bool) {
+	claimInsertSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint,
+		"owner": owner.String(), "lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify,
+		"channel": NotifyChannel, "async_commit": true}).QueryRow(func(row pgx.Row) error {
+		var notified bool
+		var durability string
+		var steps []byte
+		k, err := scanKey(row, &notified, &durability, &steps)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return fmt.Errorf("claim key: %w", err)
+		}
+		*dst, *claimed = k, true
+		return nil
+	})
 }

@@ -113,10 +113,27 @@ func (k *Keeper) renewAt(validUntil time.Time) time.Time {
 // released. onLost stops the execution when the lease is lost.
 func (k *Keeper) Hold(ctx context.Context, ref keystate.Ref, owner keystate.Owner, claimedAt time.Time, onLost func()) *Lease {
 	l := k.Fixed(ref, owner, claimedAt, onLost)
+	k.register(ctx, l, claimedAt)
+	return l
+}
+
+// Renew turns l, a Fixed lease, into one Hold would have returned for a
+// claim sent at claimedAt: its end moves to a lease after claimedAt, and
+// it is renewed from then on until it is released. A single-commit
+// execution whose first step committed its claim (a promotion) goes on
+// under it. A lost or released lease stays so.
+func (k *Keeper) Renew(ctx context.Context, l *Lease, claimedAt time.Time) {
+	l.extend(claimedAt.Add(k.lease - k.margin()))
+	k.register(ctx, l, claimedAt)
+}
+
+// register hands l, whose claim was sent at claimedAt, to the renewer,
+// starting it when it does not run.
+func (k *Keeper) register(ctx context.Context, l *Lease, claimedAt time.Time) {
 	due := k.renewAt(claimedAt.Add(k.lease - k.margin()))
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.leases[owner] = l
+	k.leases[l.owner] = l
 	switch {
 	case k.closed:
 	case !k.running:
@@ -132,7 +149,6 @@ func (k *Keeper) Hold(ctx context.Context, ref keystate.Ref, owner keystate.Owne
 		default:
 		}
 	}
-	return l
 }
 
 // Fixed returns a lease that is never renewed: it ends LeaseTimeout, less

@@ -1,0 +1,247 @@
+package onceonly_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
+)
+
+// The tests of this file are of the default configuration: every
+// execution begins as one commit, and its first step promotes it to
+// two-phase.
+
+// TestFirstStepPromotes: before its first step an execution has written no
+// row (it holds the key by its transaction's advisory lock, Fence().Version
+// 0); the step commits the claim (in progress, under the execution's owner
+// and lease), and the execution goes on two-phase: its fence carries the
+// row's version, its write commits with the key's completion, and a retry
+// replays it.
+func TestFirstStepPromotes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	e := b.singleEngine(t, 0)
+	var before, after string
+	var fenceBefore, fenceAfter onceonly.Fence
+	require.NoError(t, e.Register("charge", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+		before, fenceBefore = b.keyStatus(t, "k"), x.Fence()
+		if _, err := onceonly.Step(ctx, "gateway", func(context.Context, string) (int, error) { return 1, nil }); err != nil {
+			return onceonly.Result{}, err
+		}
+		after, fenceAfter = b.keyStatus(t, "k"), x.Fence()
+		tx, err := onceonly.Tx(ctx)
+		if err != nil {
+			return onceonly.Result{}, err
+		}
+		return payment(201, `{"ok":true}`)(ctx, tx)
+	}))
+	out, err := e.Run(b.ctx, "charge", "s", "k", []byte("p"))
+	require.NoError(t, err)
+	require.Equal(t, "absent", before, "no row before the first step")
+	require.Zero(t, fenceBefore.Version)
+	require.Equal(t, "in_progress", after, "the first step committed the claim")
+	require.Positive(t, fenceAfter.Version)
+	require.Equal(t, fenceBefore.Owner, fenceAfter.Owner)
+	require.Equal(t, "completed", b.keyStatus(t, "k"))
+	require.False(t, out.Replayed)
+	out, err = e.Run(b.ctx, "charge", "s", "k", []byte("p"))
+	require.NoError(t, err)
+	require.True(t, out.Replayed)
+	require.Equal(t, 1, b.payments(t))
+}
+
+// TestPromotionTurnsDuplicatesAway hammers one key, with no Redis in front,
+// with a handler that steps and then writes: whether a duplicate comes
+// while the first execution holds only the advisory lock, while its claim
+// commits, or after, no two handlers run at once (I4 across the switch:
+// the lock is held until the claim row is committed), and exactly one
+// commits (I1).
+func TestPromotionTurnsDuplicatesAway(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noRedis: true})
+	e := b.singleEngine(t, 0)
+	var running, most, effects atomic.Int32
+	require.NoError(t, e.Register("charge", func(ctx context.Context, _ *onceonly.Execution) (onceonly.Result, error) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond) // duplicates arrive before the step
+		if _, err := onceonly.Step(ctx, "gateway", func(context.Context, string) (int, error) {
+			effects.Add(1)
+			return 1, nil
+		}); err != nil {
+			return onceonly.Result{}, err
+		}
+		time.Sleep(5 * time.Millisecond) // and after it
+		tx, err := onceonly.Tx(ctx)
+		if err != nil {
+			return onceonly.Result{}, err
+		}
+		return payment(201, `{}`)(ctx, tx)
+	}))
+	for round := range 5 {
+		key := fmt.Sprintf("k%d", round)
+		var wg sync.WaitGroup
+		var executed atomic.Int32
+		for range 12 {
+			wg.Go(func() {
+				out, err := e.Run(b.ctx, "charge", "s", key, []byte("p"))
+				switch {
+				case err == nil && !out.Replayed:
+					executed.Add(1)
+				case err == nil, isInFlight(err):
+				default:
+					t.Errorf("unexpected error: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, int32(1), executed.Load(), "round %d", round)
+	}
+	require.Equal(t, int32(1), most.Load(), "two handlers ran at once")
+	require.Equal(t, int32(5), effects.Load())
+	require.Equal(t, 5, b.payments(t))
+}
+
+// TestDuplicateOfAOneCommitExecutionIsInFlight: while an execution that
+// never steps runs, a duplicate is turned away as in flight (the
+// middleware's 409, I4): by Redis's provisional claim with Redis, by the
+// key's advisory lock without it.
+func TestDuplicateOfAOneCommitExecutionIsInFlight(t *testing.T) {
+	t.Parallel()
+	for _, noRedis := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Redis", true: "PostgresOnly"}[noRedis], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{noRedis: noRedis})
+			e := b.singleEngine(t, 0)
+			started, release := make(chan struct{}), make(chan struct{})
+			first := make(chan error, 1)
+			go func() {
+				_, err := e.Do(b.ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+					close(started)
+					<-release
+					return payment(201, `{}`)(ctx, tx)
+				})
+				first <- err
+			}()
+			<-started
+			_, err := e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
+			require.True(t, isInFlight(err), "the duplicate: %v", err)
+			close(release)
+			require.NoError(t, <-first)
+			out, err := e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
+			require.NoError(t, err)
+			require.True(t, out.Replayed)
+			require.Equal(t, 1, b.payments(t))
+		})
+	}
+}
+
+// TestOneCommitOutlivingItsLeaseIsEnded: a handler that runs past its lease
+// without a step, deaf to its context, has its transaction ended by
+// Postgres (idle_in_transaction_session_timeout): it commits nothing, and
+// the key is retryable (a retry runs, it is not replayed), with Redis and
+// without.
+func TestOneCommitOutlivingItsLeaseIsEnded(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	for _, noRedis := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Redis", true: "PostgresOnly"}[noRedis], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{noRedis: noRedis})
+			e := b.singleEngine(t, lease)
+			_, err := e.Do(b.ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				if _, err := payment(201, `{}`)(ctx, tx); err != nil {
+					return onceonly.Result{}, err
+				}
+				time.Sleep(2 * lease) // deaf to ctx: past the lease
+				return onceonly.Result{Status: 201}, nil
+			})
+			require.Error(t, err, "a transaction Postgres ended commits nothing")
+			require.Zero(t, b.payments(t))
+			var out onceonly.Outcome
+			testenv.Eventually(t, 4*lease, "a retry to run", func() bool {
+				out, err = e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
+				return err == nil
+			})
+			require.False(t, out.Replayed)
+			require.Equal(t, 1, b.payments(t))
+		})
+	}
+}
+
+// killChildEnv names the database a child process of
+// TestOneCommitKilledMidHandler runs its execution on.
+const killChildEnv = "ONCEONLY_TEST_KILL_CHILD_DB"
+
+// TestOneCommitKilledMidHandler: a process killed (SIGKILL) while a
+// handler that never stepped runs leaves no row behind (its transaction
+// dies with its connection, the advisory lock with it), and a retry runs
+// the handler once.
+func TestOneCommitKilledMidHandler(t *testing.T) {
+	if os.Getenv(killChildEnv) != "" {
+		return // this is the child process: TestOneCommitKillChild runs
+	}
+	t.Parallel()
+	b := setup(t, setupOpts{noRedis: true})
+	cmd := exec.CommandContext(b.ctx, os.Args[0], "-test.run=^TestOneCommitKillChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), killChildEnv+"="+b.pool.Config().ConnString())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "the child's handler to start")
+	require.Equal(t, "running\n", line)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+
+	require.Equal(t, "absent", b.keyStatus(t, "k"), "a killed one-commit execution leaves no row")
+	e := b.singleEngine(t, 0)
+	var out onceonly.Outcome
+	testenv.Eventually(t, 10*time.Second, "Postgres to end the killed process's transaction", func() bool {
+		out, err = e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
+		if err != nil {
+			require.True(t, isInFlight(err), "unexpected error: %v", err)
+		}
+		return err == nil
+	})
+	require.False(t, out.Replayed)
+	require.Equal(t, 1, b.payments(t), "the killed handler's write is gone, the retry's committed")
+}
+
+// TestOneCommitKillChild is the process TestOneCommitKilledMidHandler
+// kills: it runs an execution of key k whose handler writes, says
+// "running" and waits to be killed.
+func TestOneCommitKillChild(t *testing.T) {
+	url := os.Getenv(killChildEnv)
+	if url == "" {
+		t.Skip("the child process of TestOneCommitKilledMidHandler; runs only as that")
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	_, _ = e.Do(ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		if _, err := payment(201, `{}`)(ctx, tx); err != nil {
+			return onceonly.Result{}, err
+		}
+		fmt.Println("running")
+		time.Sleep(time.Hour) // until killed
+		return onceonly.Result{}, ctx.Err()
+	})
+}
