@@ -32,8 +32,10 @@ type Payer struct {
 
 // ErrNotCharged is returned by Pay when the gateway is known to have
 // charged nothing (tok_gatewayError, or a look-up that lists no charge
-// after the gateway answered): the execution fails and a retry runs again.
-var ErrNotCharged = errors.New("payments: the payment gateway failed without charging")
+// after the gateway answered). It wraps onceonly.ErrNoEffect: returned by
+// a handler, it fails the key (counted) rather than handing it off, and a
+// retry runs again.
+var ErrNotCharged = fmt.Errorf("payments: the payment gateway failed without charging: %w", onceonly.ErrNoEffect)
 
 // ErrNotRecorded wraps the error of a payment the gateway charged but whose
 // row could not be written: the execution fails, and its retry finds the
