@@ -84,7 +84,10 @@ tour:
 
 # The chaos suite at length: CHAOS_DURATION (default 5m) of load and faults
 # on a private stack, once on a single Redis and once on a Redis Cluster
-# (CHAOS_REDIS=single|cluster for one); the summaries land in chaos-summary.json.
+# (CHAOS_REDIS=single|cluster for one); then the demo consumer's, once per
+# broker, over CHAOS_MESSAGES (default 2500) messages (CHAOS_BROKER=nats|rabbitmq
+# for one); the summaries land in chaos-summary.json.
 chaos:
-	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-4000} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
+	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-4000} CHAOS_MESSAGES=$${CHAOS_MESSAGES:-2500} \
+		CHAOS_SUMMARY=$$PWD/chaos-summary.json \
 		scripts/test.sh -run TestChaos -v -timeout 60m
