@@ -23,6 +23,10 @@
 // (Resume) finishes an execution whose process died after a step started.
 // See docs/steps.md.
 //
+// A service on database/sql (an ORM, sqlx, sqlc) writes through a *sql.Tx
+// instead: Config.DB and SQLTx, DoSQL, or DoSQLTx for a transaction of its
+// own. See docs/library.md.
+//
 // The key states are in_progress, completed and failed; every transition
 // bumps a version that Redis applies only when it is higher than what it
 // holds. The invariants the engine keeps (I1–I12, cited in comments across

@@ -2,11 +2,13 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
 )
 
@@ -42,21 +44,46 @@ import (
 // the relay delivers the key's event: on its poll, or at the commit with
 // Tuning.NotifyInTransaction and a listening relay.
 func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	m := &callerTx{e: e, outer: tx}
-	// Unless complete released it, the savepoint is rolled back, whatever
-	// the way out: the claim and fn's writes are undone, and tx stays
-	// usable.
-	defer m.rollback(ctx)
-	return e.execute(ctx, m, scope, key, fingerprint{value: payloadFingerprint(payload)}, "",
-		func() []byte { return payload }, withTx(fn))
+	return e.inCallerTx(ctx, &pgxSavepoint{outer: tx}, scope, key, payload, withTx(fn))
 }
 
-// callerTx is the mode of DoTx: everything happens in a savepoint of the
-// caller's transaction, and the caller commits.
+// inCallerTx runs fn once for (scope, key) in sp, a savepoint of the
+// caller's transaction (DoTx, DoSQLTx).
+func (e *Engine) inCallerTx(ctx context.Context, sp savepoint, scope, key string, payload []byte, fn Func) (Outcome, error) {
+	m := &callerTx{e: e, sp: sp}
+	// Unless complete released it, the savepoint is rolled back, whatever
+	// the way out: the claim and fn's writes are undone, and the caller's
+	// transaction stays usable.
+	defer sp.rollback(ctx)
+	return e.execute(ctx, m, scope, key, fingerprint{value: payloadFingerprint(payload)}, "",
+		func() []byte { return payload }, fn)
+}
+
+// callerTx is the mode of DoTx and DoSQLTx: everything happens in a
+// savepoint of the caller's transaction, and the caller commits.
 type callerTx struct {
-	e     *Engine
-	outer pgx.Tx // the caller's transaction
-	sp    pgx.Tx // the savepoint, once claim made it
+	e  *Engine
+	sp savepoint
+	db keystore.Querier // the key's statements run on it, once claim made the savepoint
+}
+
+// savepoint is a savepoint of the caller's transaction: pgx's
+// (pgxSavepoint) or database/sql's (sqlSavepoint, sqltx.go).
+type savepoint interface {
+	// begin makes the savepoint; the key's statements then run on db. Its
+	// error says what failed ("savepoint: …").
+	begin(ctx context.Context) (db keystore.Querier, err error)
+	// release releases the savepoint, keeping what ran since begin. Its
+	// error says what failed ("release savepoint: …").
+	release(ctx context.Context) error
+	// rollback rolls back to the savepoint, even when ctx has ended; a
+	// no-op unless begun and neither released nor rolled back.
+	rollback(ctx context.Context)
+	// pgx returns the transaction a Handler writes through, or ErrTxKind.
+	pgx() (pgx.Tx, error)
+	// sql returns the transaction an SQLHandler writes through, or
+	// ErrTxKind.
+	sql() (*sql.Tx, error)
 }
 
 // check reads Redis without claiming anything there: the key is held by
@@ -68,18 +95,18 @@ func (m *callerTx) check(ctx context.Context, ref keystate.Ref, fp string, _ key
 // claim claims the key in a savepoint of the caller's transaction; unless
 // complete releases it, the claim and the handler's writes are undone.
 func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
-	sp, err := m.outer.Begin(ctx)
+	db, err := m.sp.begin(ctx)
 	if err != nil {
-		return keystate.Key{}, false, unavailable(fmt.Errorf("savepoint: %w", err))
+		return keystate.Key{}, false, unavailable(err)
 	}
-	m.sp = sp
-	claim, err := m.e.store.Claim(ctx, sp, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
+	m.db = db
+	claim, err := m.e.store.Claim(ctx, db, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
 	if err != nil {
-		_ = sp.Rollback(context.WithoutCancel(ctx))
+		m.sp.rollback(ctx)
 		return keystate.Key{}, false, fromStore(err)
 	}
 	if !claim.Claimed {
-		_ = sp.Rollback(context.WithoutCancel(ctx))
+		m.sp.rollback(ctx)
 		return claim.Key, false, nil
 	}
 	x.fence = Fence{Owner: claim.Key.Owner, Version: claim.Key.Version}
@@ -93,18 +120,20 @@ func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool,
 // caller's transaction ends.
 func (*callerTx) hold(context.Context, *Execution, func()) *lease.Lease { return nil }
 
-func (m *callerTx) tx(*Execution) (pgx.Tx, error) { return m.sp, nil }
+func (m *callerTx) tx(*Execution) (pgx.Tx, error) { return m.sp.pgx() }
+
+func (m *callerTx) sqlTx(context.Context, *Execution) (*sql.Tx, error) { return m.sp.sql() }
 
 // complete completes the key in the savepoint and releases it; the commit
 // is the caller's, so there is nothing to write through yet.
 func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
-	stored, err := m.e.store.Complete(ctx, m.sp, x.ref, x.fence.Owner, res)
+	stored, err := m.e.store.Complete(ctx, m.db, x.ref, x.fence.Owner, res)
 	if err != nil {
-		_ = m.sp.Rollback(context.WithoutCancel(ctx))
+		m.sp.rollback(ctx)
 		return keystate.Key{}, false, fromStore(fmt.Errorf("complete: %w", err))
 	}
-	if err := m.sp.Commit(ctx); err != nil {
-		return keystate.Key{}, false, unavailable(fmt.Errorf("release savepoint: %w", err))
+	if err := m.sp.release(ctx); err != nil {
+		return keystate.Key{}, false, unavailable(err)
 	}
 	return stored, false, nil
 }
@@ -113,17 +142,43 @@ func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keys
 // as it was, and nothing changed that Redis should learn. No failure is
 // counted either: the key's row is not written.
 func (m *callerTx) release(ctx context.Context, _ *Execution, _ ending) (keystate.Key, bool, error) {
-	m.rollback(ctx)
+	m.sp.rollback(ctx)
 	return keystate.Key{}, false, nil
-}
-
-// rollback rolls back to the savepoint, if claim made one; a no-op once
-// rolled back or released.
-func (m *callerTx) rollback(ctx context.Context) {
-	if m.sp != nil {
-		_ = m.sp.Rollback(context.WithoutCancel(ctx))
-	}
 }
 
 func (*callerTx) keepsRow() bool      { return false }
 func (*callerTx) callerCommits() bool { return true }
+
+// pgxSavepoint is a savepoint of a pgx transaction (DoTx): a pseudo nested
+// transaction, which the handler writes through.
+type pgxSavepoint struct {
+	outer pgx.Tx // the caller's transaction
+	sp    pgx.Tx // the savepoint, once begun
+}
+
+func (s *pgxSavepoint) begin(ctx context.Context) (keystore.Querier, error) {
+	sp, err := s.outer.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	s.sp = sp
+	return sp, nil
+}
+
+func (s *pgxSavepoint) release(ctx context.Context) error {
+	if err := s.sp.Commit(ctx); err != nil {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
+}
+
+// rollback rolls back to the savepoint; pgx makes it a no-op once rolled
+// back or released.
+func (s *pgxSavepoint) rollback(ctx context.Context) {
+	if s.sp != nil {
+		_ = s.sp.Rollback(context.WithoutCancel(ctx))
+	}
+}
+
+func (s *pgxSavepoint) pgx() (pgx.Tx, error) { return s.sp, nil }
+func (*pgxSavepoint) sql() (*sql.Tx, error)  { return nil, ErrTxKind }

@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +42,13 @@ const (
 type Config struct {
 	// Pool is the Postgres pool holding the migrated schema.
 	Pool *pgxpool.Pool
+	// DB, when set, is a database/sql handle on the same database as Pool,
+	// of any driver over Postgres (pgx's stdlib, lib/pq): an execution's
+	// handler may then write through SQLTx, a transaction on DB that
+	// commits with the key's completion (DoSQL). The engine's own work
+	// (claims, leases, steps) stays on Pool. With DB set, executions run
+	// two-phase: SingleCommit is ignored.
+	DB *sql.DB
 	// Redis is the cache; nil runs from Postgres alone.
 	Redis redis.UniversalClient
 	// RedisPrefix prefixes every Redis key (default "idem:").
@@ -548,6 +556,9 @@ func (x *Execution) rollback(ctx context.Context) {
 	defer x.mu.Unlock()
 	if x.tx != nil {
 		_ = x.tx.Rollback(context.WithoutCancel(ctx))
+	}
+	if x.sqlTx != nil {
+		_ = x.sqlTx.Rollback()
 	}
 }
 

@@ -364,50 +364,67 @@ func TestTakenOverWorkerCannotCommit(t *testing.T) {
 	t.Parallel()
 	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb, lease: time.Hour})
-		// blocking runs a payment once released, telling when it is inside.
-		blocking := func(who string) (onceonly.Handler, chan struct{}, func()) {
-			inside, proceed := make(chan struct{}), make(chan struct{})
-			release := sync.OnceFunc(func() { close(proceed) })
-			t.Cleanup(release) // a failing assertion must not leave a handler hanging
-			return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-				close(inside)
-				<-proceed
+		b.takeOver(t, func(who string, g *gate) error {
+			out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				g.wait()
 				return payment(201, `{"who":"`+who+`"}`)(ctx, tx)
-			}, inside, release
-		}
-		slowHandler, slowInside, slowProceed := blocking("slow")
-		slow := make(chan error)
-		go func() {
-			_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), slowHandler)
-			slow <- err
-		}()
-		<-slowInside
-
-		// The lease ends while the slow worker is stuck; another request takes over.
-		_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s'`)
-		require.NoError(t, err)
-		require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
-		newHandler, newInside, newProceed := blocking("new")
-		fresh := make(chan error)
-		go func() {
-			out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), newHandler)
+			})
 			if err == nil && out.Replayed {
 				err = errors.New("the takeover was answered with a replay")
 			}
-			fresh <- err
-		}()
-		<-newInside
-
-		slowProceed()
-		require.ErrorIs(t, <-slow, onceonly.ErrLeaseLost, "the old owner commits while the new one runs")
-		require.Equal(t, 0, b.payments(t))
-		newProceed()
-		require.NoError(t, <-fresh)
-		require.Equal(t, 1, b.payments(t))
+			return err
+		})
 		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
 		require.NoError(t, err)
 		require.Equal(t, `{"who":"new"}`, string(out.Body)) //nolint:testifylint // encoded-compare: a replay is the stored body byte for byte, not just equal JSON
 	})
+}
+
+// takeOver plays a takeover of key "k" in scope "m", whose executions
+// run(who, g) makes: a handler that waits at g, then writes one payment
+// and answers {"who":who}. The slow one holds the key at its gate while
+// its lease is ended and Redis forgets the key; the new one takes the key
+// over and waits at its own gate; the slow one goes on and must lose
+// (ErrLeaseLost, its write rolled back), then the new one commits.
+func (b *testBundle) takeOver(t *testing.T, run func(who string, g *gate) error) {
+	t.Helper()
+	slowGate, newGate := newGate(t), newGate(t)
+	slow, fresh := make(chan error), make(chan error)
+	go func() { slow <- run("slow", slowGate) }()
+	<-slowGate.inside
+
+	_, err := b.pool.Exec(b.ctx, `UPDATE idempotency_keys SET lease_expires_at = now() - interval '1s'`)
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"m:k").Err())
+	go func() { fresh <- run("new", newGate) }()
+	<-newGate.inside
+
+	slowGate.open()
+	require.ErrorIs(t, <-slow, onceonly.ErrLeaseLost, "the old owner commits while the new one runs")
+	require.Equal(t, 0, b.payments(t), "the old owner's write rolled back")
+	newGate.open()
+	require.NoError(t, <-fresh)
+	require.Equal(t, 1, b.payments(t))
+}
+
+// gate holds a handler until the test opens it; inside is closed when the
+// handler arrives.
+type gate struct {
+	inside, proceed chan struct{}
+	open            func()
+}
+
+func newGate(t *testing.T) *gate {
+	g := &gate{inside: make(chan struct{}), proceed: make(chan struct{})}
+	g.open = sync.OnceFunc(func() { close(g.proceed) })
+	t.Cleanup(g.open) // a failing assertion must not leave a handler hanging
+	return g
+}
+
+// wait tells the test the handler arrived, and waits for the gate to open.
+func (g *gate) wait() {
+	close(g.inside)
+	<-g.proceed
 }
 
 // TestHeartbeatKeepsSlowExecutionAlive: a live execution longer than its

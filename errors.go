@@ -59,6 +59,16 @@ var ErrStepAfterTx = errors.New("onceonly: Step called after Tx: external calls 
 //	}
 var ErrNoEffect = errors.New("onceonly: the execution's steps had no effect")
 
+// ErrTxKind is returned by Tx and SQLTx when the execution's transaction
+// is of the other kind: an execution writes through one transaction, pgx's
+// (Tx, Do, DoTx) or database/sql's (SQLTx, DoSQL, DoSQLTx), the first it
+// asks for.
+var ErrTxKind = errors.New("onceonly: the execution's transaction is of the other kind: Tx (pgx) or SQLTx (database/sql), one per execution")
+
+// ErrNoSQLDB is returned by SQLTx and DoSQL on an engine without
+// Config.DB.
+var ErrNoSQLDB = errors.New("onceonly: SQLTx and DoSQL need Config.DB")
+
 // ErrUnnamedHandler is returned by Step in a handler that is not
 // registered under a name: its execution could not be resumed.
 var ErrUnnamedHandler = errors.New("onceonly: Step needs a named handler (MiddlewareOptions.Name or Engine.Register)")

@@ -2,6 +2,7 @@ package onceonly_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,6 +23,12 @@ import (
 // Redis (DATABASE_URL, REDIS_URL), migrate, build the engine and start its
 // daemons (the relay, the reconciler, the resumer) in-process.
 func exampleEngine(ctx context.Context) (*onceonly.Engine, func()) {
+	return exampleEngineWith(ctx, nil)
+}
+
+// exampleEngineWith is exampleEngine with db, when not nil, as the
+// engine's Config.DB.
+func exampleEngineWith(ctx context.Context, db *sql.DB) (*onceonly.Engine, func()) {
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
@@ -34,7 +41,7 @@ func exampleEngine(ctx context.Context) (*onceonly.Engine, func()) {
 		panic(err)
 	}
 	rdb := redis.NewClient(opts)
-	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb})
+	engine, err := onceonly.New(onceonly.Config{Pool: pool, DB: db, Redis: rdb})
 	if err != nil {
 		panic(err)
 	}

@@ -3,6 +3,7 @@ package onceonly
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -55,6 +56,7 @@ type Execution struct {
 
 	mu       sync.Mutex
 	tx       *exectx.Tx                 // set by the first Tx
+	sqlTx    *sql.Tx                    // set by the first SQLTx on Config.DB (sqldb.go)
 	stored   bool                       // the request is stored with the key
 	outcomes map[string]json.RawMessage // recorded step outcomes
 	started  map[string]bool            // steps whose intent is recorded
@@ -216,7 +218,7 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 	switch {
 	case x.mode.callerCommits():
 		return ErrNoExecution // a step needs a lease, which a caller's transaction has not
-	case x.tx != nil:
+	case x.tx != nil, x.sqlTx != nil:
 		return ErrStepAfterTx
 	case x.handler == "":
 		return ErrUnnamedHandler

@@ -25,7 +25,6 @@ import (
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/migrations"
 )
 
 // answer is what a client read.
@@ -666,10 +665,6 @@ func privatePostgres(t *testing.T) (*testenv.PostgresServer, *pgxpool.Pool) {
 	t.Helper()
 	srv := testenv.NewPostgresServer(t)
 	pool := testenv.Pool(t, srv.URL())
-	m, err := migrations.NewMigrator(pool)
-	require.NoError(t, err)
-	_, err = m.Up(testenv.Context(t))
-	require.NoError(t, err)
-	require.NoError(t, m.Close())
+	require.NoError(t, testenv.MigrateUp(testenv.Context(t), pool))
 	return srv, pool
 }

@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,7 +22,10 @@ import (
 //     (Config.SingleCommit).
 //   - callerTx (dotx.go): the claim, the handler's writes and the
 //     completion run in a savepoint of the caller's transaction, which the
-//     caller commits (DoTx).
+//     caller commits (DoTx; DoSQLTx, sqltx.go, for database/sql's).
+//   - sqlTwoPhase (sqldb.go): two-phase, with the handler's writes and the
+//     completion in a database/sql transaction on Config.DB (SQLTx); a
+//     two-phase execution turns into it when its handler asks for SQLTx.
 //
 // A new mode is one new type implementing mode, picked where its entry
 // point makes an execution.
@@ -42,6 +46,11 @@ type mode interface {
 	// tx returns the transaction the handler writes through, or an error
 	// when the mode's transaction is not a pgx.Tx.
 	tx(x *Execution) (pgx.Tx, error)
+	// sqlTx returns the database/sql transaction the handler writes
+	// through, beginning it if the mode does, or an error when the mode's
+	// transaction is not a *sql.Tx; x.mu is held. A mode may hand x to
+	// another mode here (x.mode).
+	sqlTx(ctx context.Context, x *Execution) (*sql.Tx, error)
 	// complete stores res as the key's answer with the handler's writes.
 	// stored is the key's new state once committed (committed true); while
 	// the commit is still to come (the caller's), committed is false.
@@ -60,9 +69,11 @@ type mode interface {
 }
 
 // modeFor returns the mode of a new execution of an entry point that
-// leaves the commit to the engine.
+// leaves the commit to the engine. With Config.DB, any handler may ask for
+// SQLTx, which a single-commit execution cannot give (its key is held by
+// the pgx transaction it began before the handler ran): all run two-phase.
 func (e *Engine) modeFor(handler string) mode {
-	if e.cfg.SingleCommit && handler == "" {
+	if e.cfg.SingleCommit && handler == "" && e.cfg.DB == nil {
 		return singleCommit{e}
 	}
 	return twoPhase{e}

@@ -195,10 +195,10 @@ func invalid(err error) bool {
 		errors.Is(err, ErrInvalidScope) || errors.Is(err, ErrMissingKeyField)
 }
 
-// ExecutionError is returned by Do, Run and DoTx when the handler ran and
-// returned an error, so its execution ended without a stored result. It
-// wraps the handler's error (errors.Is and errors.As see it), and its
-// message is that error's.
+// ExecutionError is returned by Do, Run, DoTx and their database/sql forms
+// (DoSQL, DoSQLTx) when the handler ran and returned an error, so its
+// execution ended without a stored result. It wraps the handler's error
+// (errors.Is and errors.As see it), and its message is that error's.
 //
 // Other ways an execution ends without a stored result are not
 // ExecutionErrors: a Result whose status is not stored is an answer (a nil
@@ -219,8 +219,8 @@ type ExecutionError struct {
 	// (Postgres keeps the count with the key, for its lifecycle). It is 0
 	// when the key was handed off, and when the count is not known: the
 	// fail was left to the background because Postgres did not answer,
-	// the key was no longer this execution's, or DoTx, which records no
-	// failure. Settle never dead-letters on 0.
+	// the key was no longer this execution's, or DoTx (DoSQLTx), which
+	// records no failure. Settle never dead-letters on 0.
 	Failures int
 }
 

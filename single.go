@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,6 +56,10 @@ func (m singleCommit) hold(_ context.Context, x *Execution, onLost func()) *leas
 }
 
 func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
+
+// sqlTx refuses: the engine runs single-commit executions only without
+// Config.DB (modeFor).
+func (singleCommit) sqlTx(context.Context, *Execution) (*sql.Tx, error) { return nil, ErrNoSQLDB }
 
 // complete writes the key's row, completed, and commits in one round trip.
 func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {

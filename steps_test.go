@@ -54,6 +54,7 @@ type ledgerHandler struct {
 	loseAnswer  func(attempt int32) bool
 	failCommit  func(attempt int32) bool
 	beforeWrite func(ctx context.Context)
+	sql         bool // write through SQLTx (Config.DB), not Tx
 }
 
 func (h *ledgerHandler) run(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
@@ -76,15 +77,30 @@ func (h *ledgerHandler) run(ctx context.Context, x *onceonly.Execution) (onceonl
 	if h.failCommit != nil && h.failCommit(attempt) {
 		return onceonly.Result{}, errors.New("insert failed")
 	}
-	tx, err := onceonly.Tx(ctx)
-	if err != nil {
-		return onceonly.Result{}, err
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status, charge_id)
+	if err := h.write(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status, charge_id)
 		VALUES ('pay_' || $1, $2, $3, 1, 'usd', 'c', 'succeeded', $4)`, x.Key(), x.Scope(), x.Key(), id); err != nil {
 		return onceonly.Result{}, err
 	}
 	return onceonly.Result{Status: http.StatusCreated, Body: []byte(`{"charge":"` + id + `"}`)}, nil
+}
+
+// write runs statement in the execution's transaction: SQLTx's with h.sql,
+// else Tx's.
+func (h *ledgerHandler) write(ctx context.Context, statement string, args ...any) error {
+	if h.sql {
+		tx, err := onceonly.SQLTx(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, statement, args...)
+		return err
+	}
+	tx, err := onceonly.Tx(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, statement, args...)
+	return err
 }
 
 // paymentRows counts the payment rows of key.

@@ -2,6 +2,7 @@ package onceonly
 
 import (
 	"context"
+	"database/sql"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,6 +55,12 @@ func (m twoPhase) hold(ctx context.Context, x *Execution, onLost func()) *lease.
 }
 
 func (twoPhase) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
+
+// sqlTx begins the execution's transaction on Config.DB and hands x to the
+// sqlTwoPhase mode.
+func (m twoPhase) sqlTx(ctx context.Context, x *Execution) (*sql.Tx, error) {
+	return m.e.beginSQL(ctx, x)
+}
 
 // complete sends the key's completion, fenced by the owner, and the COMMIT
 // in one round trip.

@@ -3,7 +3,6 @@ package onceamqp_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceamqp"
 )
 
@@ -35,38 +35,19 @@ import (
 // resumer) started beside it as a consumer process runs them
 // (Engine.Start). It reports each variant's rate and its ratio to bare's.
 func BenchmarkConsume(b *testing.B) {
-	messages := benchEnvInt(b, "BENCH_MESSAGES", 2000)
-	workers := benchEnvInt(b, "BENCH_WORKERS", 4)
+	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
+	workers := testenv.EnvInt(b, "BENCH_WORKERS", 4)
 	tb := setup(b)
 	require.NoError(b, tb.engine.Start(tb.ctx))
-	variants := []struct {
-		name string
-		run  func(b *testing.B, tb *testBundle, round string, messages, workers int) time.Duration
-	}{
-		{"bare", drainBare},
-		{"tx", drainConsumer(false)},
-		{"run", drainConsumer(true)},
-	}
-	took := make([]time.Duration, len(variants))
-	b.ResetTimer()
-	b.StopTimer()
-	for i := range b.N {
-		for j := range variants {
-			v := (i + j) % len(variants)
-			round := fmt.Sprintf("%d.%s", i, variants[v].name)
+	variant := func(name string, drain func(b *testing.B, tb *testBundle, round string, messages, workers int) time.Duration) testenv.Variant {
+		return testenv.Variant{Name: name, Drain: func(b *testing.B, i int) time.Duration {
+			round := fmt.Sprintf("%d.%s", i, name)
 			tb.publishBacklog(b, round, messages)
-			took[v] += variants[v].run(b, tb, round, messages, workers)
-		}
+			return drain(b, tb, round, messages, workers)
+		}}
 	}
-	rate := func(v int) float64 { return float64(messages*b.N) / took[v].Seconds() }
-	for v, variant := range variants {
-		b.ReportMetric(rate(v), "msgs/s_"+variant.name)
-		if v > 0 {
-			b.ReportMetric(rate(v)/rate(0), variant.name+"/bare")
-		}
-	}
-	b.Logf("%d messages per round, %d rounds, %d workers: bare %.0f msgs/s, tx %.0f msgs/s (%.2f× bare), run %.0f msgs/s (%.2f× bare)",
-		messages, b.N, workers, rate(0), rate(1), rate(1)/rate(0), rate(2), rate(2)/rate(0))
+	testenv.CompareRates(b, messages,
+		variant("bare", drainBare), variant("tx", drainConsumer(false)), variant("run", drainConsumer(true)))
 }
 
 // publishBacklog publishes n persistent messages with message-ids
@@ -171,18 +152,4 @@ func drainConsumer(run bool) func(b *testing.B, tb *testBundle, round string, n,
 		c.Stop()
 		return took
 	}
-}
-
-// benchEnvInt reads a positive integer setting of the benchmark.
-func benchEnvInt(b *testing.B, name string, def int) int {
-	b.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
 }

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/consume"
 	"github.com/onceonly/onceonly/internal/startstop"
 )
 
@@ -142,10 +142,8 @@ type Consumer struct {
 	life      startstop.Base
 	engine    *onceonly.Engine
 	opts      Options
-	name      string    // registered name; "" for a TxHandler
-	handler   Handler   // set by NewConsumer
-	txHandler TxHandler // set by NewTxConsumer
-	tag       string    // consumer tag, the same on every connection
+	exec      *consume.Executor[*amqp.Delivery]
+	tag       string // consumer tag, the same on every connection
 	log       *slog.Logger
 	metrics   *metrics
 	holds     *holds
@@ -161,19 +159,9 @@ func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, 
 	if fn == nil {
 		return nil, errors.New("onceamqp: a Handler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.handler = fn
-	c.name = opts.Name
-	if c.name == "" {
-		c.name = "amqp." + opts.Queue
-	}
-	if err := engine.Register(c.name, c.execute); err != nil {
-		return nil, fmt.Errorf("onceamqp: %w", err)
-	}
-	return c, nil
+	return newConsumer(engine, opts, consume.Work[*amqp.Delivery]{Handler: func(ctx context.Context, id consume.Identity, d *amqp.Delivery) error {
+		return fn(ctx, message(id, d))
+	}})
 }
 
 // NewTxConsumer returns a consumer running fn, a handler that only writes
@@ -182,15 +170,14 @@ func NewTxConsumer(engine *onceonly.Engine, fn TxHandler, opts Options) (*Consum
 	if fn == nil {
 		return nil, errors.New("onceamqp: a TxHandler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.txHandler = fn
-	return c, nil
+	return newConsumer(engine, opts, consume.Work[*amqp.Delivery]{Tx: func(ctx context.Context, tx pgx.Tx, id consume.Identity, d *amqp.Delivery) error {
+		return fn(ctx, tx, message(id, d))
+	}})
 }
 
-func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
+// newConsumer checks opts, fills in their defaults and returns a consumer
+// running w.
+func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[*amqp.Delivery]) (*Consumer, error) {
 	switch {
 	case engine == nil:
 		return nil, errors.New("onceamqp: an Engine is required")
@@ -200,14 +187,18 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 		return nil, errors.New("onceamqp: Options.Queue is required")
 	case opts.Scope == "" && opts.ScopeOf == nil:
 		return nil, errors.New("onceamqp: Options.Scope or Options.ScopeOf is required")
-	case opts.ScopeOf == nil && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")):
-		// Every message would be dead-lettered as invalid.
-		return nil, fmt.Errorf("onceamqp: Options.Scope: %w", onceonly.ErrInvalidScope)
 	case opts.Workers < 0, opts.Prefetch < 0:
 		return nil, errors.New("onceamqp: Options.Workers and Options.Prefetch must not be negative")
 	}
+	if opts.Name == "" {
+		opts.Name = "amqp." + opts.Queue
+	}
 	if opts.Key == nil {
 		opts.Key = MessageID
+	}
+	if err := identifier(opts).CheckScope(); err != nil {
+		// Every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("onceamqp: %w", err)
 	}
 	if opts.Workers == 0 {
 		opts.Workers = DefaultWorkers
@@ -241,14 +232,18 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 		return nil, fmt.Errorf("onceamqp: %w", err)
 	}
 	host, _ := os.Hostname()
-	return &Consumer{
+	c := &Consumer{
 		engine:  engine,
 		opts:    opts,
 		tag:     fmt.Sprintf("onceamqp.%s.%d.%s", host, os.Getpid(), rand.Text()[:8]),
 		log:     opts.Logger.With("queue", opts.Queue),
 		metrics: m,
 		holds:   newHolds(m.held),
-	}, nil
+	}
+	if c.exec, err = consume.New(c.config(), opts.Name, w); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Run consumes until ctx ends or Stop is called, reconnecting whenever the

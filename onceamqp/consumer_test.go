@@ -287,7 +287,9 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	}
 	<-entered
 	require.Equal(t, 1, testenv.CloseAMQPConnections(t, name))
-	testenv.Eventually(t, 10*time.Second, "the consumer noticed", func() bool { return !c.Connected() })
+	// The close reaches the client through the broker and amqp091's reader:
+	// seconds on a loaded machine.
+	testenv.Eventually(t, 30*time.Second, "the consumer noticed", func() bool { return !c.Connected() })
 	close(closed)
 
 	testenv.Eventually(t, 20*time.Second, "every message handled once", func() bool {

@@ -1,10 +1,9 @@
 package onceamqp
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceonly/onceonly/internal/promutil"
 )
 
 // metrics are a consumer's Prometheus metrics, labeled with its queue.
@@ -42,19 +41,19 @@ func newMetrics(reg prometheus.Registerer, queue string) (*metrics, error) {
 		Help: "Deliveries held for a later requeue (a key in flight, a failed or handed-off execution), by queue; each holds a prefetch slot.",
 	}, []string{labelQueue})
 	var err error
-	if deliveries, err = register(reg, deliveries); err != nil {
+	if deliveries, err = promutil.Shared(reg, deliveries); err != nil {
 		return nil, err
 	}
-	if settleErrors, err = register(reg, settleErrors); err != nil {
+	if settleErrors, err = promutil.Shared(reg, settleErrors); err != nil {
 		return nil, err
 	}
-	if connects, err = register(reg, connects); err != nil {
+	if connects, err = promutil.Shared(reg, connects); err != nil {
 		return nil, err
 	}
-	if connected, err = register(reg, connected); err != nil {
+	if connected, err = promutil.Shared(reg, connected); err != nil {
 		return nil, err
 	}
-	if held, err = register(reg, held); err != nil {
+	if held, err = promutil.Shared(reg, held); err != nil {
 		return nil, err
 	}
 	q := prometheus.Labels{labelQueue: queue}
@@ -65,23 +64,4 @@ func newMetrics(reg prometheus.Registerer, queue string) (*metrics, error) {
 		connected:    connected.With(q),
 		held:         held.With(q),
 	}, nil
-}
-
-// register registers c with reg (nil: nothing), or returns the collector
-// registered already under its name, so consumers of several queues share
-// one registry.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	err := reg.Register(c)
-	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	if err != nil {
-		return c, fmt.Errorf("register metrics: %w", err)
-	}
-	return c, nil
 }

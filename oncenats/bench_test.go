@@ -2,7 +2,6 @@ package oncenats_test
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,35 +24,24 @@ import (
 // Every round drains two backlogs back to back, in alternating order, so
 // both see the same machine; it reports both rates and their ratio.
 func BenchmarkConsumer(b *testing.B) {
-	messages := benchEnvInt(b, "BENCH_MESSAGES", 2000)
-	workers := benchEnvInt(b, "BENCH_WORKERS", 8)
-	var took [2]time.Duration // bare, oncenats
-	for i := range b.N {
-		for j := range 2 {
-			variant := (i + j) % 2
-			b.StopTimer()
+	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
+	workers := testenv.EnvInt(b, "BENCH_WORKERS", 8)
+	variant := func(name string, drain func(bd *testBundle, tb testing.TB, workers int)) testenv.Variant {
+		return testenv.Variant{Name: name, Drain: func(b *testing.B, _ int) time.Duration {
 			bd := setup(b, setupOpts{ackWait: 30 * time.Second})
 			bd.publishBacklog(b, messages)
 			b.StartTimer()
 			began := time.Now()
-			if variant == 0 {
-				bd.drainBare(b, workers)
-			} else {
-				bd.drainConsumer(b, workers)
-			}
-			took[variant] += time.Since(began)
+			drain(bd, b, workers)
+			took := time.Since(began)
 			b.StopTimer()
 			if n := bd.effectRows(b); n != messages {
-				b.Fatalf("variant %d: %d rows for %d messages", variant, n, messages)
+				b.Fatalf("%s: %d rows for %d messages", name, n, messages)
 			}
-		}
+			return took
+		}}
 	}
-	bare := float64(messages*b.N) / took[0].Seconds()
-	once := float64(messages*b.N) / took[1].Seconds()
-	b.ReportMetric(bare, "msgs/s_bare")
-	b.ReportMetric(once, "msgs/s_oncenats")
-	b.ReportMetric(once/bare, "oncenats/bare")
-	b.Logf("%d messages, %d workers: bare %.0f msgs/s, oncenats %.0f msgs/s, ratio %.2f", messages, workers, bare, once, once/bare)
+	testenv.CompareRates(b, messages, variant("bare", (*testBundle).drainBare), variant("oncenats", (*testBundle).drainConsumer))
 }
 
 // publishBacklog publishes n messages with keys of their own and waits
@@ -162,20 +150,6 @@ func (b *testBundle) effectRows(tb testing.TB) int {
 	var n int
 	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
 		tb.Fatal(err)
-	}
-	return n
-}
-
-// benchEnvInt reads a positive integer from the environment, or def.
-func benchEnvInt(tb testing.TB, name string, def int) int {
-	tb.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		tb.Fatalf("%s=%q: want a positive integer", name, v)
 	}
 	return n
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/consume"
 	"github.com/onceonly/onceonly/internal/startstop"
 )
 
@@ -164,9 +164,7 @@ type Consumer struct {
 	life      startstop.Base
 	engine    *onceonly.Engine
 	opts      Options
-	name      string    // registered name; "" for a TxHandler
-	handler   Handler   // set by NewConsumer
-	txHandler TxHandler // set by NewTxConsumer
+	exec      *consume.Executor[jetstream.Msg]
 	log       *slog.Logger
 	metrics   *metrics
 	consuming atomic.Bool
@@ -183,16 +181,9 @@ func NewConsumer(engine *onceonly.Engine, fn Handler, opts Options) (*Consumer, 
 	if fn == nil {
 		return nil, errors.New("oncenats: a Handler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.handler = fn
-	c.name = c.opts.Name
-	if err := engine.Register(c.name, c.execute); err != nil {
-		return nil, fmt.Errorf("oncenats: %w", err)
-	}
-	return c, nil
+	return newConsumer(engine, opts, consume.Work[jetstream.Msg]{Handler: func(ctx context.Context, id consume.Identity, msg jetstream.Msg) error {
+		return fn(ctx, message(id, msg))
+	}})
 }
 
 // NewTxConsumer returns a consumer running fn, a handler that only writes
@@ -201,15 +192,14 @@ func NewTxConsumer(engine *onceonly.Engine, fn TxHandler, opts Options) (*Consum
 	if fn == nil {
 		return nil, errors.New("oncenats: a TxHandler is required")
 	}
-	c, err := newConsumer(engine, opts)
-	if err != nil {
-		return nil, err
-	}
-	c.txHandler = fn
-	return c, nil
+	return newConsumer(engine, opts, consume.Work[jetstream.Msg]{Tx: func(ctx context.Context, tx pgx.Tx, id consume.Identity, msg jetstream.Msg) error {
+		return fn(ctx, tx, message(id, msg))
+	}})
 }
 
-func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
+// newConsumer checks opts, fills in their defaults and returns a consumer
+// running w.
+func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[jetstream.Msg]) (*Consumer, error) {
 	switch {
 	case engine == nil:
 		return nil, errors.New("oncenats: an Engine is required")
@@ -222,15 +212,15 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 	case opts.Workers < 0, opts.Prefetch < 0, opts.LeaseTimeout < 0, opts.ShutdownTimeout < 0, opts.AckTimeout < 0:
 		return nil, errors.New("oncenats: Options.Workers, Prefetch, LeaseTimeout, ShutdownTimeout and AckTimeout must not be negative")
 	}
-	if opts.ScopeOf == nil && (len(opts.Scope) > 255 || strings.Contains(opts.Scope, ":")) {
-		// Caught here, or every message would be dead-lettered as invalid.
-		return nil, fmt.Errorf("oncenats: Options.Scope %q: %w", opts.Scope, onceonly.ErrInvalidScope)
-	}
 	if opts.Name == "" {
 		opts.Name = "nats." + opts.Stream + "." + opts.Consumer
 	}
 	if opts.Key == nil {
 		opts.Key = HeaderKey(DefaultKeyHeader)
+	}
+	if err := identifier(opts).CheckScope(); err != nil {
+		// Caught here, or every message would be dead-lettered as invalid.
+		return nil, fmt.Errorf("oncenats: %w", err)
 	}
 	if opts.Workers == 0 {
 		opts.Workers = DefaultWorkers
@@ -254,12 +244,16 @@ func newConsumer(engine *onceonly.Engine, opts Options) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("oncenats: %w", err)
 	}
-	return &Consumer{
+	c := &Consumer{
 		engine:  engine,
 		opts:    opts,
 		log:     opts.Logger.With("stream", opts.Stream, "consumer", opts.Consumer),
 		metrics: m,
-	}, nil
+	}
+	if c.exec, err = consume.New(c.config(), opts.Name, w); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Run consumes until ctx ends or Stop is called and returns nil after a

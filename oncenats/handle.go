@@ -2,18 +2,16 @@ package oncenats
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/consume"
 )
 
 // HeaderKey returns an Options.Key that takes the key from header name. A
@@ -49,93 +47,37 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, progress time.
 
 // process runs a message through the engine and returns its settlement.
 func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) onceonly.Settlement {
-	m, err := c.identify(msg)
-	if err != nil {
-		return c.opts.Policy.Settle(onceonly.Outcome{}, err)
-	}
-	var out onceonly.Outcome
-	if c.txHandler != nil {
-		out, err = c.engine.Do(ctx, m.Scope, m.Key, m.Payload, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			return c.call(ctx, m, func() error { return c.txHandler(ctx, tx, m) })
-		})
-	} else {
-		out, err = c.engine.Run(context.WithValue(ctx, msgKey{}, msg), c.name, m.Scope, m.Key, m.Payload)
-	}
-	return c.opts.Policy.Settle(out, err)
+	return c.exec.Settle(ctx, msg)
 }
 
-// identify returns the message a JetStream message carries; an error wraps
-// onceonly.ErrInvalidMessage (or another error Settle reads as invalid), so
-// an invalid message settles before the engine sees it and leaves no key.
-//
-// A panic in Options.Key, ScopeOf or Payload is such an error too: they
-// depend on the message alone, so it would panic again on every delivery.
-func (c *Consumer) identify(msg jetstream.Msg) (m Message, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			c.log.Error("oncenats: Options.Key, ScopeOf or Payload panicked", "subject", msg.Subject(), "seq", streamSeq(msg), "panic", p)
-			err = invalid("identify", fmt.Errorf("panic: %v", p))
-		}
-	}()
-	m = Message{Scope: c.opts.Scope, Payload: msg.Data(), Msg: msg}
-	if m.Key, err = c.opts.Key(msg); err != nil {
-		return m, invalid("key", err)
+// config is the consumer's configuration of its executor.
+func (c *Consumer) config() consume.Config[jetstream.Msg] {
+	return consume.Config[jetstream.Msg]{
+		Package:    "oncenats",
+		Engine:     c.engine,
+		Identifier: identifier(c.opts),
+		Policy:     c.opts.Policy,
+		Logger:     c.log,
+		Attrs:      func(msg jetstream.Msg) []any { return []any{"subject", msg.Subject(), "seq", streamSeq(msg)} },
 	}
-	if err := onceonly.ValidateKey(m.Key); err != nil {
-		return m, fmt.Errorf("key %q: %w", m.Key, err)
-	}
-	if c.opts.ScopeOf != nil {
-		if m.Scope, err = c.opts.ScopeOf(msg); err != nil {
-			return m, invalid("scope", err)
-		}
-	}
-	if c.opts.Payload != nil {
-		if m.Payload, err = c.opts.Payload(msg); err != nil {
-			return m, invalid("payload", err)
-		}
-	}
-	return m, nil
 }
 
-// invalid wraps an error of Options.Key, ScopeOf or Payload in
-// onceonly.ErrInvalidMessage, so that Settle dead-letters the message as
-// invalid.
-func invalid(what string, err error) error {
-	if errors.Is(err, onceonly.ErrInvalidMessage) {
-		return fmt.Errorf("%s: %w", what, err)
+// identifier takes a message's identity as opts say: Key, Scope or
+// ScopeOf, Payload or the data.
+func identifier(opts Options) consume.Identifier[jetstream.Msg] {
+	return consume.Identifier[jetstream.Msg]{
+		Scope:   opts.Scope,
+		ScopeOf: opts.ScopeOf,
+		Key:     opts.Key,
+		Payload: opts.Payload,
+		Body:    func(msg jetstream.Msg) []byte { return msg.Data() },
 	}
-	return fmt.Errorf("%w: %s: %w", onceonly.ErrInvalidMessage, what, err)
 }
 
-// execute is the registered onceonly.Func of a Handler. In a resumption
-// there is no JetStream message: the handler runs on the stored payload
-// alone.
-func (c *Consumer) execute(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
-	m := Message{Scope: x.Scope(), Key: x.Key(), Payload: x.Request()}
-	if msg, ok := ctx.Value(msgKey{}).(jetstream.Msg); ok {
-		m.Msg = msg
-	}
-	return c.call(ctx, m, func() error { return c.handler(ctx, m) })
+// message is the Message a handler gets: msg is nil in a resumption.
+func message(id consume.Identity, msg jetstream.Msg) Message {
+	return Message{Scope: id.Scope, Key: id.Key, Payload: id.Payload, Msg: msg}
 }
-
-// call runs a handler. A panic becomes the execution's error, so the key
-// fails and the message comes back, as after any failure, and is
-// dead-lettered after SettlePolicy.MaxFailures: a handler that panics on
-// one message never takes the process down again and again.
-func (c *Consumer) call(ctx context.Context, m Message, fn func() error) (res onceonly.Result, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			c.log.ErrorContext(ctx, "oncenats: handler panicked", "key", m.Key, "panic", p, "stack", string(debug.Stack()))
-			err = fmt.Errorf("oncenats: handler panicked: %v", p)
-		}
-	}()
-	if err := fn(); err != nil {
-		return onceonly.Result{}, err
-	}
-	return onceonly.Result{Status: 200}, nil
-}
-
-type msgKey struct{}
 
 // keepInProgress marks msg in progress every interval until the
 // returned function is called (which waits for the marking to stop).
@@ -171,11 +113,7 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, s onceonly.Set
 		if err := msg.DoubleAck(actx); err != nil {
 			c.settleError(ctx, opAck, msg, err)
 		}
-		reason = reasonExecuted
-		if s.Outcome.Replayed {
-			reason = reasonReplayed
-		}
-		return onceonly.Ack.String(), reason
+		return onceonly.Ack.String(), consume.Reason(s)
 	case onceonly.DeadLetter:
 		if err := c.deadLetter(ctx, msg, s); err != nil {
 			// Not parked: it comes back, and is dead-lettered then.
@@ -189,11 +127,11 @@ func (c *Consumer) settle(ctx context.Context, msg jetstream.Msg, s onceonly.Set
 		return onceonly.DeadLetter.String(), s.Reason
 	case onceonly.Retry:
 	}
-	reason = retryReason(s.Err)
+	reason = consume.RetryReason(s.Err)
 	switch reason {
-	case reasonFailed:
+	case consume.ReasonFailed:
 		c.log.InfoContext(ctx, "oncenats: execution failed; the message comes again", "err", s.Err, "failures", s.Failures, "after", s.After, "seq", streamSeq(msg))
-	case reasonError:
+	case consume.ReasonError:
 		c.log.WarnContext(ctx, "oncenats: message not settled; it comes again", "err", s.Err, "after", s.After, "seq", streamSeq(msg))
 	}
 	c.nak(ctx, msg, s.After)
@@ -257,20 +195,6 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, s onceonly
 func (c *Consumer) settleError(ctx context.Context, op string, msg jetstream.Msg, err error) {
 	c.metrics.settleErrors.WithLabelValues(op).Inc()
 	c.log.WarnContext(ctx, "oncenats: "+op+" failed", "err", err, "subject", msg.Subject(), "seq", streamSeq(msg))
-}
-
-// retryReason names why a delivery comes again, for the metrics.
-func retryReason(err error) string {
-	if _, ok := onceonly.IsInFlight(err); ok {
-		return reasonInFlight
-	}
-	if failed, ok := errors.AsType[*onceonly.ExecutionError](err); ok {
-		if failed.HandedOff {
-			return reasonHandedOff
-		}
-		return reasonFailed
-	}
-	return reasonError
 }
 
 // streamSeq returns the message's sequence in its stream (0 when its

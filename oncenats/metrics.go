@@ -1,21 +1,16 @@
 package oncenats
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceonly/onceonly/internal/promutil"
 )
 
 // The reason label of onceonly_nats_messages_total, besides the
-// dead-letter reasons of onceonly (reused, invalid, failed).
+// dead-letter reasons of onceonly (reused, invalid, failed) and the
+// reasons consume.Reason names (executed, replayed, in_flight, failed,
+// handed_off, error), these.
 const (
-	reasonExecuted         = "executed"           // ack
-	reasonReplayed         = "replayed"           // ack
-	reasonInFlight         = "in_flight"          // retry
-	reasonFailed           = "failed"             // retry
-	reasonHandedOff        = "handed_off"         // retry
-	reasonError            = "error"              // retry: store unavailable, lease lost, canceled
 	reasonDeadLetterFailed = "dead_letter_failed" // retry: the copy was not published
 	reasonShutdown         = "shutdown"           // retry: handed back unstarted
 )
@@ -57,16 +52,16 @@ func newMetrics(reg prometheus.Registerer, stream, consumer string) (*metrics, e
 		Help: "Calls to the server that failed, by stream, consumer and op (ack, nak, term, in_progress, dead_letter, consume); an unsettled message comes back after AckWait.",
 	}, append(labels, "op"))
 	var err error
-	if messages, err = register(reg, messages); err != nil {
+	if messages, err = promutil.Shared(reg, messages); err != nil {
 		return nil, err
 	}
-	if duration, err = register(reg, duration); err != nil {
+	if duration, err = promutil.Shared(reg, duration); err != nil {
 		return nil, err
 	}
-	if inFlight, err = register(reg, inFlight); err != nil {
+	if inFlight, err = promutil.Shared(reg, inFlight); err != nil {
 		return nil, err
 	}
-	if settleErrors, err = register(reg, settleErrors); err != nil {
+	if settleErrors, err = promutil.Shared(reg, settleErrors); err != nil {
 		return nil, err
 	}
 	l := prometheus.Labels{"stream": stream, "consumer": consumer}
@@ -76,24 +71,4 @@ func newMetrics(reg prometheus.Registerer, stream, consumer string) (*metrics, e
 		inFlight:     inFlight.With(l),
 		settleErrors: settleErrors.MustCurryWith(l),
 	}, nil
-}
-
-// register registers c with reg (nil: nothing), or returns the collector
-// registered already under its name, so consumers of several streams share
-// one registry.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if reg == nil {
-		return c, nil
-	}
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	var zero C
-	return zero, fmt.Errorf("register metrics: %w", err)
 }

@@ -58,16 +58,40 @@ install() {
 	command -v redis-server >/dev/null || missing+=(redis-server)
 	command -v redis-cli >/dev/null || missing+=(redis-tools)
 	[ ${#missing[@]} -eq 0 ] && return
+	apt_install "${missing[@]}"
+	# The Debian package starts a system redis on 6379; the project runs its own.
+	service_stop redis-server
+	pkill -x redis-server >/dev/null 2>&1 || true
+}
+
+# apt_install PACKAGE...: installs missing Debian packages, as root (or
+# exits saying how).
+apt_install() {
 	if [ "$(id -u)" != 0 ]; then
-		log "missing ${missing[*]}: install them (apt-get install ${missing[*]}) or run as root"
+		log "missing $*: install them (apt-get install $*) or run as root"
 		exit 1
 	fi
-	log "installing ${missing[*]}"
+	log "installing $*"
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-	# The Debian package starts a system redis on 6379; the project runs its own.
-	if command -v service >/dev/null; then service redis-server stop >/dev/null 2>&1 || true; fi
-	pkill -x redis-server >/dev/null 2>&1 || true
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# service_stop NAME: stops the system service a package just installed may
+# have started on its default port: the project runs its own.
+service_stop() {
+	if command -v service >/dev/null; then service "$1" stop >/dev/null 2>&1 || true; fi
+}
+
+# await TRIES CMD...: runs CMD every 0.1s until it succeeds (status 0), at
+# most TRIES times (status 1).
+await() {
+	local tries=$1 _
+	shift
+	for _ in $(seq "$tries"); do
+		"$@" && return 0
+		sleep 0.1
+	done
+	return 1
 }
 
 start() {
@@ -116,7 +140,7 @@ redis_ready() { [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ]; }
 # wait_redis PORT: until it answers PONG; loading a large saved dataset can
 # take a while.
 wait_redis() {
-	for _ in $(seq 600); do redis_ready "$1" && return; sleep 0.1; done
+	await 600 redis_ready "$1" && return
 	log "redis on port $1 is not ready after 60s"
 	exit 1
 }
@@ -178,19 +202,16 @@ cluster() {
 # pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]: PgBouncer in transaction
 # mode, as an operator runs it in front of Postgres; its files live in
 # DIR/pgbouncer.
+# port_open PORT: something accepts connections on 127.0.0.1:PORT.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 pgbouncer() {
 	local dir=$1 pg_port=$2 port=$3 pg_host=${4:-127.0.0.1}
 	# type -P: the binary on PATH, not this script's function of that name.
 	if ! type -P pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
-		if [ "$(id -u)" != 0 ]; then
-			log "missing pgbouncer: install it (apt-get install pgbouncer) or run as root"
-			exit 1
-		fi
-		log "installing pgbouncer"
-		apt-get update -qq
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+		apt_install pgbouncer
 		# The package may start a system PgBouncer on 6432; the project runs its own.
-		if command -v service >/dev/null; then service pgbouncer stop >/dev/null 2>&1 || true; fi
+		service_stop pgbouncer
 	fi
 	local bin
 	bin=$(type -P pgbouncer || echo /usr/sbin/pgbouncer)
@@ -226,10 +247,10 @@ pgbouncer() {
 	local _ attempt
 	for attempt in 1 2 3 4 5; do
 		as_pg "$bin" -d "$dir/pgbouncer.ini"
-		for _ in $(seq 50); do
-			(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { log "pgbouncer (transaction mode) on 127.0.0.1:$port"; return; }
-			sleep 0.1
-		done
+		if await 50 port_open "$port"; then
+			log "pgbouncer (transaction mode) on 127.0.0.1:$port"
+			return
+		fi
 		# A port in the ephemeral range may be held for a moment by an
 		# outgoing connection: try again.
 		log "pgbouncer did not start on port $port (attempt $attempt): $(tail -1 "$dir/pgbouncer.log" 2>/dev/null)"
@@ -309,22 +330,19 @@ rabbitmq_ready() {
 	[ "${first// /}" = 01 ]
 }
 
+# rabbitmq_started PORT PIDFILE: the node is ready, or its process is gone.
+rabbitmq_started() { rabbitmq_ready "$1" || ! kill -0 "$(cat "$2")" 2>/dev/null; }
+
 # rabbitmq DIR PORT: see the top. The node's files live in DIR/rabbitmq and
 # are reused by the next start on the same PORT (the node is named after it).
 rabbitmq() {
 	local dir=$1 port=$2
 	local sbin=/usr/lib/rabbitmq/bin
 	if [ ! -x "$sbin/rabbitmq-server" ]; then
-		if [ "$(id -u)" != 0 ]; then
-			log "missing rabbitmq-server: install it (apt-get install rabbitmq-server) or run as root"
-			exit 1
-		fi
-		log "installing rabbitmq-server"
-		apt-get update -qq
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+		apt_install rabbitmq-server
 		# The package may start a system node on 5672 (with epmd on 4369);
 		# the project runs its own.
-		if command -v service >/dev/null; then service rabbitmq-server stop >/dev/null 2>&1 || true; fi
+		service_stop rabbitmq-server
 	fi
 	mkdir -p "$dir/rabbitmq"
 	dir=$(cd "$dir/rabbitmq" && pwd)
@@ -370,15 +388,12 @@ rabbitmq() {
 	fi
 	HOME=$dir RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf setsid "$sbin/rabbitmq-server" </dev/null >"$dir/server.log" 2>&1 &
 	echo $! >"$dir/server.pid"
-	local _
-	for _ in $(seq 600); do
-		if rabbitmq_ready "$port"; then
-			log "rabbitmq on 127.0.0.1:$port (distribution :$((port + 1)), epmd :$((port + 2)))"
-			return
-		fi
-		kill -0 "$(cat "$dir/server.pid")" 2>/dev/null || break
-		sleep 0.1
-	done
+	# Ready, or the node is gone (no use waiting on).
+	await 600 rabbitmq_started "$port" "$dir/server.pid"
+	if rabbitmq_ready "$port"; then
+		log "rabbitmq on 127.0.0.1:$port (distribution :$((port + 1)), epmd :$((port + 2)))"
+		return
+	fi
 	log "rabbitmq did not start on port $port: see $dir/server.log and $dir/log"
 	tail -5 "$dir/server.log" >&2 || true
 	exit 1
@@ -415,26 +430,19 @@ nats_ready() {
 nats() {
 	local dir=$1 port=$2
 	if ! type -P nats-server >/dev/null; then
-		if [ "$(id -u)" != 0 ]; then
-			log "missing nats-server: install it (apt-get install nats-server) or run as root"
-			exit 1
-		fi
-		log "installing nats-server"
-		apt-get update -qq
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+		apt_install nats-server
 		# The package may start a system nats-server on 4222; the project runs its own.
-		if command -v service >/dev/null; then service nats-server stop >/dev/null 2>&1 || true; fi
+		service_stop nats-server
 	fi
 	mkdir -p "$dir/nats"
 	dir=$(cd "$dir" && pwd)/nats
 	nats_ready "$port" && return
-	local _
 	nohup nats-server --jetstream --store_dir "$dir" --addr 127.0.0.1 --port "$port" \
 		--pid "$dir/nats.pid" --log "$dir/nats.log" >/dev/null 2>&1 &
-	for _ in $(seq 300); do
-		nats_ready "$port" && { log "nats-server (JetStream) on 127.0.0.1:$port"; return; }
-		sleep 0.1
-	done
+	if await 300 nats_ready "$port"; then
+		log "nats-server (JetStream) on 127.0.0.1:$port"
+		return
+	fi
 	log "nats-server did not start on port $port: see $dir/nats.log"
 	exit 1
 }

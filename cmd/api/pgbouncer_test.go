@@ -23,7 +23,7 @@ func TestThroughPgBouncer(t *testing.T) {
 
 	code, stdout, stderr := runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, "applied 6 migration(s)")
+	require.Contains(t, stdout, "applied 7 migration(s)")
 
 	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL)
 	a := testenv.StartDaemon(t, api, "DATABASE_URL="+dbURL, "REDIS_URL="+env["REDIS_URL"], "REDIS_PREFIX="+prefix,

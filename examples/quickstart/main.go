@@ -30,7 +30,6 @@ func main() {
 	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: redis.NewClient(redisOpts)})
 	check(err)
 	check(engine.Start(ctx)) // relay, reconciler, resumer: in this process
-	defer engine.Close()
 
 	// A consumer: each delivery runs the registered handler once per key.
 	check(engine.Register("refund", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
@@ -59,7 +58,9 @@ func main() {
 	})
 	tenant := onceonly.MiddlewareOptions{Scope: func(*http.Request) (string, error) { return "shop_1", nil }}
 	http.Handle("/orders", engine.Middleware(tenant)(orders))
-	log.Fatal(http.ListenAndServe(os.Getenv("HTTP_ADDR"), nil)) //nolint:gosec // a quickstart
+	err = http.ListenAndServe(os.Getenv("HTTP_ADDR"), nil) //nolint:gosec // G114: a quickstart sets no timeouts
+	engine.Close()
+	log.Fatal(err)
 }
 
 func check(err error) {

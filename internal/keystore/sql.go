@@ -210,7 +210,7 @@ func (s *statement) query(ctx context.Context, db DB, args pgx.StrictNamedArgs) 
 }
 
 // queryRow runs the statement on db with args.
-func (s *statement) queryRow(ctx context.Context, db DB, args pgx.StrictNamedArgs) pgx.Row {
+func (s *statement) queryRow(ctx context.Context, db Querier, args pgx.StrictNamedArgs) pgx.Row {
 	return db.QueryRow(ctx, s.sql, s.args(args)...)
 }
 

@@ -68,11 +68,13 @@ const (
 )
 
 // DB is what the store runs statements on: a pool, a connection or a
-// transaction (pgx.Tx). The caller owns commit and rollback.
+// transaction (pgx.Tx). The caller owns commit and rollback. Claim and
+// Complete take a Querier, which a database/sql transaction is too
+// (SQLTx).
 type DB interface {
+	Querier
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // ErrLeaseLost is returned by Complete, Fail and Heartbeat when the key is no
@@ -195,19 +197,19 @@ const maxClaimRounds = 16
 // claim lost in a crash was acted on by nobody, since the completion or
 // failure that follows it flushes it first, and a duplicate it turned away
 // retries.
-func (s *Store) Claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, db Querier, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
 	return s.claim(ctx, db, ref, fingerprint, owner, lease, true)
 }
 
 // ClaimHeld is Claim for a key that ClaimNew found a row for: it starts
 // by reading that row.
-func (s *Store) ClaimHeld(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
+func (s *Store) ClaimHeld(ctx context.Context, db Querier, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration) (ClaimResult, error) {
 	return s.claim(ctx, db, ref, fingerprint, owner, lease, false)
 }
 
 // claim is Claim; insert false skips its first insert.
-func (s *Store) claim(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
-	_, inTx := db.(pgx.Tx)
+func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
+	inTx := inTransaction(db)
 	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint, "owner": owner.String(),
 		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
 		"async_commit": !inTx}
@@ -325,11 +327,13 @@ func (s *Store) Get(ctx context.Context, db DB, ref keystate.Ref) (keystate.Key,
 }
 
 // Complete stores resp and marks the key completed, inside the caller's
-// transaction: it commits with the business writes or not at all. It
-// returns ErrLeaseLost when owner no longer holds the key.
-func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner keystate.Owner, resp keystate.Response) (keystate.Key, error) {
+// transaction: it commits with the business writes or not at all. When
+// owner no longer holds the key, the statement fails (rather than changing
+// nothing), so the transaction it ran in cannot commit the writes without
+// the key, and Complete returns ErrLeaseLost.
+func (s *Store) Complete(ctx context.Context, tx Querier, ref keystate.Ref, owner keystate.Owner, resp keystate.Response) (keystate.Key, error) {
 	var notified bool
-	k, err := scanKey(finishSQL.queryRow(ctx, tx, s.completeArgs(ref, owner, resp, false)), &notified)
+	k, err := scanKey(finishSQL.queryRow(ctx, tx, s.completeArgs(ref, owner, resp)), &notified)
 	return k, finishError(keystate.Completed, err)
 }
 
@@ -339,7 +343,7 @@ func (s *Store) Complete(ctx context.Context, tx DB, ref keystate.Ref, owner key
 // (rather than returning no row), so Postgres skips that COMMIT. The
 // completed key is stored in dst as b's results are read.
 func (s *Store) QueueComplete(b *pgx.Batch, ref keystate.Ref, owner keystate.Owner, resp keystate.Response, dst *keystate.Key) {
-	finishSQL.queue(b, s.completeArgs(ref, owner, resp, true)).QueryRow(func(row pgx.Row) error {
+	finishSQL.queue(b, s.completeArgs(ref, owner, resp)).QueryRow(func(row pgx.Row) error {
 		var notified bool
 		k, err := scanKey(row, &notified)
 		if err != nil {
@@ -350,8 +354,9 @@ func (s *Store) QueueComplete(b *pgx.Batch, ref keystate.Ref, owner keystate.Own
 	})
 }
 
-// completeArgs are the arguments of finish.sql for a completion.
-func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keystate.Response, failWhenLost bool) pgx.StrictNamedArgs {
+// completeArgs are the arguments of finish.sql for a completion, which
+// fails when owner no longer holds the key.
+func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keystate.Response) pgx.StrictNamedArgs {
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
@@ -359,7 +364,7 @@ func (s *Store) completeArgs(ref keystate.Ref, owner keystate.Owner, resp keysta
 	return pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(), "status": keystate.Completed,
 		"response_status": resp.Status, "response_content_type": resp.ContentType, "response_body": body,
 		"response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
-		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": failWhenLost, "count_failure": false}
+		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel, "fail_when_lost": true, "count_failure": false}
 }
 
 // Fail marks the key failed (retryable: the next request claims it again).
@@ -379,11 +384,10 @@ func (s *Store) Fail(ctx context.Context, db DB, ref keystate.Ref, owner keystat
 // finishError maps the error of finish.sql: no row, or its failure when the
 // owner lost the key (SQLSTATE OO001, onceonly_lease_lost), is ErrLeaseLost.
 func finishError(status keystate.Status, err error) error {
-	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == leaseLostCode:
+	case errors.Is(err, pgx.ErrNoRows), sqlState(err) == leaseLostCode:
 		return ErrLeaseLost
 	}
 	return fmt.Errorf("mark key %s: %w", status, err)

@@ -235,8 +235,13 @@ func TestCompleteIsFencedByOwner(t *testing.T) {
 	_, err = b.store.Claim(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, "fp", ownerB, time.Minute)
 	require.NoError(t, err)
 
-	_, err = b.store.Complete(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
+	// The completion fails (so its transaction cannot commit): in a
+	// savepoint, the transaction goes on.
+	sp, err := tx.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = b.store.Complete(b.ctx, sp, keystate.Ref{Scope: "s", Key: "k"}, ownerA, keystate.Response{Status: 200})
 	require.ErrorIs(t, err, keystore.ErrLeaseLost)
+	require.NoError(t, sp.Rollback(b.ctx))
 	_, err = b.store.Fail(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, true)
 	require.ErrorIs(t, err, keystore.ErrLeaseLost)
 	require.ErrorIs(t, b.store.Heartbeat(b.ctx, tx, keystate.Ref{Scope: "s", Key: "k"}, ownerA, time.Minute), keystore.ErrLeaseLost)

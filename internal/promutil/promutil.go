@@ -3,6 +3,7 @@
 package promutil
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,4 +21,23 @@ func Register(reg prometheus.Registerer, collectors ...prometheus.Collector) err
 		}
 	}
 	return nil
+}
+
+// Shared registers c with reg (nil: nothing), or returns the collector
+// registered there already under the same description, so that several
+// consumers (queues, streams, routers) share one registry's metrics.
+func Shared[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if reg == nil {
+		return c, nil
+	}
+	err := reg.Register(c)
+	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	if err != nil {
+		return c, fmt.Errorf("register metrics: %w", err)
+	}
+	return c, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -28,11 +27,7 @@ and TEST_RABBITMQCTL=$PWD/.data/dev/rabbitmq/rabbitmqctl`
 // the connection name the client announces.
 func AMQPURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv("TEST_AMQP_URL")
-	if u == "" {
-		tb.Fatalf("no RabbitMQ for tests: TEST_AMQP_URL is not set\n%s", howToStartRabbitMQ)
-	}
-	return u
+	return Env(tb, "TEST_AMQP_URL", "no RabbitMQ for tests", howToStartRabbitMQ)
 }
 
 // RabbitMQCtl runs rabbitmqctl against the tests' RabbitMQ node through
@@ -42,10 +37,7 @@ func AMQPURL(tb testing.TB) string {
 // command fails.
 func RabbitMQCtl(tb testing.TB, args ...string) string {
 	tb.Helper()
-	ctl := os.Getenv("TEST_RABBITMQCTL")
-	if ctl == "" {
-		tb.Fatalf("this test runs rabbitmqctl: TEST_RABBITMQCTL is not set\n%s", howToStartRabbitMQ)
-	}
+	ctl := Env(tb, "TEST_RABBITMQCTL", "this test runs rabbitmqctl", howToStartRabbitMQ)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -23,11 +22,7 @@ or scripts/services.sh nats .data/dev 4222 and export TEST_NATS_URL=nats://127.0
 // (RandomSuffix in their names).
 func NATSURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv("TEST_NATS_URL")
-	if u == "" {
-		tb.Fatalf("no NATS server for tests: TEST_NATS_URL is not set\n%s", howToStartNATS)
-	}
-	return u
+	return Env(tb, "TEST_NATS_URL", "no NATS server for tests", howToStartNATS)
 }
 
 // NATSServer is a private nats-server process with JetStream on, for tests

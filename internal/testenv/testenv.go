@@ -254,9 +254,9 @@ func template(tb testing.TB, admin string) string {
 	return templateName
 }
 
-// migrateUp runs the engine's migrations, then the demo's (its payments
+// MigrateUp runs the engine's migrations, then the demo's (its payments
 // table), as `api migrate up` does.
-func migrateUp(ctx context.Context, pool *pgxpool.Pool) error {
+func MigrateUp(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, opts := range [][]migrations.Option{nil, {schema.Migrations()}} {
 		m, err := migrations.NewMigrator(pool, opts...)
 		if err != nil {
@@ -323,7 +323,7 @@ func buildTemplate(admin string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("open template: %w", err)
 	}
-	err = migrateUp(ctx, pool)
+	err = MigrateUp(ctx, pool)
 	pool.Close()
 	if err != nil {
 		return "", fmt.Errorf("migrate template: %w", err)

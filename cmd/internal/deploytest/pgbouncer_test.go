@@ -17,6 +17,7 @@ import (
 	"github.com/onceonly/onceonly/internal/cache"
 	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/payments/schema"
 	"github.com/onceonly/onceonly/reconcile"
 	"github.com/onceonly/onceonly/relay"
 )
@@ -56,6 +57,11 @@ func TestThroughPgBouncer(t *testing.T) {
 			require.NoError(t, errors.Join(errs...))
 			require.Equal(t, len(files), applied[0]+applied[1], "every migration ran once")
 			require.NoError(t, migrations.EnsureCurrent(ctx, pool))
+			demo, err := migrations.NewMigrator(pool, schema.Migrations()) // the payments table
+			require.NoError(t, err)
+			_, err = demo.Up(ctx)
+			require.NoError(t, err)
+			require.NoError(t, demo.Close())
 			require.NoError(t, gateway.Migrate(ctx, pool))
 
 			rdb, prefix := testenv.Redis(t)
