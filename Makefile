@@ -12,9 +12,12 @@ lint:
 	scripts/lint.sh
 
 # Runs the whole system on local Postgres and Redis: migrations, then the api
-# on :8080 (and the relay and reconciler, once built).
+# on :8080, the relay, the reconciler, the gateway and the demo's message
+# consumer (:8084) on NATS JetStream; `make run BROKER=rabbitmq` runs the
+# consumer on RabbitMQ instead. The broker is installed and started as needed.
+BROKER ?= nats
 run:
-	scripts/run.sh
+	BROKER=$(BROKER) scripts/run.sh
 
 # Starts the local development servers only (Postgres :5432, Redis :6379).
 services:
@@ -73,17 +76,23 @@ docs:
 	scripts/config-doc.sh
 
 # Walks through every behaviour against the stack `make run` started (same
-# ports and URLs; the crash step starts and kills a second api).
+# ports and URLs, and the same BROKER; the crash step starts and kills a
+# second api, the message step publishes through bin/consumer publish).
 tour:
-	mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/gateway ./examples/tour
+	mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/gateway ./cmd/consumer ./examples/tour
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:$${PG_PORT:-5432}/onceonly?sslmode=disable}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:$${REDIS_PORT:-6379}/0}" \
+	BROKER_URL="$${BROKER_URL:-$$(if [ "$(BROKER)" = rabbitmq ]; then echo amqp://guest:guest@127.0.0.1:$${AMQP_PORT:-5672}/; else echo nats://127.0.0.1:$${NATS_PORT:-4222}; fi)}" \
+	TOUR_CONSUMER="$${TOUR_CONSUMER:-http://localhost$${CONSUMER_HTTP_ADDR:-:8084}}" \
 	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" \
 	TOUR_GATEWAY_URL="$${TOUR_GATEWAY_URL:-http://127.0.0.1:$$(gw=$${GATEWAY_HTTP_ADDR:-:8083}; echo $${gw##*:})}" bin/tour
 
 # The chaos suite at length: CHAOS_DURATION (default 5m) of load and faults
 # on a private stack, once on a single Redis and once on a Redis Cluster
-# (CHAOS_REDIS=single|cluster for one); the summaries land in chaos-summary.json.
+# (CHAOS_REDIS=single|cluster for one); then the demo consumer's, once per
+# broker, over CHAOS_MESSAGES (default 2500) messages (CHAOS_BROKER=nats|rabbitmq
+# for one); the summaries land in chaos-summary.json.
 chaos:
-	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-4000} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
+	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-4000} CHAOS_MESSAGES=$${CHAOS_MESSAGES:-2500} \
+		CHAOS_SUMMARY=$$PWD/chaos-summary.json \
 		scripts/test.sh -run TestChaos -v -timeout 60m

@@ -503,9 +503,12 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, o
 		return Outcome{Result: res}, outcomeFailed, nil
 	}
 	// A handler that failed because its caller left (a canceled context)
-	// is not counted against the key.
+	// is not counted against the key. One that stepped is handed off, a
+	// step's effect must not be forgotten, unless it says its steps had
+	// none and none is unsettled.
 	left := callerLeft(ctx, x.mode)
-	handedOff, failures := e.abandon(ctx, x, endFor(x.anyStep(), !left))
+	handOff := x.unsettled() || (x.anyStep() && !errors.Is(handleErr, ErrNoEffect))
+	handedOff, failures := e.abandon(ctx, x, endFor(handOff, !left))
 	if left {
 		return Outcome{}, outcomeFailed, ctx.Err()
 	}

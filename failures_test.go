@@ -3,6 +3,7 @@ package onceonly_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -187,4 +188,53 @@ func TestDoTxFailureIsNotCounted(t *testing.T) {
 	require.False(t, failed.HandedOff)
 	require.Zero(t, failed.Failures)
 	require.Equal(t, "absent", b.keyStatus(t, "k"))
+}
+
+// TestErrNoEffectFailsAStepped: a handler whose settled step had no effect
+// and that says so (ErrNoEffect) fails the key, counted, so its retry runs
+// again (the step called again); the same error without ErrNoEffect hands
+// the key off, as a step may have had an effect; and ErrNoEffect after a
+// step whose outcome is unknown hands it off too.
+func TestErrNoEffectFailsAStepped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{lease: 2 * time.Second})
+	var calls int
+	declined := errors.New("the gateway charged nothing")
+	require.NoError(t, b.engine.Register("pay", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+		charged, err := onceonly.Step(ctx, "charge", func(context.Context, string) (bool, error) {
+			calls++
+			if x.Key() == "unknown" {
+				return false, errors.New("reset")
+			}
+			return false, nil
+		})
+		switch {
+		case err != nil:
+			return onceonly.Result{}, fmt.Errorf("%w: %w", onceonly.ErrNoEffect, err)
+		case !charged && x.Key() == "silent":
+			return onceonly.Result{}, declined
+		case !charged:
+			return onceonly.Result{}, fmt.Errorf("%w: %w", declined, onceonly.ErrNoEffect)
+		}
+		return onceonly.Result{Status: http.StatusCreated}, nil
+	}))
+	for want := 1; want <= 2; want++ {
+		_, err := b.engine.Run(b.ctx, "pay", "m", "nothing", []byte(`{}`))
+		failed := requireExecutionError(t, err)
+		require.False(t, failed.HandedOff)
+		require.Equal(t, want, failed.Failures)
+		require.ErrorIs(t, err, declined)
+		require.Equal(t, "failed", b.keyStatus(t, "nothing"))
+		require.Equal(t, want, calls, "a retry of a failed key calls the step again")
+	}
+
+	_, err := b.engine.Run(b.ctx, "pay", "m", "silent", []byte(`{}`))
+	require.True(t, requireExecutionError(t, err).HandedOff, "without ErrNoEffect, a stepped execution is handed off")
+	require.Equal(t, "in_progress", b.keyStatus(t, "silent"))
+
+	_, err = b.engine.Run(b.ctx, "pay", "m", "unknown", []byte(`{}`))
+	require.True(t, requireExecutionError(t, err).HandedOff, "an unsettled step is handed off, ErrNoEffect or not")
+	var failures int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT failures FROM idempotency_keys WHERE key = 'unknown'`).Scan(&failures))
+	require.Zero(t, failures)
 }

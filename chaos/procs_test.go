@@ -17,12 +17,13 @@ import (
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
-// buildCommands builds api, relay, reconciler and gateway (without -race:
-// six of them share two cores with the servers) and returns their folder.
+// buildCommands builds api, relay, reconciler, gateway and consumer
+// (without -race: six of them share two cores with the servers) and returns
+// their folder.
 func buildCommands(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler", "../cmd/gateway")
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler", "../cmd/gateway", "../cmd/consumer")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("build the commands: %v\n%s", err, out)

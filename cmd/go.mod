@@ -21,6 +21,13 @@ require (
 )
 
 require (
+	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+)
+
+require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -39,11 +46,15 @@ require (
 	github.com/mattn/go-shellwords v1.0.12 // indirect
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nats-io/nats.go v1.55.0
+	github.com/onceonly/onceonly/onceamqp v0.0.0-00010101000000-000000000000
+	github.com/onceonly/onceonly/oncenats v0.0.0-00010101000000-000000000000
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/pressly/goose/v3 v3.28.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.1 // indirect
 	github.com/sethvargo/go-retry v0.4.0 // indirect
 	github.com/sirupsen/logrus v1.10.1 // indirect
@@ -65,3 +76,7 @@ require (
 )
 
 replace github.com/onceonly/onceonly => ../
+
+replace github.com/onceonly/onceonly/oncenats => ../oncenats
+
+replace github.com/onceonly/onceonly/onceamqp => ../onceamqp

@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -24,7 +23,6 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/backoff"
 )
 
 // Config configures the API.
@@ -41,7 +39,8 @@ type Config struct {
 	// api's own Postgres failures are, rather than 502.
 	GatewayOnOwnDatabase bool
 	// GatewayAttempts is how many calls one request makes to the gateway
-	// while its answer is unknown, before it looks the charge up (default 3).
+	// while its answer is unknown, before it looks the charge up (default
+	// DefaultGatewayAttempts).
 	GatewayAttempts int
 	Logger          *slog.Logger
 }
@@ -67,10 +66,7 @@ type merchantKey struct{}
 
 // NewHandler returns the API's routes.
 func NewHandler(cfg Config) http.Handler {
-	if cfg.GatewayAttempts <= 0 {
-		cfg.GatewayAttempts = 3
-	}
-	a := &api{cfg: cfg}
+	a := &api{cfg: cfg, payer: &Payer{Gateway: cfg.Gateway, GatewayAttempts: cfg.GatewayAttempts}}
 	idem := cfg.Engine.Middleware(onceonly.MiddlewareOptions{
 		Name:       HandlerName,
 		Scope:      func(r *http.Request) (string, error) { return merchant(r.Context()), nil },
@@ -89,7 +85,8 @@ func NewHandler(cfg Config) http.Handler {
 }
 
 type api struct {
-	cfg Config
+	cfg   Config
+	payer *Payer
 }
 
 func methodNotAllowed(allow string) http.HandlerFunc {
@@ -159,9 +156,9 @@ func (a *api) validateCreate(next http.Handler) http.Handler {
 	})
 }
 
-// create runs once per idempotency key, as an execution of the engine: the
-// charge is a step (outside any transaction, with its downstream key), then
-// the payment row commits with the key's completion. On a resumption it
+// create runs once per idempotency key, as an execution of the engine
+// (Payer.Pay: the charge as a step, then the payment row, which commits
+// with the key's completion), and answers what it did. On a resumption it
 // runs on the stored request: the merchant comes from the execution.
 func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
@@ -175,41 +172,24 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request", "The request body could not be read.", "")
 		return
 	}
-	req, err := parseCreate(body)
-	if err != nil {
+	p, err := a.payer.Pay(ctx, x.Scope(), x.Key(), body)
+	var unknown *ChargeUnknownError
+	switch {
+	case err == nil && p.Status == "declined":
+		a.writePayment(w, http.StatusPaymentRequired, p)
+	case err == nil:
+		a.writePayment(w, http.StatusCreated, p)
+	case errors.Is(err, ErrInvalidBody):
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error(), "")
-		return
-	}
-	merchantID := x.Scope()
-	charge, err := onceonly.Step(ctx, "charge", func(ctx context.Context, downstreamKey string) (gateway.Charge, error) {
-		return a.charge(ctx, downstreamKey, gateway.ChargeRequest{
-			Amount: req.Amount, Currency: req.Currency, Source: req.Source, Reference: merchantID + "/" + x.Key(),
-		})
-	})
-	if err != nil {
-		a.answerUnsettled(ctx, w, merchantID, x.Key(), err)
-		return
-	}
-	if charge.ID == "" {
+	case errors.As(err, &unknown):
+		a.answerUnsettled(ctx, w, x.Scope(), x.Key(), unknown.Err)
+	case errors.Is(err, ErrNotCharged):
 		writeError(w, http.StatusBadGateway, "gateway_error", "The payment gateway failed; retry with the same Idempotency-Key.", "")
-		return
+	default:
+		a.cfg.Logger.Error("insert payment", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The payment could not be recorded; retry.", "")
 	}
-	status, httpStatus := "succeeded", http.StatusCreated
-	if charge.Status == "declined" {
-		status, httpStatus = "declined", http.StatusPaymentRequired
-	}
-	tx, err := onceonly.Tx(ctx)
-	if err == nil {
-		var p Payment
-		p, err = insertPayment(ctx, tx, merchantID, x.Key(), req, status, charge.ID)
-		if err == nil {
-			a.writePayment(w, httpStatus, p)
-			return
-		}
-	}
-	a.cfg.Logger.Error("insert payment", "err", err)
-	w.Header().Set("Retry-After", "1")
-	writeError(w, http.StatusServiceUnavailable, "service_unavailable", "The payment could not be recorded; retry.", "")
 }
 
 // answerUnsettled answers a payment whose charge has no known outcome. The
@@ -265,69 +245,8 @@ func (a *api) writePayment(w http.ResponseWriter, status int, p Payment) {
 	writeJSON(w, status, p)
 }
 
-// charge calls the gateway with the step's downstream key until it
-// answers, at most GatewayAttempts times, then looks the charge up. It
-// returns the charge, a Charge without ID when the gateway is known to
-// have charged nothing, or an error when the outcome stays unknown.
-func (a *api) charge(ctx context.Context, key string, req gateway.ChargeRequest) (gateway.Charge, error) {
-	var lastErr error
-	var answered bool // the last failure was an answer of the gateway, not a lost call
-	for attempt := 1; ; attempt++ {
-		c, err := a.cfg.Gateway.Charge(ctx, key, req)
-		if err == nil {
-			return c, nil
-		}
-		if !errors.Is(err, gateway.ErrUnknownOutcome) {
-			return gateway.Charge{}, err // a request the gateway refuses: a bug here
-		}
-		lastErr = err
-		var inFlight *gateway.InFlightError
-		isInFlight := errors.As(err, &inFlight)
-		answered = !isInFlight && !lostCall(err)
-		if attempt >= a.cfg.GatewayAttempts || ctx.Err() != nil {
-			break
-		}
-		wait := time.Duration(attempt) * 100 * time.Millisecond
-		if isInFlight {
-			wait = min(max(inFlight.RetryAfter, wait), time.Second)
-		}
-		if backoff.Sleep(ctx, wait) != nil {
-			break
-		}
-	}
-	charges, err := a.cfg.Gateway.Lookup(ctx, req.Reference)
-	switch {
-	case err != nil:
-		return gateway.Charge{}, fmt.Errorf("outcome unknown (%w); look-up failed: %w", lastErr, err)
-	case len(charges.Data) > 0:
-		return charges.Data[0], nil
-	case answered && charges.InFlight == 0:
-		return gateway.Charge{}, nil
-	case charges.InFlight > 0:
-		// The gateway is still working on the call: it is in flight there.
-		return gateway.Charge{}, fmt.Errorf("outcome unknown (%w): %w", lastErr, &gateway.InFlightError{RetryAfter: time.Second})
-	}
-	return gateway.Charge{}, fmt.Errorf("outcome unknown: %w", lastErr)
-}
-
-// lostCall reports whether a gateway call failed without an answer: a
-// timeout, a broken connection, an answer cut short. Such a call may have
-// charged even when the look-up finds nothing yet (the gateway may still be
-// working on it).
-func lostCall(err error) bool {
-	var ue *url.Error
-	return errors.As(err, &ue) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded)
-}
-
 const paymentColumns = `id, amount, currency, customer, description, status, coalesce(charge_id, ''),
 	to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')`
-
-func insertPayment(ctx context.Context, tx pgx.Tx, merchantID, key string, req CreateRequest, status, chargeID string) (Payment, error) {
-	return scanPayment(tx.QueryRow(ctx, `INSERT INTO payments
-		(id, merchant_id, idempotency_key, amount, currency, customer, description, status, charge_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+paymentColumns,
-		newPaymentID(), merchantID, key, req.Amount, req.Currency, req.Customer, req.Description, status, chargeID))
-}
 
 func scanPayment(row pgx.Row) (Payment, error) {
 	p := Payment{Object: "payment"}

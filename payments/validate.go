@@ -67,6 +67,11 @@ func parseCreate(body []byte) (CreateRequest, error) {
 	if fields == nil {
 		return CreateRequest{}, &fieldError{message: "The request body must be a JSON object."}
 	}
+	return validateFields(fields)
+}
+
+// validateFields validates the members of a create body.
+func validateFields(fields map[string]json.RawMessage) (CreateRequest, error) {
 	var req CreateRequest
 	for name, raw := range fields {
 		switch name {

@@ -7,7 +7,7 @@ mkdir -p bin && go build -o bin/ ./cmd/...
 intro=$(sed '/^## api$/,$d' docs/configuration.md)
 {
 	printf '%s\n' "$intro"
-	for c in api relay reconciler gateway; do
+	for c in api relay reconciler gateway consumer; do
 		printf '\n## %s\n\n```\n' "$c"
 		env -i bin/$c -h 2>&1 # no environment: the defaults as shipped
 		printf '```\n'

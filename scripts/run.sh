@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Runs the whole system on this machine: local Postgres and Redis (installed
 # and started as needed, data under .data/dev), migrations, then the api on
-# HTTP_ADDR (:8080) with the relay, the reconciler and the demo's payment
-# gateway beside it; the api charges through the gateway (GATEWAY_URL).
+# HTTP_ADDR (:8080) with the relay, the reconciler, the demo's payment
+# gateway and the demo's message consumer beside it; the api and the
+# consumer charge through the gateway (GATEWAY_URL).
 # Logs are interleaved on stderr, each line labelled. Ctrl-C stops everything.
+#
+# The consumer reads payment messages from NATS JetStream (nats-server,
+# the Debian package, installed when missing and started under .data/dev) or,
+# with BROKER=rabbitmq, from RabbitMQ (rabbitmq-server, likewise). With
+# BROKER_URL set, it consumes there and starts no broker.
 #
 # With DATABASE_URL and REDIS_URL (or REDIS_CLUSTER_URL) set, it uses those
 # servers and starts none. REDIS_CLUSTER=1 runs everything on a local
 # three-master Redis Cluster (REDIS_CLUSTER_PORT, 7000-7002) instead of the
 # single Redis.
-# Ports: PG_PORT (5432), REDIS_PORT (6379), HTTP_ADDR (:8080),
+# Ports: PG_PORT (5432), REDIS_PORT (6379), NATS_PORT (4222), AMQP_PORT
+# (5672; RabbitMQ's Erlang ports are the next seven), HTTP_ADDR (:8080),
 # RELAY_HTTP_ADDR (:8081), RECONCILER_HTTP_ADDR (:8082),
-# GATEWAY_HTTP_ADDR (:8083).
+# GATEWAY_HTTP_ADDR (:8083), CONSUMER_HTTP_ADDR (:8084).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +41,26 @@ if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}${REDIS_CLUSTER_URL:-}" ]; 
 fi
 export LOG_FORMAT=${LOG_FORMAT:-text}
 
+broker=${BROKER:-nats}
+case "$broker" in
+nats | rabbitmq) ;;
+*) echo "run: BROKER=$broker: say nats or rabbitmq" >&2; exit 2 ;;
+esac
+broker_started=
+if [ -z "${BROKER_URL:-}" ]; then
+	if [ "$broker" = rabbitmq ]; then
+		p=${AMQP_PORT:-5672}
+		scripts/services.sh rabbitmq .data/dev "$p"
+		BROKER_URL="amqp://guest:guest@127.0.0.1:$p/"
+	else
+		p=${NATS_PORT:-4222}
+		scripts/services.sh nats .data/dev "$p"
+		BROKER_URL="nats://127.0.0.1:$p"
+	fi
+	broker_started=1
+fi
+export BROKER_URL
+
 mkdir -p bin
 go build -o bin/ ./cmd/...
 bin/api migrate up
@@ -43,7 +70,11 @@ stop_all() {
 	trap - INT TERM EXIT
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	wait || true
-	if [ -n "$started" ]; then scripts/services.sh stop .data/dev; fi
+	if [ -n "$started" ]; then
+		scripts/services.sh stop .data/dev
+	elif [ -n "$broker_started" ]; then
+		scripts/services.sh stop-brokers .data/dev
+	fi
 }
 trap stop_all INT TERM EXIT
 
@@ -65,5 +96,8 @@ done
 start api env HTTP_ADDR="${HTTP_ADDR:-:8080}" GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:${gateway_addr##*:}}" bin/api
 [ -x bin/relay ] && start relay env HTTP_ADDR="${RELAY_HTTP_ADDR:-:8081}" DATABASE_SESSION_URL="${DATABASE_SESSION_URL:-$DATABASE_URL}" bin/relay
 [ -x bin/reconciler ] && start reconciler env HTTP_ADDR="${RECONCILER_HTTP_ADDR:-:8082}" bin/reconciler
-echo "onceonly: api on ${HTTP_ADDR:-:8080} (Ctrl-C stops everything)" >&2
+# The consumer runs the engine's resumer only: the relay and the reconciler
+# above serve it too.
+start consumer env HTTP_ADDR="${CONSUMER_HTTP_ADDR:-:8084}" GATEWAY_URL="${GATEWAY_URL:-http://127.0.0.1:${gateway_addr##*:}}" bin/consumer
+echo "onceonly: api on ${HTTP_ADDR:-:8080}, consumer on $broker ($BROKER_URL) (Ctrl-C stops everything)" >&2
 wait -n || true

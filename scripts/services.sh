@@ -10,6 +10,7 @@
 #   scripts/services.sh rabbitmq DIR PORT
 #   scripts/services.sh nats DIR PORT
 #   scripts/services.sh stop DIR
+#   scripts/services.sh stop-brokers DIR   RabbitMQ and nats-server only
 #
 # Data lives under DIR (git-ignored .data/ by default) and is reused by the
 # next start. As root, initdb and postgres run as the "postgres" user. With
@@ -511,5 +512,6 @@ sentinel) sentinel "$@" ;;
 rabbitmq) rabbitmq "$@" ;;
 nats) nats "$@" ;;
 stop) stop "$@" ;;
-*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR" >&2; exit 2 ;;
+stop-brokers) rabbitmq_stop "$@" && stop_nats "$@" ;;
+*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR | stop-brokers DIR" >&2; exit 2 ;;
 esac

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -18,16 +17,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/cmd/internal/paygateway"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
 	"github.com/onceonly/onceonly/console"
-	"github.com/onceonly/onceonly/gateway"
 	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/internal/redisconn"
 	"github.com/onceonly/onceonly/payments"
@@ -43,32 +41,27 @@ func main() {
 // settings is the api's configuration.
 type settings struct {
 	*daemon.Common
-	apiKeys, gatewayURL                                                     *string
-	deferNotify                                                             *bool
-	leaseTimeout, completedTTL, failedTTL, gatewayLatency, slowGatewayDelay *time.Duration
-	gatewayTimeout, resumeInterval                                          *time.Duration
-	force                                                                   *bool
-	consoleAuth                                                             *string
-	consoleReadOnly, consoleRedact                                          *bool
+	engine          *daemon.Engine
+	gateway         *paygateway.Settings
+	apiKeys         *string
+	deferNotify     *bool
+	force           *bool
+	consoleAuth     *string
+	consoleReadOnly *bool
+	consoleRedact   *bool
 }
 
 func define(s *config.Set) *settings {
 	return &settings{
-		Common:           daemon.DefineCommon(s, ":8080", "Redis URL, redis:// or rediss://; unset with no cluster or Sentinel URL: Postgres only"),
-		apiKeys:          s.String("api-keys", "API_KEYS", "", "API keys as key=merchant,... (unset: "+demoAPIKeys+", with a warning)"),
-		deferNotify:      s.Bool("defer-notify", "DEFER_NOTIFY", true, "keep the relay's NOTIFY out of the transactions (faster commits; the api notifies after a commit only when its write-through to Redis failed, and the relay polls for the rest); false notifies in every transaction"),
-		leaseTimeout:     s.Duration("lease-timeout", "LEASE_TIMEOUT", onceonly.DefaultLeaseTimeout, "how long a claim holds a key without a heartbeat"),
-		completedTTL:     s.Duration("completed-ttl", "COMPLETED_TTL", onceonly.DefaultCompletedTTL, "how long completed keys are kept"),
-		failedTTL:        s.Duration("failed-ttl", "FAILED_TTL", onceonly.DefaultFailedTTL, "how long failed keys are kept"),
-		gatewayURL:       s.String("gateway-url", "GATEWAY_URL", "", "base URL of the payment gateway (unset: an in-process simulated gateway)"),
-		gatewayTimeout:   s.Duration("gateway-timeout", "GATEWAY_TIMEOUT", 10*time.Second, "the longest one gateway call may take"),
-		gatewayLatency:   s.Duration("gateway-latency", "GATEWAY_LATENCY", 0, "in-process gateway: delay of every charge"),
-		slowGatewayDelay: s.Duration("slow-gateway-delay", "SLOW_GATEWAY_DELAY", 2*time.Second, "in-process gateway: extra delay of source tok_slow"),
-		resumeInterval:   s.Duration("resume-interval", "RESUME_INTERVAL", onceonly.DefaultResumeInterval, "how often the api looks for executions whose holder died after calling the gateway, to finish them"),
-		force:            s.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress"),
-		consoleAuth:      s.String("console-auth", "CONSOLE_AUTH", "", "user:password of the operators' console served under /console/ (HTTP Basic); unset: no console, every /console/ path answers 404"),
-		consoleReadOnly:  s.Bool("console-readonly", "CONSOLE_READONLY", false, "the console shows no form that changes anything and answers every POST 403"),
-		consoleRedact:    s.Bool("console-redact", "CONSOLE_REDACT", false, "the console never shows stored request or response bodies"),
+		Common:          daemon.DefineCommon(s, ":8080", "Redis URL, redis:// or rediss://; unset with no cluster or Sentinel URL: Postgres only"),
+		engine:          daemon.DefineEngine(s, "api"),
+		gateway:         paygateway.Define(s),
+		apiKeys:         s.String("api-keys", "API_KEYS", "", "API keys as key=merchant,... (unset: "+demoAPIKeys+", with a warning)"),
+		deferNotify:     s.Bool("defer-notify", "DEFER_NOTIFY", true, "keep the relay's NOTIFY out of the transactions (faster commits; the api notifies after a commit only when its write-through to Redis failed, and the relay polls for the rest); false notifies in every transaction"),
+		force:           s.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress"),
+		consoleAuth:     s.String("console-auth", "CONSOLE_AUTH", "", "user:password of the operators' console served under /console/ (HTTP Basic); unset: no console, every /console/ path answers 404"),
+		consoleReadOnly: s.Bool("console-readonly", "CONSOLE_READONLY", false, "the console shows no form that changes anything and answers every POST 403"),
+		consoleRedact:   s.Bool("console-redact", "CONSOLE_REDACT", false, "the console never shows stored request or response bodies"),
 	}
 }
 
@@ -77,22 +70,6 @@ func define(s *config.Set) *settings {
 type validated struct {
 	apiKeys  map[string]string
 	demoKeys bool
-}
-
-// validateGateway checks the gateway settings.
-func validateGateway(s *settings) error {
-	if *s.gatewayURL != "" {
-		u, err := url.Parse(*s.gatewayURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("bad configuration: GATEWAY_URL=%q is not an http(s) URL", *s.gatewayURL)
-		}
-	}
-	for name, d := range map[string]time.Duration{"GATEWAY_TIMEOUT": *s.gatewayTimeout, "RESUME_INTERVAL": *s.resumeInterval} {
-		if d <= 0 {
-			return fmt.Errorf("bad configuration: %s must be positive", name)
-		}
-	}
-	return nil
 }
 
 func validate(s *settings) (validated, error) {
@@ -111,7 +88,10 @@ func validate(s *settings) (validated, error) {
 			return v, errors.New("bad configuration: CONSOLE_AUTH must be user:password, neither empty")
 		}
 	}
-	return v, validateGateway(s)
+	if err := s.engine.Validate(); err != nil {
+		return v, err
+	}
+	return v, s.gateway.Validate()
 }
 
 func parseAPIKeys(raw string) (map[string]string, error) {
@@ -145,18 +125,15 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	defer pool.Close()
 
 	reg := ops.Registry()
-	engine, err := onceonly.New(onceonly.Config{
-		Pool: pool, Redis: rdb, RedisPrefix: *s.RedisPrefix,
-		LeaseTimeout: *s.leaseTimeout, CompletedTTL: *s.completedTTL, FailedTTL: *s.failedTTL,
-		ResumeInterval: *s.resumeInterval,
-		Tuning:         onceonly.Tuning{RedisWriteLayout1: *s.RedisWriteLayout1, NotifyInTransaction: !*s.deferNotify},
-		Logger:         log, Registerer: reg,
-	})
+	cfg := s.engine.Config()
+	cfg.Pool, cfg.Redis, cfg.RedisPrefix, cfg.Logger, cfg.Registerer = pool, rdb, *s.RedisPrefix, log, reg
+	cfg.Tuning = onceonly.Tuning{RedisWriteLayout1: *s.RedisWriteLayout1, NotifyInTransaction: !*s.deferNotify}
+	engine, err := onceonly.New(cfg)
 	if err != nil {
 		return err
 	}
 	defer engine.Close()
-	gw, stopGateway, err := openGateway(ctx, s, pool, log)
+	gw, stopGateway, err := s.gateway.Open(ctx, pool, *s.engine.LeaseTimeout, log)
 	if err != nil {
 		return err
 	}
@@ -176,7 +153,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	defer stopConsole()
 	mux.Handle("/", payments.NewHandler(payments.Config{
 		Engine: engine, Pool: pool, APIKeys: v.apiKeys, Gateway: gw, Logger: log,
-		GatewayOnOwnDatabase: *s.gatewayURL == "",
+		GatewayOnOwnDatabase: s.gateway.InProcess(),
 	}))
 	// The api's answers by status code, for the 5xx alert
 	// (deploy/prometheus/alerts.yml): the engine's outcomes do not say what
@@ -229,31 +206,4 @@ func mountConsole(ctx context.Context, mux *http.ServeMux, s *settings, engine *
 	mux.Handle(console.DefaultPrefix, c)
 	log.Info("console served", "path", console.DefaultPrefix+"/", "read_only", *s.consoleReadOnly, "redact", *s.consoleRedact)
 	return c.Stop, nil
-}
-
-// openGateway returns the client of the payment gateway at GATEWAY_URL, or
-// of one served in this process when it is unset.
-func openGateway(ctx context.Context, s *settings, pool *pgxpool.Pool, log *slog.Logger) (*gateway.Client, func(), error) {
-	// The gateway joins the payment's trace (traceparent on every call).
-	httpClient := &http.Client{Timeout: *s.gatewayTimeout, Transport: otelhttp.NewTransport(http.DefaultTransport)}
-	if *s.gatewayURL != "" {
-		return &gateway.Client{BaseURL: strings.TrimRight(*s.gatewayURL, "/"), HTTP: httpClient}, func() {}, nil
-	}
-	// A call's hold on its downstream key ends with this process within
-	// half a lease, so a retry that takes the payment over after the lease
-	// finds the key free.
-	base, stop, err := gateway.StartInProcess(ctx, gateway.Config{
-		Pool: pool, Latency: *s.gatewayLatency, SlowDelay: *s.slowGatewayDelay, Logger: log,
-		Lease: min(gateway.DefaultLease, *s.leaseTimeout/2),
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("start the in-process gateway: %w", err)
-	}
-	log.Warn("GATEWAY_URL is unset: charging through an in-process simulated gateway", "url", base)
-	return &gateway.Client{BaseURL: base, HTTP: httpClient}, func() {
-		// Called after ctx has ended: the shutdown keeps ctx's values, not its end.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = stop(sctx)
-	}, nil
 }

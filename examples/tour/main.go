@@ -2,11 +2,16 @@
 // printing what happens at each step: a first call, its replay, a
 // concurrent duplicate (409), a reused key (422), a declined card replayed
 // (402), a gateway error (502) whose retry runs again, recovery after an
-// api process is killed in the middle of a request, and an api killed after
-// the gateway charged whose payment is finished with no client retry.
+// api process is killed in the middle of a request, an api killed after
+// the gateway charged whose payment is finished with no client retry, and a
+// payment message published twice that the demo consumer runs once.
 //
-//	make run     # in one terminal
-//	make tour    # in another
+//	make run     # in one terminal (make run BROKER=rabbitmq: on RabbitMQ)
+//	make tour    # in another (make tour BROKER=rabbitmq)
+//
+// The tour uses no broker client: it publishes through `consumer publish`
+// (the consumer's binary, in the commands' module, which holds the broker
+// clients), and reads the payment in Postgres and through the api.
 package main
 
 import (
@@ -36,6 +41,9 @@ func main() {
 type tour struct {
 	api, apiKey string
 	gatewayURL  string // the gateway the running api charges through ("": none known)
+	consumer    string // the running consumer's ops base URL
+	brokerURL   string // the broker it consumes (BROKER_URL)
+	databaseURL string // the stack's Postgres, where the payments are
 	http        *http.Client
 	retrying    *client.Client
 	run         string // makes this run's keys unique
@@ -49,10 +57,15 @@ func run() error {
 	gatewayBin := flag.String("gateway-bin", "bin/gateway", "gateway binary, started with faults for the charged-then-killed step")
 	gatewayURL := flag.String("gateway-url", envOr("TOUR_GATEWAY_URL", ""),
 		"the gateway the running api charges through; the crash step's second api charges there too (empty: its own in-process gateway)")
+	consumerBin := flag.String("consumer-bin", "bin/consumer", "consumer binary, whose publish command the message step publishes with")
+	consumer := flag.String("consumer", envOr("TOUR_CONSUMER", "http://localhost:8084"), "ops base URL of the running consumer")
+	brokerURL := flag.String("broker-url", envOr("BROKER_URL", "nats://127.0.0.1:4222"), "the broker the running consumer reads")
+	databaseURL := flag.String("database-url", envOr("DATABASE_URL", ""), "the stack's Postgres (the message step reads the payment there)")
 	flag.Parse()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	t := &tour{
 		api: strings.TrimSuffix(*api, "/"), apiKey: *apiKey, gatewayURL: *gatewayURL, http: hc,
+		consumer: strings.TrimSuffix(*consumer, "/"), brokerURL: *brokerURL, databaseURL: *databaseURL,
 		retrying: &client.Client{HTTP: hc, MaxAttempts: 20, MinDelay: 100 * time.Millisecond, MaxDelay: time.Second},
 		run:      fmt.Sprintf("tour-%d", time.Now().Unix()),
 	}
@@ -64,6 +77,7 @@ func run() error {
 		t.firstCallAndReplay, t.concurrentDuplicate, t.reusedKey, t.declinedReplayed, t.gatewayError,
 		func(ctx context.Context) error { return t.crashMidRequest(ctx, *apiBin) },
 		func(ctx context.Context) error { return t.killedAfterCharge(ctx, *apiBin, *gatewayBin) },
+		func(ctx context.Context) error { return t.messagePublishedTwice(ctx, *consumerBin) },
 	} {
 		if err := step(ctx); err != nil {
 			return err

@@ -2,6 +2,7 @@ package deploytest
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,7 +24,11 @@ var commands = map[string][]string{
 	"relay":      {"--once"},
 	"reconciler": {"--once"},
 	"gateway":    {},
+	"consumer":   {"publish"},
 }
+
+// brokers are the services each consumer service consumes from.
+var brokers = map[string]string{"consumer": "nats", "consumer-rabbitmq": "rabbitmq"}
 
 // TestComposeFile loads docker-compose.yml with the compose-spec loader (no
 // engine runs here) and checks the wiring: every service's command exists in
@@ -33,12 +38,12 @@ func TestComposeFile(t *testing.T) {
 	compose := filepath.Join(root, "docker-compose.yml")
 	opts, err := cli.NewProjectOptions([]string{compose},
 		cli.WithWorkingDirectory(root), cli.WithName("onceonly"),
-		cli.WithEnv([]string{"POSTGRES_PASSWORD=test-only", "API_KEYS=sk_x=acct_x"}))
+		cli.WithEnv([]string{"POSTGRES_PASSWORD=test-only", "RABBITMQ_PASSWORD=test-only-mq", "API_KEYS=sk_x=acct_x"}))
 	require.NoError(t, err)
 	project, err := opts.LoadProject(context.Background())
 	require.NoError(t, err)
 
-	want := []string{"api", "gateway", "grafana", "migrate", "postgres", "prometheus", "reconciler", "redis", "relay"}
+	want := []string{"api", "consumer", "consumer-rabbitmq", "gateway", "grafana", "migrate", "nats", "postgres", "prometheus", "rabbitmq", "reconciler", "redis", "relay"}
 	require.ElementsMatch(t, want, project.ServiceNames())
 
 	for name, svc := range project.Services {
@@ -76,7 +81,15 @@ func TestComposeFile(t *testing.T) {
 		require.Equal(t, []string{"CMD", "api", "probe"}, []string(svc.HealthCheck.Test[:3]), name)
 		require.Equal(t, "service_completed_successfully", svc.DependsOn["migrate"].Condition, name)
 		require.Equal(t, "service_healthy", svc.DependsOn["redis"].Condition, name)
+		if broker, ok := brokers[name]; ok { // a consumer waits for its broker and reads it
+			require.Equal(t, "service_healthy", svc.DependsOn[broker].Condition, name)
+			u, err := url.Parse(*svc.Environment["BROKER_URL"])
+			require.NoError(t, err, name)
+			require.Equal(t, broker, u.Hostname(), "%s reads %s", name, broker)
+		}
 	}
+	require.Contains(t, *project.Services["consumer-rabbitmq"].Environment["BROKER_URL"], "test-only-mq", "the broker's password comes from the environment")
+	require.Equal(t, "test-only-mq", *project.Services["rabbitmq"].Environment["RABBITMQ_DEFAULT_PASS"])
 
 	raw, err := os.ReadFile(compose)
 	require.NoError(t, err)
@@ -87,6 +100,10 @@ func TestComposeFile(t *testing.T) {
 	require.NoError(t, err)
 	_, err = opts.LoadProject(context.Background())
 	require.ErrorContains(t, err, "POSTGRES_PASSWORD")
+	opts, err = cli.NewProjectOptions([]string{compose}, cli.WithWorkingDirectory(root), cli.WithEnv([]string{"POSTGRES_PASSWORD=test-only"}))
+	require.NoError(t, err)
+	_, err = opts.LoadProject(context.Background())
+	require.ErrorContains(t, err, "RABBITMQ_PASSWORD")
 }
 
 // TestDockerfileBuildsEveryCommand checks that the image contains every main

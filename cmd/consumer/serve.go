@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cmd/internal/daemon"
+	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
+	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
+	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
+	"github.com/onceonly/onceonly/cmd/internal/tracing"
+	"github.com/onceonly/onceonly/internal/redisconn"
+	"github.com/onceonly/onceonly/payments"
+	"github.com/onceonly/onceonly/payments/schema"
+)
+
+// runServe is `consumer [flags]`: everything is validated before the first
+// log line or connection.
+func runServe(args []string, stderr io.Writer) int {
+	set, s := newSet(stderr)
+	if code, ok := daemon.ParseArgs(set, "consumer", args, stderr); !ok {
+		return code
+	}
+	if err := set.Require(map[string]*string{"broker-url": s.brokerURL}); err != nil {
+		return fail(stderr, "consumer", err, 2)
+	}
+	setup, err := s.Validate(stderr, set, false)
+	var kind brokerKind
+	if err == nil {
+		kind, err = s.validate()
+	}
+	if err != nil {
+		return fail(stderr, "consumer", err, 2)
+	}
+	ctx, stop := shutdown.SignalContext()
+	defer stop()
+	stopTracing, err := tracing.Start(ctx, "onceonly-consumer")
+	if err != nil {
+		return fail(stderr, "consumer", err, 2)
+	}
+	defer stopTracing()
+	if err := serve(ctx, s, kind, setup); err != nil {
+		return fail(stderr, "consumer", err, 1)
+	}
+	return 0
+}
+
+// serve connects Postgres, Redis, the gateway and the broker, and consumes
+// beside the ops server until ctx ends.
+func serve(ctx context.Context, s *settings, kind brokerKind, setup daemon.Setup) error {
+	log := setup.Log
+	rdb := redisconn.New(setup.Redis)
+	if rdb != nil {
+		defer rdb.Close()
+	} else {
+		log.Warn("REDIS_URL is unset: running from Postgres alone")
+	}
+	pgCfg := setup.Postgres
+	// Each worker's execution holds a connection at a time; the claim
+	// batches, the resumer and the in-process gateway want a few more.
+	pgCfg.MaxConns = max(pgCfg.MaxConns, int32(min(2**s.workers+8, 256))) //nolint:gosec // G115: bounded above
+	pool, err := postgres.Open(ctx, pgCfg, schema.Migrations())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	reg := ops.Registry()
+	cfg := s.engine.Config()
+	cfg.Pool, cfg.Redis, cfg.RedisPrefix, cfg.Logger, cfg.Registerer = pool, rdb, *s.RedisPrefix, log, reg
+	cfg.Tuning = onceonly.Tuning{RedisWriteLayout1: *s.RedisWriteLayout1}
+	// The resumer only: the relay and the reconciler run as commands of
+	// their own (cmd/relay, cmd/reconciler), as beside the api.
+	cfg.Daemons = onceonly.Daemons{NoRelay: true, NoReconciler: true}
+	engine, err := onceonly.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer engine.Close()
+	gw, stopGateway, err := s.gateway.Open(ctx, pool, *s.engine.LeaseTimeout, log)
+	if err != nil {
+		return err
+	}
+	defer stopGateway()
+
+	cc := consumerConfig{
+		url: *s.brokerURL, engine: engine, payer: &payments.Payer{Gateway: gw},
+		maxFailures: *s.maxFailures, workers: *s.workers, lease: *s.engine.LeaseTimeout,
+		log: log, registerer: reg,
+	}
+	newConsumer, brokerName := newAMQPConsumer, "rabbitmq"
+	if kind == natsJetStream {
+		newConsumer, brokerName = newNATSConsumer, "nats"
+	}
+	cons, closeBroker, err := newConsumer(cc)
+	if err != nil {
+		return err
+	}
+	defer closeBroker()
+	if err := engine.Start(ctx); err != nil {
+		return err
+	}
+
+	// Ready: consuming on a live connection, and Postgres answers. Without
+	// Redis the consumer still works, from Postgres: degraded, not unready.
+	var optional map[string]ops.Check
+	if rdb != nil {
+		optional = map[string]ops.Check{"redis": redisconn.Check(rdb)}
+	}
+	mux := http.NewServeMux()
+	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping, "broker": connected(cons)}, optional)
+	srv := &http.Server{Addr: *s.HTTPAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	log.Info("consumer started", "addr", *s.HTTPAddr, "broker", brokerName, "workers", *s.workers,
+		"max_failures", *s.maxFailures, "redis", rdb != nil, "gateway", gw.BaseURL)
+	return shutdown.RunBeside(ctx, srv, log, cons.Run)
+}
+
+// errNotConsuming is /readyz's answer while the consumer has no live
+// connection to the broker.
+var errNotConsuming = errors.New("not consuming: no live connection to the broker")
+
+func connected(c consumer) ops.Check {
+	return func(context.Context) error {
+		if !c.Connected() {
+			return errNotConsuming
+		}
+		return nil
+	}
+}
