@@ -297,6 +297,11 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(DISTINCT key) FROM effects`).Scan(&keys))
 		return keys == n
 	})
+	// order-0's ack was lost with its channel: its redelivery is settled
+	// as a replay, possibly after a second as a copy in flight.
+	testenv.Eventually(t, 20*time.Second, "order-0's redelivery replayed", func() bool {
+		return b.settled(t, "ack", "replayed") >= 1
+	})
 	testenv.Eventually(t, 20*time.Second, "the queue drained", func() bool {
 		return c.Connected() && b.ready(t, b.queue.Name) == 0 && b.metric(t, "onceonly_amqp_held_deliveries", nil) == 0
 	})

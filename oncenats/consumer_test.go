@@ -205,7 +205,9 @@ func TestCopyOfKeyInFlightComesBack(t *testing.T) {
 
 func TestLongExecutionKeepsItsMessage(t *testing.T) {
 	t.Parallel()
-	const ackWait = time.Second
+	// InProgress goes every third of AckWait: 2 s leaves a loaded machine
+	// room for a late tick, which 1 s did not.
+	const ackWait = 2 * time.Second
 	b := setup(t, setupOpts{ackWait: ackWait})
 	started, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
@@ -218,6 +220,12 @@ func TestLongExecutionKeepsItsMessage(t *testing.T) {
 			return err
 		}
 		delivered.Store(md.NumDelivered)
+		// An execution that outlives its lease steps first: the step
+		// commits its claim, whose lease the engine then renews (one that
+		// never steps is ended by Postgres at the lease, issue 28).
+		if _, err := onceonly.Step(ctx, "begin", func(context.Context, string) (int, error) { return 0, nil }); err != nil {
+			return err
+		}
 		close(started)
 		return held(ctx, msg)
 	}, b.options())

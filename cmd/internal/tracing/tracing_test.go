@@ -33,7 +33,7 @@ func TestSetupExportsOverOTLPHTTP(t *testing.T) {
 	require.NoError(t, shutdown(ctx)) // flushes
 
 	require.NotEmpty(t, col.Find("payments-api", "onceonly.execute"))
-	require.NotEmpty(t, col.Find("payments-api", "onceonly.claim"))
+	require.NotEmpty(t, col.Find("payments-api", "onceonly.handler"))
 }
 
 // TestSetupIsOffByDefault: without an endpoint, or with the SDK disabled,
