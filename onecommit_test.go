@@ -240,8 +240,8 @@ func TestOneCommitKillChild(t *testing.T) {
 		if _, err := payment(201, `{}`)(ctx, tx); err != nil {
 			return onceonly.Result{}, err
 		}
-		fmt.Println("running")
-		time.Sleep(time.Hour) // until killed
+		fmt.Fprintln(os.Stdout, "running") // the parent waits for this line
+		time.Sleep(time.Hour)              // until killed
 		return onceonly.Result{}, ctx.Err()
 	})
 }

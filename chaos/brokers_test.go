@@ -122,7 +122,7 @@ func (b *natsChaos) pending(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("consumer info: %w", err)
 	}
-	return int(info.NumPending) + info.NumAckPending, nil
+	return int(info.NumPending) + info.NumAckPending, nil //nolint:gosec // G115: a test stream's pending count fits an int
 }
 
 // amqpChaos is a private RabbitMQ node. Publishers share one connection,

@@ -131,7 +131,7 @@ type ccRun struct {
 	all       []*proc
 }
 
-func (r *ccRun) violate(format string, args ...any) {
+func (r *ccRun) violatef(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	r.s.Violations = append(r.s.Violations, msg)
 	r.t.Error(msg)
@@ -200,7 +200,7 @@ func runConsumerChaos(t *testing.T, bins, broker string, duration time.Duration,
 	<-faultsDone
 	s.DurationS = time.Since(began).Seconds()
 	if ctx.Err() != nil {
-		r.violate("the load outlasted its deadline: %v", context.Cause(ctx))
+		r.violatef("the load outlasted its deadline: %v", context.Cause(ctx))
 	}
 
 	s.Reached = "settle"
@@ -212,27 +212,27 @@ func runConsumerChaos(t *testing.T, bins, broker string, duration time.Duration,
 		left, deadN, done = r.settled(ctx, plan)
 		return done
 	}) {
-		r.violate("not every message settled within %s of the load's end (%d left in the queue, %d dead letters)", ccSettleLimit, left, deadN)
+		r.violatef("not every message settled within %s of the load's end (%d left in the queue, %d dead letters)", ccSettleLimit, left, deadN)
 	}
 	s.SettleS = time.Since(settledAt).Seconds()
 
 	s.Reached = "checks"
 	for _, c := range r.consumers {
 		if err := c.stop(); err != nil { // SIGTERM: exit 0 within 10 s
-			r.violate("%v", err)
+			r.violatef("%v", err)
 		}
 	}
 	if n, err := r.broker.pending(ctx); err != nil || n != 0 {
-		r.violate("%d messages left in payments.charge once the consumers stopped (err %v)", n, err)
+		r.violatef("%d messages left in payments.charge once the consumers stopped (err %v)", n, err)
 	}
 	dead, err := r.broker.deadLetters(ctx, r.consumerLogs())
 	if err != nil {
-		r.violate("read the dead letters: %v", err)
+		r.violatef("read the dead letters: %v", err)
 	}
 	r.check(ctx, plan, dead)
 	for _, p := range []*proc{relay, reconciler, gw} {
 		if err := p.stop(); err != nil {
-			r.violate("%v", err)
+			r.violatef("%v", err)
 		}
 	}
 	if s.Faults["kill_consumer"] == 0 || s.Faults["flush_redis"] == 0 || s.Faults["restart_broker"] != 1 {
@@ -374,7 +374,7 @@ func (r *ccRun) injectFaults(ctx context.Context, duration time.Duration) {
 			c.kill()
 			time.Sleep(200 * time.Millisecond) // the time the process stays down
 			if err := c.start(); err != nil {
-				r.violate("%v", err)
+				r.violatef("%v", err)
 			}
 			r.s.Faults["kill_consumer"]++
 			continue
@@ -478,12 +478,12 @@ func (r *ccRun) consumerLogs() string {
 func (r *ccRun) check(ctx context.Context, plan []*ccMessage, dead []deadLetter) {
 	rows, err := r.rows(ctx)
 	if err != nil {
-		r.violate("%v", err)
+		r.violatef("%v", err)
 		return
 	}
 	charges, err := r.charges(ctx)
 	if err != nil {
-		r.violate("%v", err)
+		r.violatef("%v", err)
 		return
 	}
 	deadBy := map[string][]deadLetter{}
@@ -495,17 +495,17 @@ func (r *ccRun) check(ctx context.Context, plan []*ccMessage, dead []deadLetter)
 		r.s.PaymentRows += len(ps)
 		if len(ps) > 1 {
 			r.s.DoublePayments++
-			r.violate("I1: %s has %d payment rows: %v", ref, len(ps), ps)
+			r.violatef("I1: %s has %d payment rows: %v", ref, len(ps), ps)
 		}
 	}
 	for ref, cs := range charges {
 		r.s.Charges += len(cs)
 		if len(cs) > 1 {
 			r.s.DoubleCharges++
-			r.violate("I11: %s was charged %d times: %v", ref, len(cs), cs)
+			r.violatef("I11: %s was charged %d times: %v", ref, len(cs), cs)
 		}
 		if ps := rows[ref]; len(ps) != 1 || ps[0].charge != cs[0] {
-			r.violate("I12: %s: charge %s has payment rows %v", ref, cs[0], ps)
+			r.violatef("I12: %s: charge %s has payment rows %v", ref, cs[0], ps)
 		}
 	}
 	var noKey []deadLetter // the messages without a key, together
@@ -515,7 +515,7 @@ func (r *ccRun) check(ctx context.Context, plan []*ccMessage, dead []deadLetter)
 		ps, ds := rows[ref], deadBy[m.key]
 		lost := func(format string, args ...any) {
 			r.s.Lost++
-			r.violate("%s (%s): "+format, append([]any{m.key, m.kind}, args...)...)
+			r.violatef("%s (%s): "+format, append([]any{m.key, m.kind}, args...)...)
 		}
 		switch m.kind {
 		case "visa", "declined", "slow":
@@ -524,7 +524,7 @@ func (r *ccRun) check(ctx context.Context, plan []*ccMessage, dead []deadLetter)
 				lost("no %s payment row: %v", want, ps)
 			}
 			if len(ds) > 0 {
-				r.violate("%s (%s) dead-lettered: %v", m.key, m.kind, ds)
+				r.violatef("%s (%s) dead-lettered: %v", m.key, m.kind, ds)
 			}
 		case "reused":
 			if len(ps) == 0 {
@@ -540,7 +540,7 @@ func (r *ccRun) check(ctx context.Context, plan []*ccMessage, dead []deadLetter)
 			r.requireDead(m, ds, "reused", m.confirmed[loser], m.confirmed[loser]+m.maybe[loser], m.bodies[loser])
 		case "gateway_error":
 			if len(ps) > 0 || len(charges[ref]) > 0 {
-				r.violate("%s (tok_gatewayError) has payment rows %v and charges %v", m.key, ps, charges[ref])
+				r.violatef("%s (tok_gatewayError) has payment rows %v and charges %v", m.key, ps, charges[ref])
 			}
 			r.requireDead(m, ds, "failed", m.confirmed[0], m.confirmed[0]+m.maybe[0], m.bodies[0])
 		case "invalid":
@@ -555,27 +555,27 @@ func (r *ccRun) check(ctx context.Context, plan []*ccMessage, dead []deadLetter)
 	noKey = deadBy[""]
 	if len(noKey) < noKeyCopies[0] || len(noKey) > noKeyCopies[1] {
 		r.s.Lost += max(0, noKeyCopies[0]-len(noKey))
-		r.violate("messages without a key: %d dead letters for %d–%d copies published", len(noKey), noKeyCopies[0], noKeyCopies[1])
+		r.violatef("messages without a key: %d dead letters for %d–%d copies published", len(noKey), noKeyCopies[0], noKeyCopies[1])
 	}
 	for _, d := range noKey {
 		if d.reason != "invalid" {
-			r.violate("a message without a key dead-lettered as %q", d.reason)
+			r.violatef("a message without a key dead-lettered as %q", d.reason)
 		}
 	}
 	var keys, inProgress, outbox int
 	if err := r.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE key LIKE 'msg-%' AND scope LIKE 'acct_c%'),
 		count(*) FILTER (WHERE status = 'in_progress') FROM idempotency_keys`).Scan(&keys, &inProgress); err != nil {
-		r.violate("read the keys: %v", err)
+		r.violatef("read the keys: %v", err)
 	}
 	if inProgress > 0 {
-		r.violate("I5: %d keys still in progress after the messages settled", inProgress)
+		r.violatef("I5: %d keys still in progress after the messages settled", inProgress)
 	}
 	var outboxErr error
 	if !settle(30*time.Second, func() bool {
 		outboxErr = r.pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&outbox)
 		return outboxErr == nil && outbox == 0
 	}) {
-		r.violate("I9: the outbox did not drain within 30 s (%d events left, err %v)", outbox, outboxErr)
+		r.violatef("I9: the outbox did not drain within 30 s (%d events left, err %v)", outbox, outboxErr)
 	}
 	var invalidKeys int
 	for _, m := range plan {
@@ -587,7 +587,7 @@ func (r *ccRun) check(ctx context.Context, plan []*ccMessage, dead []deadLetter)
 		}
 	}
 	if invalidKeys > 0 {
-		r.violate("%d invalid messages claimed a key", invalidKeys)
+		r.violatef("%d invalid messages claimed a key", invalidKeys)
 	}
 }
 
@@ -598,11 +598,11 @@ func (r *ccRun) requireDead(m *ccMessage, ds []deadLetter, reason string, least,
 		r.s.Lost += least - len(ds)
 	}
 	if len(ds) < least || len(ds) > most {
-		r.violate("%s (%s): %d dead letters for %d–%d copies: %v", m.key, m.kind, len(ds), least, most, ds)
+		r.violatef("%s (%s): %d dead letters for %d–%d copies: %v", m.key, m.kind, len(ds), least, most, ds)
 	}
 	for _, d := range ds {
 		if d.reason != reason || d.body != body {
-			r.violate("%s (%s): dead letter %q with body %s, want %q with %s", m.key, m.kind, d.reason, d.body, reason, body)
+			r.violatef("%s (%s): dead letter %q with body %s, want %q with %s", m.key, m.kind, d.reason, d.body, reason, body)
 		}
 	}
 }

@@ -52,6 +52,12 @@ type ChargeUnknownError struct {
 }
 
 // Error returns the step's error's message.
+// The statuses of a payment row.
+const (
+	statusSucceeded = "succeeded"
+	statusDeclined  = "declined"
+)
+
 func (e *ChargeUnknownError) Error() string { return "charge outcome unknown: " + e.Err.Error() }
 
 // Unwrap returns the step's error.
@@ -85,9 +91,9 @@ func (p *Payer) Pay(ctx context.Context, merchant, key string, body []byte) (Pay
 	if charge.ID == "" {
 		return Payment{}, ErrNotCharged
 	}
-	status := "succeeded"
-	if charge.Status == "declined" {
-		status = "declined"
+	status := statusSucceeded
+	if charge.Status == statusDeclined {
+		status = statusDeclined
 	}
 	tx, err := onceonly.Tx(ctx)
 	if err != nil {

@@ -175,7 +175,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	p, err := a.payer.Pay(ctx, x.Scope(), x.Key(), body)
 	var unknown *ChargeUnknownError
 	switch {
-	case err == nil && p.Status == "declined":
+	case err == nil && p.Status == statusDeclined:
 		a.writePayment(w, http.StatusPaymentRequired, p)
 	case err == nil:
 		a.writePayment(w, http.StatusCreated, p)

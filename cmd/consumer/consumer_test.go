@@ -59,14 +59,14 @@ type bundle struct {
 // setup resets the broker's topology and returns the environment of a
 // consumer on a database and Redis prefix of the test's own, with the
 // in-process gateway.
-func setup(t *testing.T, b testBroker, extra ...string) *bundle {
+func setup(t *testing.T, b testBroker) *bundle {
 	t.Helper()
 	b.reset(t)
 	dbURL := testenv.DatabaseURL(t)
 	_, prefix := testenv.Redis(t)
-	env := append([]string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix,
+	env := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix,
 		"BROKER_URL=" + b.url(), "LEASE_TIMEOUT=" + testLease.String(), "RESUME_INTERVAL=300ms",
-		"SLOW_GATEWAY_DELAY=" + testSlowDelay.String(), fmt.Sprintf("CONSUMER_MAX_FAILURES=%d", testMaxFailures)}, extra...)
+		"SLOW_GATEWAY_DELAY=" + testSlowDelay.String(), fmt.Sprintf("CONSUMER_MAX_FAILURES=%d", testMaxFailures)}
 	return &bundle{broker: b, dbURL: dbURL, pool: testenv.Pool(t, dbURL), env: env}
 }
 

@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/onceonly/onceonly"
@@ -105,10 +104,6 @@ func (s *settings) validate() (brokerKind, error) {
 		return 0, err
 	}
 	return kind, s.gateway.Validate()
-}
-
-func isHelp(arg string) bool {
-	return slices.Contains([]string{"-h", "-help", "--h", "--help"}, arg)
 }
 
 // fail prints a one-line error after the command's name and returns code.

@@ -36,7 +36,7 @@ func TestBadConfiguration(t *testing.T) {
 // TestBadConfigurationHidesThePassword: a refused BROKER_URL is quoted
 // without its password.
 func TestBadConfigurationHidesThePassword(t *testing.T) {
-	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{"DATABASE_URL": "postgres://x", "BROKER_URL": "kafka://user:s3cret@b:9092"})
+	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{"DATABASE_URL": "postgres://x", "BROKER_URL": "kafka://user:s3cret@b:9092"}) //nolint:gosec // G101: a made-up password the test checks is hidden
 	testenv.RequireOneLineError(t, code, stdout, stderr, "BROKER_URL")
 	require.NotContains(t, stderr, "s3cret")
 }

@@ -51,7 +51,7 @@ func (t *tour) messagePublishedTwice(ctx context.Context, consumerBin string) er
 			break
 		}
 		if time.Since(began) > 30*time.Second {
-			return fmt.Errorf("the consumer did not ack both copies within 30 s (acks before %v, now %v, err %v)", acked, now, err)
+			return fmt.Errorf("the consumer did not ack both copies within 30 s (acks before %v, now %v): %w", acked, now, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

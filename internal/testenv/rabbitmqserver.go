@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -45,14 +46,14 @@ func NewRabbitMQServer(tb testing.TB) *RabbitMQServer {
 // URL returns the node's amqp:// URL (RabbitMQ's guest account, which it
 // lets in from loopback).
 func (s *RabbitMQServer) URL() string {
-	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", s.port) //nolint:gosec // G101: RabbitMQ's default guest account, loopback only
+	return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", s.port)
 }
 
 // Start starts the node (again) and returns once it answers an AMQP
 // handshake.
 func (s *RabbitMQServer) Start() {
 	s.tb.Helper()
-	s.run("rabbitmq", s.dir, fmt.Sprint(s.port))
+	s.run("rabbitmq", s.dir, strconv.Itoa(s.port))
 }
 
 // Stop stops the node gracefully (its queues are on disk); a node that
