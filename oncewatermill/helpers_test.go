@@ -66,9 +66,11 @@ type testBundle struct {
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	engine *onceonly.Engine
-	ps     pubSub
-	pub    message.Publisher
-	sub    message.Subscriber
+	// elsewhere is a second engine on the same keys, two-phase from the start.
+	elsewhere *onceonly.Engine
+	ps        pubSub
+	pub       message.Publisher
+	sub       message.Subscriber
 	// in is the topic the handler consumes, out the one it publishes to,
 	// poison the poison queue's.
 	in, out, poison string
@@ -81,12 +83,22 @@ func setup(t testing.TB, ps pubSub) *testBundle {
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (key text NOT NULL, payload text NOT NULL)`)
 	require.NoError(t, err)
 	rdb, prefix := testenv.Redis(t)
-	b.engine, err = onceonly.New(onceonly.Config{
+	cfg := onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 3 * time.Second,
 		Logger: testenv.QuietLogger(),
-	})
+	}
+	b.engine, err = onceonly.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(b.engine.Close)
+	// elsewhere is another consumer of the same keys whose executions
+	// commit their claim first (two-phase): a copy then finds the key held
+	// by a committed row, in flight. (A one-commit holder has no row until
+	// it commits: a copy in a joined transaction waits in Postgres for it,
+	// as DoTx says, instead of being nacked.)
+	cfg.TwoPhase = true
+	b.elsewhere, err = onceonly.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(b.elsewhere.Close)
 	suffix := testenv.RandomSuffix(8)
 	b.in, b.out, b.poison = "orders_"+suffix, "receipts_"+suffix, "poison_"+suffix
 	b.pub, b.sub = ps.open(t, b)

@@ -175,7 +175,7 @@ func TestCopyInFlightIsDelayedNotPoisoned(t *testing.T) {
 		holding, release := make(chan struct{}), make(chan struct{})
 		held := make(chan error, 1)
 		go func() {
-			_, err := b.engine.Do(b.ctx, handlerName, "order-1", []byte(`{"sku":"tea"}`), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			_, err := b.elsewhere.Do(b.ctx, handlerName, "order-1", []byte(`{"sku":"tea"}`), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 				close(holding)
 				<-release
 				_, err := tx.Exec(ctx, `INSERT INTO effects (key, payload) VALUES ('order-1', 'holder')`)
