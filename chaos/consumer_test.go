@@ -29,9 +29,9 @@ import (
 // tok_gatewayError ones dead-lettered as failed with no row and no charge,
 // nothing left in the queue, nothing lost.
 //
-// CHAOS_MESSAGES (default 200: CI's short run) sets the number of logical messages per
+// CHAOS_MESSAGES (default 300) sets the number of logical messages per
 // broker, CHAOS_CONSUMER_DURATION (default: 20 ms per message, at least
-// 10 s) the time their publications are spread over, CHAOS_BROKER "nats"
+// 15 s) the time their publications are spread over, CHAOS_BROKER "nats"
 // or "rabbitmq" one run only.
 const (
 	ccMaxFailures = 3
@@ -100,10 +100,10 @@ func (m *ccMessage) published(body int, confirmed bool) {
 }
 
 func TestChaosConsumer(t *testing.T) {
-	messages := envInt("CHAOS_MESSAGES", 200)
+	messages := envInt("CHAOS_MESSAGES", 300)
 	duration, err := time.ParseDuration(os.Getenv("CHAOS_CONSUMER_DURATION"))
 	if err != nil || duration <= 0 {
-		duration = max(10*time.Second, time.Duration(messages)*20*time.Millisecond)
+		duration = max(15*time.Second, time.Duration(messages)*20*time.Millisecond)
 	}
 	bins := buildCommands(t)
 	summaries := map[string]any{}
