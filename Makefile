@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos console-screenshots
+.PHONY: test test-citus lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos console-screenshots
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -10,6 +10,14 @@ test:
 # gofmt. Not part of `make test`; CI runs both.
 lint:
 	scripts/lint.sh
+
+# The Citus tests (citus/): `api migrate up` distributes the tables, the
+# tour, a short chaos run and relay/reconciler --once on the Citus cluster
+# whose coordinator TEST_CITUS_URL names (docs/citus.md: scripts/citus.sh
+# build, then scripts/citus.sh start .data/citus 61810). Not part of
+# `make test`: without TEST_CITUS_URL it fails and says what it needs.
+test-citus:
+	scripts/test-citus.sh
 
 # Runs the whole system on local Postgres and Redis: migrations, then the api
 # on :8080, the relay, the reconciler, the gateway and the demo's message

@@ -4,11 +4,13 @@
 #   scripts/services.sh install            install missing Debian packages
 #   scripts/services.sh tools              install Chromium and promtool when missing
 #   scripts/services.sh start DIR PG_PORT REDIS_PORT [test]
+#   scripts/services.sh redis DIR REDIS_PORT [test]   Redis alone
 #   scripts/services.sh cluster DIR FIRST_PORT [test]
 #   scripts/services.sh pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST]
 #   scripts/services.sh sentinel DIR FIRST_PORT [test]
 #   scripts/services.sh rabbitmq DIR PORT
 #   scripts/services.sh nats DIR PORT
+#   scripts/services.sh install-nats       install nats-server when missing
 #   scripts/services.sh stop DIR
 #   scripts/services.sh stop-brokers DIR   RabbitMQ and nats-server only
 #
@@ -142,6 +144,16 @@ start() {
 		as_pg "$bin/pg_ctl" -D "$dir/pg" -l "$dir/pg/server.log" -o "$opts" -w -t 60 start >/dev/null
 		log "postgres on 127.0.0.1:$pg_port"
 	fi
+	redis "$dir" "$redis_port" "$mode"
+}
+
+# redis DIR PORT [test]: a Redis server on PORT with its files in DIR
+# (started by start, or alone).
+redis() {
+	local dir=$1 redis_port=$2 mode=${3:-}
+	install
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
 	if ! redis_up "$redis_port"; then
 		local persist=(--save "" --appendonly no)
 		[ "$mode" = test ] || persist=(--save 60 1 --appendonly no)
@@ -445,15 +457,21 @@ nats_ready() {
 	[[ $line == INFO* && $line == *'"jetstream":true'* ]]
 }
 
-# nats DIR PORT: see the top. The server runs in the background, its pid
-# and log in DIR/nats.
-nats() {
-	local dir=$1 port=$2
+# install_nats: nats-server (the Debian package) when missing, for tests
+# that start servers of their own.
+install_nats() {
 	if ! type -P nats-server >/dev/null; then
 		apt_install nats-server
 		# The package may start a system nats-server on 4222; the project runs its own.
 		service_stop nats-server
 	fi
+}
+
+# nats DIR PORT: see the top. The server runs in the background, its pid
+# and log in DIR/nats.
+nats() {
+	local dir=$1 port=$2
+	install_nats
 	mkdir -p "$dir/nats"
 	dir=$(cd "$dir" && pwd)/nats
 	nats_ready "$port" && return
@@ -506,6 +524,8 @@ case "$cmd" in
 install) install ;;
 tools) tools ;;
 start) start "$@" ;;
+redis) redis "$@" ;;
+install-nats) install_nats ;;
 cluster) cluster "$@" ;;
 pgbouncer) pgbouncer "$@" ;;
 sentinel) sentinel "$@" ;;
@@ -513,5 +533,5 @@ rabbitmq) rabbitmq "$@" ;;
 nats) nats "$@" ;;
 stop) stop "$@" ;;
 stop-brokers) rabbitmq_stop "$@" && stop_nats "$@" ;;
-*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR | stop-brokers DIR" >&2; exit 2 ;;
+*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | redis DIR REDIS_PORT [test] | install-nats | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR | stop-brokers DIR" >&2; exit 2 ;;
 esac

@@ -78,8 +78,9 @@ fi
 scripts/services.sh tools
 
 # Every module of the workspace (go.work): the library, the commands, the
-# integrations with heavy dependencies, the chaos suite.
-mapfile -t packages < <(scripts/modules.sh)
+# integrations with heavy dependencies, the chaos suite; not the Citus
+# tests, which need a Citus cluster (make test-citus).
+mapfile -t packages < <(scripts/modules.sh | grep -vx './citus/...')
 go test -race -count=1 -timeout 15m "$@" "${packages[@]}"
 if [ $# -eq 0 ]; then
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
