@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test test-citus lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale docs tour chaos console-screenshots
+.PHONY: test test-citus lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale bench-citus docs tour chaos console-screenshots
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -73,6 +73,13 @@ bench-compare:
 # (BENCH_EVENTS, BENCH_SECONDS, BENCH_CONNS; see docs/scaling.md).
 bench-scale:
 	bench/scale.sh
+
+# onceonly on Citus beside plain Postgres, same machine: relay drain and
+# first executions through the api (one merchant and several), with the
+# ratios (BENCH_EVENTS, BENCH_SECONDS, BENCH_CONNS, BENCH_TENANTS; needs
+# Citus built: scripts/citus.sh build; see docs/citus.md).
+bench-citus:
+	bench/citus.sh
 
 # Retakes the console's screenshots in docs/images/ (headless Chromium,
 # installed when missing).

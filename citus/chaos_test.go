@@ -45,9 +45,9 @@ func TestChaos(t *testing.T) {
 		keys[i] = fmt.Sprintf("sk_chaos%d=acct_chaos%d", i, i)
 	}
 	gw := s.start(t, "gateway", "gateway", "SLOW_GATEWAY_DELAY=300ms")
-	apiEnv := []string{"GATEWAY_URL=" + gw.url(), "LEASE_TIMEOUT=3s", "RESUME_INTERVAL=300ms", "API_KEYS=" + strings.Join(keys, ",")}
-	apis := []*daemon{s.start(t, "api1", "api", apiEnv...), s.start(t, "api2", "api", apiEnv...)}
-	relays := []*daemon{
+	apiEnv := []string{"GATEWAY_URL=" + baseURL(gw), "LEASE_TIMEOUT=3s", "RESUME_INTERVAL=300ms", "API_KEYS=" + strings.Join(keys, ",")}
+	apis := []*testenv.Daemon{s.start(t, "api1", "api", apiEnv...), s.start(t, "api2", "api", apiEnv...)}
+	relays := []*testenv.Daemon{
 		s.start(t, "relay1", "relay", "RELAY_POLL_INTERVAL=200ms", "DATABASE_SESSION_URL="+s.db),
 		s.start(t, "relay2", "relay", "RELAY_POLL_INTERVAL=200ms"),
 	}
@@ -58,9 +58,9 @@ func TestChaos(t *testing.T) {
 	faults := map[string]int{}
 	var faultErrs []string
 	faultsDone := make(chan struct{})
+	rdb := rds.Client(t)
 	go func() {
 		defer close(faultsDone)
-		rdb := rds.Client(t)
 		for {
 			select {
 			case <-loadCtx.Done():
@@ -74,9 +74,9 @@ func TestChaos(t *testing.T) {
 				continue
 			}
 			api := apis[rand.IntN(len(apis))]
-			api.kill()
+			api.Kill()
 			faults["kill_api"]++
-			if err := api.start(); err != nil {
+			if err := api.Restart(); err != nil {
 				faultErrs = append(faultErrs, err.Error())
 			}
 		}
@@ -127,8 +127,8 @@ func TestChaos(t *testing.T) {
 		t.Errorf("the outbox did not drain within 60 s: %d events left", pending)
 	}
 
-	for _, d := range append(append([]*daemon{gw, reconciler}, apis...), relays...) {
-		if err := d.stop(); err != nil {
+	for _, d := range append(append([]*testenv.Daemon{gw, reconciler}, apis...), relays...) {
+		if err := d.Stop(); err != nil {
 			t.Error(err)
 		}
 	}
@@ -158,7 +158,7 @@ var sources = []string{"tok_visa", "tok_visa", "tok_visa", "tok_visa", "tok_visa
 // chaosLoad sends each of n payments two to four times over duration: the
 // first two copies at once to different apis, the others a moment later.
 // It returns every copy's final answer by key.
-func chaosLoad(ctx context.Context, apis []*daemon, n int, duration time.Duration) map[string][]answer {
+func chaosLoad(ctx context.Context, apis []*testenv.Daemon, n int, duration time.Duration) map[string][]answer {
 	c := &client.Client{HTTP: &http.Client{Timeout: 5 * time.Second}, MaxAttempts: 40,
 		MinDelay: 50 * time.Millisecond, MaxDelay: 700 * time.Millisecond}
 	var mu sync.Mutex
@@ -182,7 +182,7 @@ func chaosLoad(ctx context.Context, apis []*daemon, n int, duration time.Duratio
 				defer func() { <-sem }()
 				opCtx, cancel := context.WithTimeout(ctx, time.Minute)
 				defer cancel()
-				res, err := c.Do(opCtx, client.Request{Method: "POST", URL: api.url() + "/v1/payments", Key: key, Body: body,
+				res, err := c.Do(opCtx, client.Request{Method: "POST", URL: baseURL(api) + "/v1/payments", Key: key, Body: body,
 					Header: http.Header{"Authorization": {fmt.Sprintf("Bearer sk_chaos%d", merchant)}}})
 				a := answer{err: err}
 				if res != nil {

@@ -19,10 +19,10 @@ import (
 func TestOnceCommands(t *testing.T) {
 	s := newStack(t)
 	gw := s.start(t, "gateway", "gateway")
-	api := s.start(t, "api", "api", "GATEWAY_URL="+gw.url())
+	api := s.start(t, "api", "api", "GATEWAY_URL="+baseURL(gw))
 	const payments = 40
 	pay(t, api, "once", payments)
-	if err := api.stop(); err != nil {
+	if err := api.Stop(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -60,12 +60,12 @@ func TestOnceCommands(t *testing.T) {
 
 // pay sends n payments (keys name-0 … name-n-1, cards that charge) to api
 // and fails the test unless each is created (201).
-func pay(t *testing.T, api *daemon, name string, n int) {
+func pay(t *testing.T, api *testenv.Daemon, name string, n int) {
 	t.Helper()
 	ctx := testenv.Context(t)
 	c := &client.Client{HTTP: &http.Client{Timeout: 10 * time.Second}, MaxAttempts: 10}
 	for i := range n {
-		res, err := c.Do(ctx, client.Request{Method: "POST", URL: api.url() + "/v1/payments",
+		res, err := c.Do(ctx, client.Request{Method: "POST", URL: baseURL(api) + "/v1/payments",
 			Key:    fmt.Sprintf("%s-%d", name, i),
 			Body:   fmt.Appendf(nil, `{"amount":%d,"currency":"eur","customer":"cus_%d","source":"tok_visa"}`, 100+i, i),
 			Header: http.Header{"Authorization": {"Bearer " + demoAPIKey}}})

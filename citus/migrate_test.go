@@ -27,8 +27,8 @@ func TestMigrateDistributes(t *testing.T) {
 	migrateUp(t, bins, db)
 	// The gateway creates its schema when it starts (unless `api migrate
 	// up` made it already).
-	gw := startDaemon(t, "gateway", bins+"/gateway", "DATABASE_URL="+db, "LOG_LEVEL=warn")
-	if err := gw.stop(); err != nil {
+	gw := testenv.StartDaemon(t, bins+"/gateway", "DATABASE_URL="+db, "LOG_LEVEL=warn")
+	if err := gw.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	migrateUp(t, bins, db)

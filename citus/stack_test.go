@@ -31,11 +31,23 @@ func newStack(t *testing.T, redisEnv ...string) *stack {
 	return s
 }
 
-// start starts the command name (a binary of s.bins) with s.env and extra.
-func (s *stack) start(t *testing.T, name, bin string, extra ...string) *daemon {
+// start starts the command bin (of s.bins) with s.env and extra, and waits
+// until it is ready; if the test fails, the end of its log is shown under
+// name.
+func (s *stack) start(t *testing.T, name, bin string, extra ...string) *testenv.Daemon {
 	t.Helper()
-	return startDaemon(t, name, s.bins+"/"+bin, append(append([]string{}, s.env...), extra...)...)
+	d := testenv.StartDaemon(t, s.bins+"/"+bin, append(append([]string{}, s.env...), extra...)...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs := d.Logs.String()
+			t.Logf("--- %s log tail:\n%s", name, logs[max(0, len(logs)-4000):])
+		}
+	})
+	return d
 }
+
+// baseURL returns a daemon's base URL.
+func baseURL(d *testenv.Daemon) string { return "http://" + d.Addr }
 
 // run runs the command bin with args to completion, with s.env, and returns
 // its stdout.

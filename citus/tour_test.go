@@ -16,14 +16,14 @@ func TestTour(t *testing.T) {
 	s := newStack(t)
 	nats := testenv.NewNATSServer(t)
 	gw := s.start(t, "gateway", "gateway")
-	charge := "GATEWAY_URL=" + gw.url()
+	charge := "GATEWAY_URL=" + baseURL(gw)
 	api := s.start(t, "api", "api", charge)
 	s.start(t, "relay", "relay", "DATABASE_SESSION_URL="+s.db)
 	s.start(t, "reconciler", "reconciler")
 	consumer := s.start(t, "consumer", "consumer", charge, "BROKER_URL="+nats.URL())
 
 	out := runCommand(t, s.bins+"/tour", append(append([]string{}, s.env...),
-		"TOUR_API="+api.url(), "TOUR_GATEWAY_URL="+gw.url(), "TOUR_CONSUMER="+consumer.url(), "BROKER_URL="+nats.URL()),
+		"TOUR_API="+baseURL(api), "TOUR_GATEWAY_URL="+baseURL(gw), "TOUR_CONSUMER="+baseURL(consumer), "BROKER_URL="+nats.URL()),
 		"-api-bin", s.bins+"/api", "-gateway-bin", s.bins+"/gateway", "-consumer-bin", s.bins+"/consumer")
 	t.Logf("tour:\n%s", out)
 	if strings.Contains(out, "skipped") {

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"os"
@@ -40,18 +41,21 @@ func FreeAddr(tb testing.TB) string {
 // WaitReady waits until http://addr/readyz answers 200.
 func WaitReady(tb testing.TB, addr string) {
 	tb.Helper()
-	Eventually(tb, 15*time.Second, addr+" ready", func() bool {
-		req, err := http.NewRequestWithContext(tb.Context(), http.MethodGet, "http://"+addr+"/readyz", nil)
-		if err != nil {
-			return false
-		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	})
+	Eventually(tb, 15*time.Second, addr+" ready", func() bool { return Ready(tb.Context(), addr) })
+}
+
+// Ready reports whether http://addr/readyz answers 200 now.
+func Ready(ctx context.Context, addr string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	res.Body.Close()
+	return res.StatusCode == http.StatusOK
 }
 
 // ConfigEnv lists the environment variables the commands read; RunMain
