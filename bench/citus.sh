@@ -76,8 +76,13 @@ drain() {
 		-c "INSERT INTO outbox (scope, key, version) SELECT 'bench-' || (i % $scopes), 'key-' || i, 2 FROM generate_series(1, $events) i" \
 		-c "VACUUM ANALYZE outbox" -c "VACUUM ANALYZE idempotency_keys"
 	out=$(mktemp)
-	DATABASE_URL=$url REDIS_URL="redis://127.0.0.1:$redis_port/0" LOG_LEVEL=warn \
-		/usr/bin/time -o "$out" -f "%e" "$bin/relay" --once --http-addr 127.0.0.1:0 >/dev/null
+	if ! DATABASE_URL=$url REDIS_URL="redis://127.0.0.1:$redis_port/0" LOG_LEVEL=warn \
+		/usr/bin/time -o "$out" -f "%e" "$bin/relay" --once --http-addr 127.0.0.1:0 >/dev/null 2>"$out.err"; then
+		echo "$1 relay --once failed: $(tail -1 "$out.err")" >&2
+		rm -f "$out" "$out.err"
+		return
+	fi
+	rm -f "$out.err"
 	awk -v name="$1" -v n="$events" '{ printf "%-6s relay --once: %6d events/s (%d events, %.1f s)\n", name, n / $1, n, $1 }' "$out"
 	rm -f "$out"
 }
@@ -119,5 +124,5 @@ awk '
 	/relay --once/ { k = "relay drain"; v = $4 }
 	/first executions/ { k = "first executions, " $4 " merchant(s)"; v = $6 }
 	{ if ($1 == "plain") { p[k] += v } else { c[k] += v }; keys[k] = 1 }
-	END { for (k in keys) printf "%-36s %.2fx\n", k, c[k] / p[k] }' "$results"
+	END { for (k in keys) if (p[k] > 0 && c[k] > 0) printf "%-36s %.2fx\n", k, c[k] / p[k] }' "$results"
 rm -f "$results"
