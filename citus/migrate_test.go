@@ -23,7 +23,7 @@ type citusTable struct {
 // `api migrate up` changes nothing.
 func TestMigrateDistributes(t *testing.T) {
 	bins := commands(t)
-	db := citusDatabase(t)
+	db := testenv.CitusDatabaseURL(t)
 	migrateUp(t, bins, db)
 	// The gateway creates its schema when it starts (unless `api migrate
 	// up` made it already).

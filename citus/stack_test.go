@@ -25,7 +25,7 @@ func newStack(t *testing.T, redisEnv ...string) *stack {
 		_, prefix := testenv.Redis(t)
 		redisEnv = []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix}
 	}
-	s := &stack{bins: commands(t), db: citusDatabase(t)}
+	s := &stack{bins: commands(t), db: testenv.CitusDatabaseURL(t)}
 	migrateUp(t, s.bins, s.db)
 	s.env = append([]string{"DATABASE_URL=" + s.db, "LOG_LEVEL=warn"}, redisEnv...)
 	return s
