@@ -17,8 +17,8 @@
 #      then over BENCH_TENANTS merchants with the api's in-process gateway,
 #      whose charges share the api's database (on Citus a reference table:
 #      every charge written on every node): req/s and p99
-# then the ratios Citus / plain. BENCH_COUNT (1) repeats the pairs,
-# alternating. All servers share the machine's cores: on Citus three
+# then the ratios Citus / plain. BENCH_STEPS ("relay first") picks the
+# steps; BENCH_COUNT (1) repeats the pairs, alternating. All servers share the machine's cores: on Citus three
 # Postgres servers do the work one does on plain Postgres.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,7 @@ secs=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNS:-32}
 tenants=${BENCH_TENANTS:-8}
 count=${BENCH_COUNT:-1}
+steps=${BENCH_STEPS:-relay first}
 api_addr=127.0.0.1:29031
 gateway_addr=127.0.0.1:29038
 
@@ -130,8 +131,11 @@ for _ in $(seq 100); do "$bin/api" probe "http://$gateway_addr/readyz" 2>/dev/nu
 
 results=$(mktemp)
 for _ in $(seq "$count"); do
-	echo "== relay drain: $events events over $scopes scopes"
-	for target in plain citus; do drain "$target" | tee -a "$results"; done
+	if [[ " $steps " == *" relay "* ]]; then
+		echo "== relay drain: $events events over $scopes scopes"
+		for target in plain citus; do drain "$target" | tee -a "$results"; done
+	fi
+	[[ " $steps " == *" first "* ]] || continue
 	for run in "$tenants external" "1 external" "$tenants in-process"; do
 		read -r n gateway <<<"$run"
 		echo "== first executions: wrk -c$conns ${secs}s, $n merchant(s), $gateway gateway"
