@@ -18,8 +18,9 @@
 #      whose charges share the api's database (on Citus a reference table:
 #      every charge written on every node): req/s and p99
 # then the ratios Citus / plain. BENCH_STEPS ("relay first") picks the
-# steps; BENCH_COUNT (1) repeats the pairs, alternating. All servers share the machine's cores: on Citus three
-# Postgres servers do the work one does on plain Postgres.
+# steps; BENCH_COUNT (1) repeats the pairs, alternating. All servers share
+# the machine's cores: on Citus three Postgres servers do the work one does
+# on plain Postgres.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${BENCH_DIR:-.data/bench-citus}
