@@ -14,10 +14,10 @@
 package citus
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
-	"sync"
 	"testing"
 
 	"github.com/onceonly/onceonly/internal/testenv"
@@ -28,43 +28,39 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "TEST_CITUS_URL is not set: %s\n", testenv.HowToStartCitus)
 		os.Exit(1)
 	}
-	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
+	dir, err := buildCommands()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
+	bins = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	errBuild  error
-)
+// bins is the folder of the commands TestMain built.
+var bins string
 
-// commands builds api, relay, reconciler, gateway, consumer and the tour
-// (without -race: several of them share the machine with three Postgres
-// servers) once per test binary and returns their folder.
-func commands(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		binDir, errBuild = os.MkdirTemp("", "onceonly-citus-bin-")
-		if errBuild != nil {
-			return
-		}
-		out, err := exec.Command("go", "build", "-o", binDir+"/", "../cmd/api", "../cmd/relay", "../cmd/reconciler",
-			"../cmd/gateway", "../cmd/consumer", "../examples/tour").CombinedOutput()
-		if err != nil {
-			errBuild = fmt.Errorf("build the commands: %w\n%s", err, out)
-		}
-	})
-	if errBuild != nil {
-		t.Fatal(errBuild)
+// buildCommands builds api, relay, reconciler, gateway, consumer and the
+// tour (without -race: several of them share the machine with three
+// Postgres servers) into a new folder and returns it.
+func buildCommands() (string, error) {
+	dir, err := os.MkdirTemp("", "onceonly-citus-bin-")
+	if err != nil {
+		return "", fmt.Errorf("make the commands' folder: %w", err)
 	}
-	return binDir
+	out, err := exec.CommandContext(context.Background(), "go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay",
+		"../cmd/reconciler", "../cmd/gateway", "../cmd/consumer", "../examples/tour").CombinedOutput()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("build the commands: %w\n%s", err, out)
+	}
+	return dir, nil
 }
 
 // migrateUp runs `api migrate up` on dbURL, as a user does.
-func migrateUp(t *testing.T, bins, dbURL string) {
+func migrateUp(t *testing.T, dbURL string) {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), bins+"/api", "migrate", "up")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)

@@ -68,7 +68,7 @@ func pay(t *testing.T, api *testenv.Daemon, name string, n int) {
 		res, err := c.Do(ctx, client.Request{Method: "POST", URL: baseURL(api) + "/v1/payments",
 			Key:    fmt.Sprintf("%s-%d", name, i),
 			Body:   fmt.Appendf(nil, `{"amount":%d,"currency":"eur","customer":"cus_%d","source":"tok_visa"}`, 100+i, i),
-			Header: http.Header{"Authorization": {"Bearer " + demoAPIKey}}})
+			Header: http.Header{"Authorization": {"Bearer sk_test_demo"}}}) // the api's demo key when API_KEYS is unset
 		if err != nil {
 			t.Fatalf("payment %d: %v", i, err)
 		}
@@ -77,7 +77,3 @@ func pay(t *testing.T, api *testenv.Daemon, name string, n int) {
 		}
 	}
 }
-
-// demoAPIKey is the api's demo key (for merchant acct_demo) when API_KEYS
-// is unset.
-const demoAPIKey = "sk_test_demo"

@@ -22,16 +22,15 @@ type citusTable struct {
 // version floor and the gateway's tables as reference tables. A second
 // `api migrate up` changes nothing.
 func TestMigrateDistributes(t *testing.T) {
-	bins := commands(t)
 	db := testenv.CitusDatabaseURL(t)
-	migrateUp(t, bins, db)
+	migrateUp(t, db)
 	// The gateway creates its schema when it starts (unless `api migrate
 	// up` made it already).
 	gw := testenv.StartDaemon(t, bins+"/gateway", "DATABASE_URL="+db, "LOG_LEVEL=warn")
 	if err := gw.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	migrateUp(t, bins, db)
+	migrateUp(t, db)
 
 	ctx := testenv.Context(t)
 	pool := testenv.Pool(t, db)

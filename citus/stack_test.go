@@ -8,14 +8,13 @@ import (
 
 // stack is the system on a migrated Citus database of the test's own.
 type stack struct {
-	bins string
-	db   string
+	db string
 	// env is what every command gets: DATABASE_URL at the coordinator,
 	// the Redis, LOG_LEVEL.
 	env []string
 }
 
-// newStack builds the commands, makes a database of the test's own on the
+// newStack makes a database of the test's own on the
 // cluster and runs `api migrate up` on it. redisEnv points the commands at
 // a Redis (REDIS_URL=…, REDIS_PREFIX=…); none: the shared test Redis under
 // a key prefix of the test's own.
@@ -25,18 +24,18 @@ func newStack(t *testing.T, redisEnv ...string) *stack {
 		_, prefix := testenv.Redis(t)
 		redisEnv = []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix}
 	}
-	s := &stack{bins: commands(t), db: testenv.CitusDatabaseURL(t)}
-	migrateUp(t, s.bins, s.db)
+	s := &stack{db: testenv.CitusDatabaseURL(t)}
+	migrateUp(t, s.db)
 	s.env = append([]string{"DATABASE_URL=" + s.db, "LOG_LEVEL=warn"}, redisEnv...)
 	return s
 }
 
-// start starts the command bin (of s.bins) with s.env and extra, and waits
+// start starts the command bin (of bins) with s.env and extra, and waits
 // until it is ready; if the test fails, the end of its log is shown under
 // name.
 func (s *stack) start(t *testing.T, name, bin string, extra ...string) *testenv.Daemon {
 	t.Helper()
-	d := testenv.StartDaemon(t, s.bins+"/"+bin, append(append([]string{}, s.env...), extra...)...)
+	d := testenv.StartDaemon(t, bins+"/"+bin, append(append([]string{}, s.env...), extra...)...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			logs := d.Logs.String()
@@ -53,5 +52,5 @@ func baseURL(d *testenv.Daemon) string { return "http://" + d.Addr }
 // its stdout.
 func (s *stack) run(t *testing.T, bin string, args ...string) string {
 	t.Helper()
-	return runCommand(t, s.bins+"/"+bin, s.env, args...)
+	return runCommand(t, bins+"/"+bin, s.env, args...)
 }

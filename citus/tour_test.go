@@ -22,9 +22,9 @@ func TestTour(t *testing.T) {
 	s.start(t, "reconciler", "reconciler")
 	consumer := s.start(t, "consumer", "consumer", charge, "BROKER_URL="+nats.URL())
 
-	out := runCommand(t, s.bins+"/tour", append(append([]string{}, s.env...),
+	out := runCommand(t, bins+"/tour", append(append([]string{}, s.env...),
 		"TOUR_API="+baseURL(api), "TOUR_GATEWAY_URL="+baseURL(gw), "TOUR_CONSUMER="+baseURL(consumer), "BROKER_URL="+nats.URL()),
-		"-api-bin", s.bins+"/api", "-gateway-bin", s.bins+"/gateway", "-consumer-bin", s.bins+"/consumer")
+		"-api-bin", bins+"/api", "-gateway-bin", bins+"/gateway", "-consumer-bin", bins+"/consumer")
 	t.Logf("tour:\n%s", out)
 	if strings.Contains(out, "skipped") {
 		t.Error("the tour skipped a step")
