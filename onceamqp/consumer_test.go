@@ -265,7 +265,12 @@ func TestDeliveryLimitDeadLettersCopiesInFlight(t *testing.T) {
 // ack getting through is replayed, not run again.
 func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	// order-0's handler waits until the client saw its connection go, which
+	// takes seconds on a loaded machine: longer than the 3 s lease. A
+	// one-commit execution idles in its transaction meanwhile, and Postgres
+	// ends it at the lease (I5), so the redelivery would run afresh rather
+	// than replay; a two-phase one keeps its claim renewed while it waits.
+	b := setup(t, func(c *onceonly.Config) { c.TwoPhase = true })
 	name := "onceamqp-test-conn." + testenv.RandomSuffix(8)
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)

@@ -40,16 +40,20 @@ type testBundle struct {
 	conn *amqp.Connection
 }
 
-func setup(t testing.TB) *testBundle {
+func setup(t testing.TB, configure ...func(*onceonly.Config)) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), url: testenv.AMQPURL(t), reg: prometheus.NewRegistry()}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (key text NOT NULL, payload text NOT NULL)`)
 	require.NoError(t, err)
 	rdb, prefix := testenv.Redis(t)
-	b.engine, err = onceonly.New(onceonly.Config{
+	cfg := onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 3 * time.Second,
 		ResumeInterval: 100 * time.Millisecond, Logger: testenv.QuietLogger(),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	b.engine, err = onceonly.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(b.engine.Close)
 
