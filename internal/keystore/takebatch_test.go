@@ -2,14 +2,18 @@ package keystore_test
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/testenv"
 )
 
 // TestTakeBatchInEveryQueryMode runs the relay's take (its BEGIN sent with
@@ -20,12 +24,83 @@ func TestTakeBatchInEveryQueryMode(t *testing.T) {
 	inEveryQueryMode(t, exerciseTakeBatch)
 }
 
+// TestTakeBatchByScope: the same, scope by scope, as on a distributed
+// database (Citus).
+func TestTakeBatchByScope(t *testing.T) {
+	t.Parallel()
+	exerciseTakeBatchAs(t, testenv.Context(t), testenv.DB(t), keystore.ByScope)
+}
+
+// TestConcurrentTakesByScope: relays taking scope by scope, as on a
+// distributed database (Citus), several at once, never take the same
+// event, and take them all.
+func TestConcurrentTakesByScope(t *testing.T) {
+	t.Parallel()
+	exerciseConcurrentTakes(t, testenv.Context(t), testenv.DB(t), keystore.ByScope)
+}
+
+// exerciseConcurrentTakes writes events of several scopes, then has four
+// relays (each a store of its own, as in four processes) take and commit
+// batches at once until none is left, and checks that every event was
+// taken exactly once. A relay that took another's event (the take's FOR
+// UPDATE SKIP LOCKED or its scope test gone) would take it twice.
+func exerciseConcurrentTakes(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dist keystore.Distribution) {
+	t.Helper()
+	prefix := "take-" + testenv.RandomSuffix(6) + "-"
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (scope, key, version)
+		SELECT $1 || (i % 7), 'k' || i, 1 FROM generate_series(1, 700) i`, prefix)
+	require.NoError(t, err)
+	var (
+		mu    sync.Mutex
+		taken = map[int64]int{}
+		wg    sync.WaitGroup
+	)
+	for range 4 {
+		store := keystore.New(keystore.Config{Distribution: dist})
+		wg.Go(func() {
+			for empty := 0; empty < 3; {
+				tx, batch, err := store.TakeBatch(ctx, pool, 25, 64)
+				if !assert.NoError(t, err) {
+					return
+				}
+				if tx == nil {
+					empty++
+					continue
+				}
+				empty = 0
+				mu.Lock()
+				for _, e := range batch.Events {
+					if strings.HasPrefix(e.Scope, prefix) {
+						taken[e.ID]++
+					}
+				}
+				mu.Unlock()
+				if !assert.NoError(t, tx.Commit(ctx)) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, taken, 700, "every event taken")
+	for id, n := range taken {
+		require.Equal(t, 1, n, "event %d taken %d times", id, n)
+	}
+}
+
 // exerciseTakeBatch checks what TakeBatch returns, that its transaction
 // holds the deletes until it commits, commits without waiting for the WAL
 // flush, and that two open takes never share an event.
 func exerciseTakeBatch(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	t.Helper()
-	store := keystore.New(keystore.Config{})
+	exerciseTakeBatchAs(t, ctx, pool, keystore.DetectDistribution)
+}
+
+// exerciseTakeBatchAs is exerciseTakeBatch with a store of Distribution
+// dist.
+func exerciseTakeBatchAs(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dist keystore.Distribution) {
+	t.Helper()
+	store := keystore.New(keystore.Config{Distribution: dist})
 	// a: completed with a body over the limit; b: gone from Postgres (a
 	// deletion at the highest version its events carry); c: failed.
 	_, err := pool.Exec(ctx, `
@@ -75,11 +150,12 @@ func exerciseTakeBatch(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.Equal(t, "off", durability, "the take's transaction does not wait for its WAL flush")
 	require.Equal(t, 5, pending(), "the deletes are the transaction's until it commits")
 
-	// Another take meanwhile finds nothing: the rows are locked.
+	// Another take meanwhile finds nothing: the rows are locked. An empty
+	// take leaves no transaction.
 	tx2, other, err := store.TakeBatch(ctx, pool, 1000, 4)
 	require.NoError(t, err)
 	require.Empty(t, other.Events)
-	require.NoError(t, tx2.Rollback(ctx))
+	require.Nil(t, tx2)
 
 	// A rollback puts every event back.
 	require.NoError(t, tx.Rollback(ctx))
