@@ -231,8 +231,10 @@ func (s *Store) takeByScope(ctx context.Context, db BatchDB, limit, maxBody int)
 			s.outboxScopes.push(next...)
 			continue
 		}
+		// take_batch's set_config runs on the shard's worker, or on the
+		// coordinator, as Citus plans it: SET LOCAL sets both.
 		tx, batch, err := s.take(ctx, db, takeBatchSQL.byScope,
-			pgx.StrictNamedArgs{"limit": limit, "max_body": maxBody, "scope": scope}, limit)
+			pgx.StrictNamedArgs{"limit": limit, "max_body": maxBody, "scope": scope}, limit, setAsyncCommit)
 		if err != nil {
 			s.outboxScopes.push(scope) // its events wait
 			return nil, Batch{}, err

@@ -83,11 +83,18 @@ func (s *Store) TakeBatch(ctx context.Context, db BatchDB, limit, maxBody int) (
 	return s.take(ctx, db, takeBatchSQL, pgx.StrictNamedArgs{"limit": limit, "max_body": maxBody}, limit)
 }
 
-// take runs TakeBatch's statement st with args: take_batch, or its
-// variant for one scope.
-func (s *Store) take(ctx context.Context, db BatchSender, st *statement, args pgx.StrictNamedArgs, limit int) (pgx.Tx, Batch, error) {
+// take runs TakeBatch's statement st with args (take_batch, or its variant
+// for one scope), behind the BEGIN of its transaction and the settings
+// (SET LOCAL) given.
+func (s *Store) take(ctx context.Context, db BatchSender, st *statement, args pgx.StrictNamedArgs, limit int, settings ...string) (pgx.Tx, Batch, error) {
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
+	if len(settings) > 0 {
+		b.Queue(setPropagateLocal)
+		for _, set := range settings {
+			b.Queue(set)
+		}
+	}
 	var batch Batch
 	st.queue(&b, args).Query(func(rows pgx.Rows) error {
 		var err error

@@ -65,6 +65,8 @@ var (
 	reapableScopesSQL   = load("reapable_scopes")
 	resumableScopesSQL  = load("resumable_scopes")
 	expiredScopesSQL    = load("expired_scopes")
+	purgedVersionSQL    = load("purged_version")
+	raiseFloorToSQL     = load("raise_version_floor_to")
 )
 
 // statement is one file of sql/, as the package loaded it.

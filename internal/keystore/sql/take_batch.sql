@@ -23,6 +23,7 @@ WITH taken AS (
 	DELETE FROM outbox
 	WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM outbox WHERE parked_at IS NULL {{and_scope}} ORDER BY id LIMIT @limit FOR UPDATE SKIP LOCKED))
+		{{and_scope}}
 	RETURNING id, scope, key, version, created_at, attempts
 ), durability AS MATERIALIZED (
 	SELECT set_config('synchronous_commit', 'off', true)
