@@ -56,8 +56,11 @@ func (s *Store) raiseFloorForKey(ctx context.Context, db DB, args pgx.StrictName
 		return err
 	}
 	var version *int64
-	if err := purgedVersionSQL.queryRow(ctx, db, args).Scan(&version); err != nil || version == nil {
-		return err
+	if err := purgedVersionSQL.queryRow(ctx, db, args).Scan(&version); err != nil {
+		return fmt.Errorf("read the purged key's version: %w", err)
+	}
+	if version == nil {
+		return nil
 	}
 	_, err = raiseFloorToSQL.exec(ctx, db, pgx.StrictNamedArgs{"version": *version})
 	return err

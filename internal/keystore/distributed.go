@@ -53,6 +53,7 @@ func (d Distribution) String() string {
 		return "single node"
 	case ByScope:
 		return "distributed by scope"
+	case DetectDistribution:
 	}
 	return "not detected"
 }
@@ -388,7 +389,7 @@ func (s *Store) recordStepByScope(ctx context.Context, db DB, args pgx.StrictNam
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
-		return err
+		return fmt.Errorf("read the step's row: %w", err)
 	}
 	sender, ok := db.(BatchSender)
 	if !async || !ok {
@@ -398,8 +399,10 @@ func (s *Store) recordStepByScope(ctx context.Context, db DB, args pgx.StrictNam
 	queueBegin(&b, setAsyncCommit)
 	citusRecordStepSQL.queue(&b, args).QueryRow(scan)
 	b.Queue("COMMIT")
-	err := sender.SendBatch(ctx, &b).Close()
-	return recorded, err
+	if err := sender.SendBatch(ctx, &b).Close(); err != nil {
+		return false, fmt.Errorf("send the step's transaction: %w", err)
+	}
+	return recorded, nil
 }
 
 // resumeByScope is ResumeClaim on a distributed database: resume_claim

@@ -2,13 +2,13 @@ package keystore_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/internal/keystate"
@@ -56,42 +56,55 @@ func exerciseConcurrentTakes(t *testing.T, ctx context.Context, pool *pgxpool.Po
 		taken = map[int64]int{}
 		wg    sync.WaitGroup
 	)
-	for range 4 {
+	errs := make([]error, 4)
+	for i := range errs {
 		store := keystore.New(keystore.Config{Distribution: dist})
 		wg.Go(func() {
-			for empty := 0; empty < 3; {
-				tx, batch, err := store.TakeBatch(ctx, pool, 25, 64)
-				if !assert.NoError(t, err) {
-					return
+			errs[i] = takeUntilEmpty(ctx, store, pool, dist, func(e keystore.Event) {
+				if strings.HasPrefix(e.Scope, prefix) {
+					mu.Lock()
+					taken[e.ID]++
+					mu.Unlock()
 				}
-				if tx == nil {
-					empty++
-					continue
-				}
-				empty = 0
-				if dist != keystore.SingleNode {
-					for _, e := range batch.Events {
-						assert.Equal(t, batch.Events[0].Scope, e.Scope, "a batch is one scope's, taken on its shard")
-					}
-				}
-				mu.Lock()
-				for _, e := range batch.Events {
-					if strings.HasPrefix(e.Scope, prefix) {
-						taken[e.ID]++
-					}
-				}
-				mu.Unlock()
-				if !assert.NoError(t, tx.Commit(ctx)) {
-					return
-				}
-			}
+			})
 		})
 	}
 	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
 	require.Len(t, taken, 700, "every event taken")
 	for id, n := range taken {
 		require.Equal(t, 1, n, "event %d taken %d times", id, n)
 	}
+}
+
+// takeUntilEmpty takes and commits batches until three takes in a row come
+// back empty, calling took with every event taken. With a distribution
+// other than SingleNode, a batch of several scopes is an error.
+func takeUntilEmpty(ctx context.Context, store *keystore.Store, pool *pgxpool.Pool, dist keystore.Distribution, took func(keystore.Event)) error {
+	for empty := 0; empty < 3; {
+		tx, batch, err := store.TakeBatch(ctx, pool, 25, 64)
+		if err != nil {
+			return err
+		}
+		if tx == nil {
+			empty++
+			continue
+		}
+		empty = 0
+		for _, e := range batch.Events {
+			if dist != keystore.SingleNode && e.Scope != batch.Events[0].Scope {
+				_ = tx.Rollback(ctx)
+				return fmt.Errorf("a batch of scopes %s and %s: a batch is one scope's, taken on its shard", batch.Events[0].Scope, e.Scope)
+			}
+			took(e)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // exerciseTakeBatch checks what TakeBatch returns, that its transaction

@@ -19,6 +19,9 @@ const HowToStartCitus = `these tests need a Citus 13.2 cluster (PostgreSQL 15, a
   scripts/citus.sh start .data/citus 61810
   TEST_CITUS_URL='postgres://postgres@127.0.0.1:61810/postgres?sslmode=disable' make test-citus`
 
+// defaultAdminDB is the database of TEST_CITUS_URL when it names none.
+const defaultAdminDB = "postgres"
+
 // citusNode is one server of a Citus cluster, as pg_dist_node names it.
 type citusNode struct {
 	host string
@@ -66,8 +69,10 @@ func citusNodes(ctx context.Context, admin *neturl.URL) ([]citusNode, error) {
 	}
 	workers, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (citusNode, error) {
 		var n citusNode
-		err := row.Scan(&n.host, &n.port)
-		return n, err
+		if err := row.Scan(&n.host, &n.port); err != nil {
+			return n, fmt.Errorf("read a worker: %w", err)
+		}
+		return n, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list the workers: %w", err)
@@ -94,7 +99,7 @@ func CitusDatabaseURL(tb testing.TB) string {
 	}
 	adminDB := strings.TrimPrefix(admin.Path, "/")
 	if adminDB == "" {
-		adminDB = "postgres"
+		adminDB = defaultAdminDB
 	}
 	nodes, err := citusNodes(ctx, admin)
 	if err != nil {
