@@ -22,23 +22,7 @@ import (
 // executions returns onceonly_executions_total{by, outcome}.
 func executions(t *testing.T, reg *prometheus.Registry, by, outcome string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "onceonly_executions_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["by"] == by && labels["outcome"] == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testenv.Metric(t, reg, "onceonly_executions_total", map[string]string{"by": by, "outcome": outcome})
 }
 
 // logLine returns the line of logs that says msg about key.

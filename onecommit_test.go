@@ -127,21 +127,10 @@ func TestDuplicateOfAOneCommitExecutionIsInFlight(t *testing.T) {
 			t.Parallel()
 			b := setup(t, setupOpts{noRedis: noRedis})
 			e := b.singleEngine(t, 0)
-			started, release := make(chan struct{}), make(chan struct{})
-			first := make(chan error, 1)
-			go func() {
-				_, err := e.Do(b.ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-					close(started)
-					<-release
-					return payment(201, `{}`)(ctx, tx)
-				})
-				first <- err
-			}()
-			<-started
+			finish := b.hold(e, "s", "k")
 			_, err := e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
 			require.True(t, isInFlight(err), "the duplicate: %v", err)
-			close(release)
-			require.NoError(t, <-first)
+			require.NoError(t, finish())
 			out, err := e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
 			require.NoError(t, err)
 			require.True(t, out.Replayed)

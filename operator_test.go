@@ -19,6 +19,27 @@ func (b *testBundle) versionOf(t *testing.T, key string) int64 {
 	return v
 }
 
+// hold starts a request for key in scope on e whose handler waits once it
+// holds the key, and returns when it does. finish lets the handler go on
+// (it writes a payment) and returns the request's error.
+func (b *testBundle) hold(e *onceonly.Engine, scope, key string) (finish func() error) {
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Do(b.ctx, scope, key, []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			close(started)
+			<-release
+			return payment(201, `{}`)(ctx, tx)
+		})
+		done <- err
+	}()
+	<-started
+	return func() error {
+		close(release)
+		return <-done
+	}
+}
+
 func TestDeleteRemovesTheRowAndTheRedisValue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -44,23 +65,12 @@ func TestDeleteRemovesTheRowAndTheRedisValue(t *testing.T) {
 func TestDeleteOfAKeyInProgressNeedsForceAndFencesItsHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	started, release := make(chan struct{}), make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			close(started)
-			<-release
-			return payment(201, `{}`)(ctx, tx)
-		})
-		done <- err
-	}()
-	<-started
+	finish := b.hold(b.engine, "m", "k")
 	require.ErrorIs(t, b.engine.Delete(b.ctx, "m", "k", false), onceonly.ErrKeyInProgress)
 	require.Equal(t, "in_progress", b.keyStatus(t, "k"))
 	require.NoError(t, b.engine.Delete(b.ctx, "m", "k", true))
 	require.Equal(t, "absent", b.keyStatus(t, "k"))
-	close(release)
-	require.ErrorIs(t, <-done, onceonly.ErrLeaseLost, "the holder cannot complete a deleted key")
+	require.ErrorIs(t, finish(), onceonly.ErrLeaseLost, "the holder cannot complete a deleted key")
 	require.Zero(t, b.payments(t), "its business writes rolled back")
 }
 
@@ -108,17 +118,7 @@ func TestRepairCacheWritesThePostgresState(t *testing.T) {
 func TestRepairCacheLeavesARequestInFlightAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	started, release := make(chan struct{}), make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			close(started)
-			<-release
-			return payment(201, `{}`)(ctx, tx)
-		})
-		done <- err
-	}()
-	<-started
+	finish := b.hold(b.engine, "m", "k")
 	before, err := b.rdb.Get(b.ctx, b.prefix+"m:k").Result()
 	require.NoError(t, err)
 	_, err = b.engine.RepairCache(b.ctx, "m", "k")
@@ -126,8 +126,7 @@ func TestRepairCacheLeavesARequestInFlightAlone(t *testing.T) {
 	after, err := b.rdb.Get(b.ctx, b.prefix+"m:k").Result()
 	require.NoError(t, err)
 	require.Equal(t, before[:len("in_progress:")], after[:len("in_progress:")], "still held in Redis")
-	close(release)
-	require.NoError(t, <-done)
+	require.NoError(t, finish())
 	out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{}`))
 	require.NoError(t, err)
 	require.True(t, out.Replayed)

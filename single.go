@@ -32,7 +32,7 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 	e := m.e
 	var opened keystore.SingleBegin
 	x.claimedAt = time.Now()
-	x.tx = e.newTx(e.store.SetKeepalives) // keepalives: Postgres finds a dead client host within the lease
+	x.tx = e.newTx(e.store.PrepareSession) // keepalives: Postgres finds a dead client host within the lease
 	err := x.tx.BeginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, x.ref, e.cfg.LeaseTimeout, &opened) })
 	switch {
 	case err != nil:

@@ -12,17 +12,30 @@ import (
 
 // BenchmarkFirstExecution measures a first execution with the business
 // insert alone, and with one step before it (its intent a durable commit,
-// its outcome an asynchronous one), side by side on the same database:
+// its outcome an asynchronous one), in the default mode (one commit until
+// the first step) and with Config.TwoPhase, side by side on the same
+// database:
 //
-//	go test -run '^$' -bench FirstExecution -benchtime 2000x .
+//	go test -run '^$' -bench FirstExecution -benchtime 2000x -count 3 .
 func BenchmarkFirstExecution(b *testing.B) {
 	ctx := testenv.Context(b)
 	pool := testenv.DB(b)
-	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: 30 * time.Second, Logger: testenv.QuietLogger()})
-	if err != nil {
-		b.Fatal(err)
+	for _, mode := range []struct {
+		name     string
+		twoPhase bool
+	}{{"default", false}, {"twophase", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: 30 * time.Second, TwoPhase: mode.twoPhase, Logger: testenv.QuietLogger()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			benchmarkFirstExecution(ctx, b, e)
+		})
 	}
-	b.Cleanup(e.Close)
+}
+
+func benchmarkFirstExecution(ctx context.Context, b *testing.B, e *onceonly.Engine) {
 	insert := func(ctx context.Context, x *onceonly.Execution, charge string) (onceonly.Result, error) {
 		tx, err := onceonly.Tx(ctx)
 		if err != nil {

@@ -10,6 +10,9 @@
 #   no_exists       without the EXISTS probe of the key's row
 #   no_floor        without the version floor read (version 1)
 #   no_outbox       without the outbox row
+#   no_expiry_index the single commit as sent, on a copy of DATABASE without
+#                   the expiry index (idempotency_keys_expires_at_idx, which
+#                   retention and the reconciler's scans use)
 # Usage: bench/onecommit-ladder.sh HOST PORT DATABASE; BENCH_SECONDS (5),
 # BENCH_CONNS (16), ROUNDS (3). Prints "round NAME TPS" lines.
 set -euo pipefail
@@ -29,13 +32,20 @@ variant no_set_config 's/, *set_config('"'"'statement_timeout'"'"', :lease_ms, t
 variant no_exists 's/EXISTS (SELECT FROM idempotency_keys WHERE scope = :scope AND key = :key)/false/'
 variant no_floor 's/coalesce((SELECT version FROM idempotency_version_floor), 0) + 1/1/'
 variant no_outbox 's/INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM inserted/SELECT 1/'
+copy=${db}_noexpiry
+psql -h "$host" -p "$port" -U postgres -qX -v ON_ERROR_STOP=1 -d "$db" >/dev/null \
+	-c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $copy" -c "CREATE DATABASE $copy TEMPLATE $db"
+psql -h "$host" -p "$port" -U postgres -qX -v ON_ERROR_STOP=1 -d "$copy" -c "DROP INDEX idempotency_keys_expires_at_idx" >/dev/null
+cp "$s" "$dir/no_expiry_index.sql"
 defines=(-D scope=acct_bench -D fingerprint=v1:bench -D lease_ms=30000 -D "ttl=24 hours" -D channel=onceonly_outbox
 	-D notify=false -D fail_when_lost=true -D count_failure=false -D status=completed -D response_status=201
 	-D response_content_type=application/json -D 'response_body=\x7b7d' -D response_headers=-)
 for round in $(seq "${ROUNDS:-3}"); do
-	for name in bare single no_lock no_set_config no_exists no_floor no_outbox; do
+	for name in bare single no_lock no_set_config no_exists no_floor no_outbox no_expiry_index; do
+		target=$db
+		[ "$name" = no_expiry_index ] && target=$copy
 		out=$(pgbench -h "$host" -p "$port" -U postgres -n -M prepared -c "$conns" -j 2 -T "$secs" -f "$dir/$name.sql" \
-			"${defines[@]}" "$db" 2>&1) || { echo "$out" >&2; exit 1; }
+			"${defines[@]}" "$target" 2>&1) || { echo "$out" >&2; exit 1; }
 		echo "$round $name $(echo "$out" | awk '/^tps =/ {printf "%.0f", $3}')"
 	done
 done

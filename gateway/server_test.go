@@ -45,7 +45,7 @@ func TestMigrate(t *testing.T) {
 		require.Equal(t, before, engineVersion(), "the engine's version table is untouched")
 		var version int64
 		require.NoError(t, pool.QueryRow(ctx, `SELECT max(version_id) FROM gateway.goose_db_version`).Scan(&version))
-		require.EqualValues(t, 1, version)
+		require.EqualValues(t, 2, version)
 		var tables []string
 		rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'gateway' ORDER BY 1`)
 		require.NoError(t, err)

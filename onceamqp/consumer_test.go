@@ -36,7 +36,7 @@ func TestCopiesHaveOneEffect(t *testing.T) {
 	require.Equal(t, 1, b.settled(t, "ack", "executed"))
 	require.Equal(t, 2, b.settled(t, "ack", "replayed"))
 
-	require.Zero(t, b.metric(t, "onceonly_amqp_settle_errors_total", nil), "an ack did not reach the broker")
+	require.Zero(t, testenv.Metric(t, b.reg, "onceonly_amqp_settle_errors_total", nil), "an ack did not reach the broker")
 	c.Stop() // anything left unacked would be requeued now
 	require.Zero(t, b.ready(t, b.queue.Name))
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
@@ -265,7 +265,12 @@ func TestDeliveryLimitDeadLettersCopiesInFlight(t *testing.T) {
 // ack getting through is replayed, not run again.
 func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	// order-0's handler waits until the client saw its connection go, which
+	// takes seconds on a loaded machine: longer than the 3 s lease. A
+	// one-commit execution idles in its transaction meanwhile, and Postgres
+	// ends it at the lease (I5), so the redelivery would run afresh rather
+	// than replay; a two-phase one keeps its claim renewed while it waits.
+	b := setup(t, func(c *onceonly.Config) { c.TwoPhase = true })
 	name := "onceamqp-test-conn." + testenv.RandomSuffix(8)
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
@@ -303,7 +308,7 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 		return b.settled(t, "ack", "replayed") >= 1
 	})
 	testenv.Eventually(t, 20*time.Second, "the queue drained", func() bool {
-		return c.Connected() && b.ready(t, b.queue.Name) == 0 && b.metric(t, "onceonly_amqp_held_deliveries", nil) == 0
+		return c.Connected() && b.ready(t, b.queue.Name) == 0 && testenv.Metric(t, b.reg, "onceonly_amqp_held_deliveries", nil) == 0
 	})
 	c.Stop()
 	require.Zero(t, b.ready(t, b.queue.Name))
@@ -311,8 +316,8 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	for i := range n {
 		require.Len(t, b.effects(t, fmt.Sprintf("order-%d", i)), 1)
 	}
-	require.GreaterOrEqual(t, b.metric(t, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}), 2.0)
-	require.GreaterOrEqual(t, b.metric(t, "onceonly_amqp_settle_errors_total", nil), 1.0, "the lost ack of order-0")
+	require.GreaterOrEqual(t, testenv.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}), 2.0)
+	require.GreaterOrEqual(t, testenv.Metric(t, b.reg, "onceonly_amqp_settle_errors_total", nil), 1.0, "the lost ack of order-0")
 	require.GreaterOrEqual(t, b.settled(t, "ack", "replayed"), 1, "order-0's redelivery")
 }
 

@@ -40,16 +40,20 @@ type testBundle struct {
 	conn *amqp.Connection
 }
 
-func setup(t testing.TB) *testBundle {
+func setup(t testing.TB, configure ...func(*onceonly.Config)) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), url: testenv.AMQPURL(t), reg: prometheus.NewRegistry()}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (key text NOT NULL, payload text NOT NULL)`)
 	require.NoError(t, err)
 	rdb, prefix := testenv.Redis(t)
-	b.engine, err = onceonly.New(onceonly.Config{
+	cfg := onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 3 * time.Second,
 		ResumeInterval: 100 * time.Millisecond, Logger: testenv.QuietLogger(),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	b.engine, err = onceonly.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(b.engine.Close)
 
@@ -218,36 +222,11 @@ func requireDeath(t *testing.T, d amqp.Delivery, queue string) {
 // test's queue with disposition and reason ("" for every reason).
 func (b *testBundle) settled(t *testing.T, disposition, reason string) int {
 	t.Helper()
-	return int(b.metric(t, "onceonly_amqp_deliveries_total", map[string]string{"disposition": disposition, "reason": reason}))
-}
-
-// metric sums the samples of the metric name whose labels hold want (a
-// label wanted as "" matches any value).
-func (b *testBundle) metric(t *testing.T, name string, want map[string]string) float64 {
-	t.Helper()
-	families, err := b.reg.Gather()
-	require.NoError(t, err)
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if v, ok := want[l.GetName()]; ok && v != "" && v != l.GetValue() {
-					continue next
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
+	want := map[string]string{"disposition": disposition}
+	if reason != "" {
+		want["reason"] = reason
 	}
-	return sum
+	return int(testenv.Metric(t, b.reg, "onceonly_amqp_deliveries_total", want))
 }
 
 // awaitSettled waits until n deliveries were settled with disposition and

@@ -280,21 +280,5 @@ func (b *testBundle) awaitDeadLetters(t testing.TB, n int) []jetstream.Msg {
 // count reads onceonly_nats_messages_total{disposition, reason}.
 func (b *testBundle) count(t testing.TB, disposition, reason string) int {
 	t.Helper()
-	mfs, err := b.reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "onceonly_nats_messages_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["disposition"] == disposition && labels["reason"] == reason {
-				return int(m.GetCounter().GetValue())
-			}
-		}
-	}
-	return 0
+	return int(testenv.Metric(t, b.reg, "onceonly_nats_messages_total", map[string]string{"disposition": disposition, "reason": reason}))
 }

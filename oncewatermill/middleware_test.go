@@ -46,7 +46,7 @@ func TestCopiesRunOnce(t *testing.T) {
 		}
 		require.Equal(t, 2, replayed)
 		messages := func(disposition, reason string) float64 {
-			return counterValue(t, reg, "onceonly_watermill_messages_total",
+			return testenv.Metric(t, reg, "onceonly_watermill_messages_total",
 				map[string]string{"handler": handlerName, "disposition": disposition, "reason": reason})
 		}
 		require.Equal(t, 2.0, messages("ack", "executed"))

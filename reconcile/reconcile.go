@@ -198,7 +198,11 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (_ Report, err error
 
 	// The pass lock belongs to a transaction kept open for the pass and
 	// rolled back after it (a lost connection ends it too), so it holds on
-	// any connection, a PgBouncer's in transaction mode included.
+	// any connection, a PgBouncer's in transaction mode included. On Citus
+	// it is the coordinator's advisory lock (try_lock reads no table): it
+	// admits one pass at a time as long as every reconciler's DATABASE_URL
+	// is the coordinator, as DESIGN §5 has it (a reconciler pointed at a
+	// worker would take that worker's lock instead).
 	lockTx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return rep, r.failed(fmt.Errorf("reconcile: take pass lock: %w", err))

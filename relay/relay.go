@@ -353,10 +353,8 @@ func (r *Relay) deliverBatch(ctx context.Context, full func()) (batchResult, err
 	case err != nil:
 		err = stageErr(stagePostgres, err)
 	case len(batch.Events) == 0:
-		// An empty poll is no span and commits nothing.
-		if err = tx.Rollback(bctx); err != nil {
-			err = stageErr(stagePostgres, fmt.Errorf("end empty take: %w", err))
-		}
+		// An empty poll is no span and commits nothing (TakeBatch ended
+		// its transaction).
 	default:
 		taken = time.Now()
 		res.taken = len(batch.Events)

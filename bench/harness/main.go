@@ -357,7 +357,7 @@ func (h *harness) dupes(ctx context.Context, n int) (map[string]dupeResult, erro
 	variants := map[string]http.Handler{}
 	hs := h.handlers()
 	variants["c_redis_only"], variants["d_postgres_only"], variants["e_onceonly"], variants["e_onceonly_notify_in_tx"] = hs[2], hs[3], hs[4], hs[5]
-	variants["f_onceonly_single_commit"] = hs[6]
+	variants["f_onceonly_two_phase"] = hs[6]
 	run := fmt.Sprintf("dup-%d", time.Now().UnixNano())
 	result := map[string]dupeResult{}
 	for name, handler := range variants {

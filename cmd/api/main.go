@@ -21,7 +21,6 @@ import (
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
-	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/paygateway"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
@@ -107,32 +106,22 @@ func parseAPIKeys(raw string) (map[string]string, error) {
 }
 
 func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) error {
-	log, pgCfg := setup.Log, setup.Postgres
+	log := setup.Log
 	if v.demoKeys {
 		log.Warn("API_KEYS is unset: accepting the demo key only", "api_key", "sk_test_demo", "merchant", "acct_demo")
 	}
-	rdb := redisconn.New(setup.Redis)
-	if rdb != nil {
-		defer rdb.Close()
-	} else {
+	if setup.Redis == nil {
 		log.Warn("REDIS_URL is unset: serving from Postgres alone")
 	}
-	pgCfg.MaxConns = max(pgCfg.MaxConns, 32)
-	pool, err := postgres.Open(ctx, pgCfg, schema.Migrations())
+	rt, err := daemon.OpenRuntime(ctx, setup, s.Common, s.engine, daemon.RuntimeOptions{
+		MinConns: 32, Schema: schema.Migrations(),
+		Configure: func(cfg *onceonly.Config) { cfg.Tuning.NotifyInTransaction = !*s.deferNotify },
+	})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	reg := ops.Registry()
-	cfg := s.engine.Config()
-	cfg.Pool, cfg.Redis, cfg.RedisPrefix, cfg.Logger, cfg.Registerer = pool, rdb, *s.RedisPrefix, log, reg
-	cfg.Tuning = onceonly.Tuning{RedisWriteLayout1: *s.RedisWriteLayout1, NotifyInTransaction: !*s.deferNotify}
-	engine, err := onceonly.New(cfg)
-	if err != nil {
-		return err
-	}
-	defer engine.Close()
+	defer rt.Close()
+	pool, rdb, reg, engine := rt.Pool, rt.Redis, rt.Registry, rt.Engine
 	gw, stopGateway, err := s.gateway.Open(ctx, pool, *s.engine.LeaseTimeout, log)
 	if err != nil {
 		return err

@@ -10,7 +10,6 @@ import (
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
-	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
 	"github.com/onceonly/onceonly/internal/redisconn"
@@ -53,34 +52,23 @@ func runServe(args []string, stderr io.Writer) int {
 // beside the ops server until ctx ends.
 func serve(ctx context.Context, s *settings, kind brokerKind, setup daemon.Setup) error {
 	log := setup.Log
-	rdb := redisconn.New(setup.Redis)
-	if rdb != nil {
-		defer rdb.Close()
-	} else {
+	if setup.Redis == nil {
 		log.Warn("REDIS_URL is unset: running from Postgres alone")
 	}
-	pgCfg := setup.Postgres
-	// Each worker's execution holds a connection at a time; the claim
-	// batches, the resumer and the in-process gateway want a few more.
-	pgCfg.MaxConns = max(pgCfg.MaxConns, int32(min(2**s.workers+8, 256))) //nolint:gosec // G115: bounded above
-	pool, err := postgres.Open(ctx, pgCfg, schema.Migrations())
+	rt, err := daemon.OpenRuntime(ctx, setup, s.Common, s.engine, daemon.RuntimeOptions{
+		// Each worker's execution holds a connection at a time; the claim
+		// batches, the resumer and the in-process gateway want a few more.
+		MinConns: int32(min(2**s.workers+8, 256)), //nolint:gosec // G115: bounded above
+		Schema:   schema.Migrations(),
+		// The resumer only: the relay and the reconciler run as commands of
+		// their own (cmd/relay, cmd/reconciler), as beside the api.
+		Configure: func(cfg *onceonly.Config) { cfg.Daemons = onceonly.Daemons{NoRelay: true, NoReconciler: true} },
+	})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	reg := ops.Registry()
-	cfg := s.engine.Config()
-	cfg.Pool, cfg.Redis, cfg.RedisPrefix, cfg.Logger, cfg.Registerer = pool, rdb, *s.RedisPrefix, log, reg
-	cfg.Tuning = onceonly.Tuning{RedisWriteLayout1: *s.RedisWriteLayout1}
-	// The resumer only: the relay and the reconciler run as commands of
-	// their own (cmd/relay, cmd/reconciler), as beside the api.
-	cfg.Daemons = onceonly.Daemons{NoRelay: true, NoReconciler: true}
-	engine, err := onceonly.New(cfg)
-	if err != nil {
-		return err
-	}
-	defer engine.Close()
+	defer rt.Close()
+	pool, rdb, reg, engine := rt.Pool, rt.Redis, rt.Registry, rt.Engine
 	gw, stopGateway, err := s.gateway.Open(ctx, pool, *s.engine.LeaseTimeout, log)
 	if err != nil {
 		return err

@@ -31,7 +31,7 @@ func (s *Store) Unpark(ctx context.Context, db DB, ids []int64) (int, error) {
 // purge is live and stays.
 func (s *Store) DeletePurged(ctx context.Context, db DB, ref keystate.Ref) (bool, error) {
 	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key}
-	if _, err := raiseVersionFloorKeySQL.exec(ctx, db, args); err != nil {
+	if err := s.raiseFloorForKey(ctx, db, args); err != nil {
 		return false, fmt.Errorf("delete purged key: raise the version floor: %w", err)
 	}
 	tag, err := deleteKeySQL.exec(ctx, db, args)
@@ -39,6 +39,31 @@ func (s *Store) DeletePurged(ctx context.Context, db DB, ref keystate.Ref) (bool
 		return false, fmt.Errorf("delete purged key: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// raiseFloorForKey raises the version floor to the version of the key args
+// name, if it is past its expiry: in one statement on one Postgres
+// (raise_version_floor_key), in two on a distributed database (Citus),
+// which refuses an update of the floor, a reference table, that reads
+// the key's shard.
+func (s *Store) raiseFloorForKey(ctx context.Context, db DB, args pgx.StrictNamedArgs) error {
+	byScope, err := s.byScope(ctx, db)
+	if err != nil {
+		return err
+	}
+	if !byScope {
+		_, err := raiseVersionFloorKeySQL.exec(ctx, db, args)
+		return err
+	}
+	var version *int64
+	if err := purgedVersionSQL.queryRow(ctx, db, args).Scan(&version); err != nil {
+		return fmt.Errorf("read the purged key's version: %w", err)
+	}
+	if version == nil {
+		return nil
+	}
+	_, err = raiseFloorToSQL.exec(ctx, db, pgx.StrictNamedArgs{"version": *version})
+	return err
 }
 
 // Pass is a reconcile pass as RecordPass records it.

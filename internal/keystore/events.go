@@ -41,6 +41,13 @@ type BatchSender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
+// BatchDB is a DB that sends batches: a *pgxpool.Pool, a *pgxpool.Conn or
+// a *pgx.Conn.
+type BatchDB interface {
+	DB
+	BatchSender
+}
+
 // Batch is what TakeBatch took.
 type Batch struct {
 	// Events are the events taken, ordered by id.
@@ -59,12 +66,37 @@ type Batch struct {
 // (I9), or rolls it back, which puts the events back for any relay. The
 // commit does not wait for its WAL flush: a deletion lost in a crash
 // delivers the events again, which the versioned apply makes harmless (I8).
-// On an error no transaction is left open.
-func (s *Store) TakeBatch(ctx context.Context, db BatchSender, limit, maxBody int) (pgx.Tx, Batch, error) {
+// When it takes no event it ends the transaction and returns a nil tx; on
+// an error no transaction is left open either.
+//
+// On a distributed database (Citus) it takes the events of one scope, on
+// that scope's shard (see takeByScope): every event of a batch then has
+// the same scope.
+func (s *Store) TakeBatch(ctx context.Context, db BatchDB, limit, maxBody int) (pgx.Tx, Batch, error) {
+	byScope, err := s.byScope(ctx, db)
+	if err != nil {
+		return nil, Batch{}, fmt.Errorf("take outbox events: %w", err)
+	}
+	if byScope {
+		return s.takeByScope(ctx, db, limit, maxBody)
+	}
+	return s.take(ctx, db, takeBatchSQL, pgx.StrictNamedArgs{"limit": limit, "max_body": maxBody}, limit)
+}
+
+// take runs TakeBatch's statement st with args (take_batch, or its variant
+// for one scope), behind the BEGIN of its transaction and the settings
+// (SET LOCAL) given.
+func (s *Store) take(ctx context.Context, db BatchSender, st *statement, args pgx.StrictNamedArgs, limit int, settings ...string) (pgx.Tx, Batch, error) {
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
+	if len(settings) > 0 {
+		b.Queue(setPropagateLocal)
+		for _, set := range settings {
+			b.Queue(set)
+		}
+	}
 	var batch Batch
-	takeBatchSQL.queue(&b, pgx.StrictNamedArgs{"limit": limit, "max_body": maxBody}).Query(func(rows pgx.Rows) error {
+	st.queue(&b, args).Query(func(rows pgx.Rows) error {
 		var err error
 		batch, err = scanBatch(rows, limit)
 		return err
@@ -77,6 +109,12 @@ func (s *Store) TakeBatch(ctx context.Context, db BatchSender, limit, maxBody in
 			_ = tx.Rollback(context.WithoutCancel(ctx)) // the error below says it all
 		}
 		return nil, Batch{}, fmt.Errorf("take outbox events: %w", err)
+	}
+	if len(batch.Events) == 0 {
+		if err := tx.Rollback(ctx); err != nil {
+			return nil, Batch{}, fmt.Errorf("end empty take: %w", err)
+		}
+		return nil, Batch{}, nil
 	}
 	return tx, batch, nil
 }

@@ -29,10 +29,19 @@ func (s *Store) TryLock(ctx context.Context, tx pgx.Tx, key int64) (bool, error)
 // than grace ago failed (retryable), each with an outbox event, so a key
 // whose worker died is released even if no client retries (I5). It returns
 // how many it reaped.
+//
+// On a distributed database (Citus) it reaps scope by scope (reapByScope).
 func (s *Store) ReapLeases(ctx context.Context, db DB, grace time.Duration, limit int) (int, error) {
+	byScope, err := s.byScope(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("reap leases: %w", err)
+	}
+	if byScope {
+		return s.reapByScope(ctx, db, grace, limit)
+	}
 	var n int
 	var notified bool
-	err := reapLeasesSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"grace": grace, "ttl": s.cfg.FailedTTL, "limit": limit,
+	err = reapLeasesSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"grace": grace, "ttl": s.cfg.FailedTTL, "limit": limit,
 		"channel": NotifyChannel}).Scan(&n, &notified)
 	if err != nil {
 		return 0, fmt.Errorf("reap leases: %w", err)
@@ -57,10 +66,18 @@ func (s *Store) CountReapable(ctx context.Context, db DB, grace time.Duration) (
 // (raise_version_floor), so a key created again starts above every version
 // it had; on a pool that raise commits before the delete runs (see the
 // statement for why). A key whose version the floor does not cover yet (it
-// expired in between) waits for the next call.
+// expired in between) waits for the next call. On a distributed database
+// (Citus) the delete runs scope by scope (deleteExpiredByScope).
 func (s *Store) DeleteExpired(ctx context.Context, db DB, limit int) (int, error) {
+	byScope, err := s.byScope(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("delete expired keys: %w", err)
+	}
 	if _, err := raiseVersionFloorSQL.exec(ctx, db, pgx.StrictNamedArgs{"limit": limit}); err != nil {
 		return 0, fmt.Errorf("delete expired keys: raise the version floor: %w", err)
+	}
+	if byScope {
+		return s.deleteExpiredByScope(ctx, db, limit)
 	}
 	tag, err := deleteExpiredSQL.exec(ctx, db, pgx.StrictNamedArgs{"limit": limit})
 	if err != nil {

@@ -38,6 +38,18 @@ func TestEveryStatementInEveryQueryMode(t *testing.T) {
 	inEveryQueryMode(t, exerciseStore)
 }
 
+// TestEveryStatementByScope runs every store method as on a distributed
+// database (Citus): the statements scope by scope, each scope's in a
+// transaction of its own with its SET LOCAL settings. They are plain SQL,
+// so one Postgres runs them too, through every query mode and PgBouncer;
+// make test-citus runs the same on Citus (citus_test.go).
+func TestEveryStatementByScope(t *testing.T) {
+	inEveryQueryMode(t, func(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
+		t.Helper()
+		exerciseStoreAs(t, ctx, pool, keystore.ByScope)
+	})
+}
+
 // inEveryQueryMode runs exercise, in parallel subtests, on a pool of every
 // query mode, straight to Postgres and through a real PgBouncer.
 func inEveryQueryMode(t *testing.T, exercise func(t *testing.T, ctx context.Context, pool *pgxpool.Pool)) {
@@ -69,7 +81,13 @@ func inEveryQueryMode(t *testing.T, exercise func(t *testing.T, ctx context.Cont
 // returns.
 func exerciseStore(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	t.Helper()
-	store := keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute})
+	exerciseStoreAs(t, ctx, pool, keystore.DetectDistribution)
+}
+
+// exerciseStoreAs is exerciseStore with a store of Distribution dist.
+func exerciseStoreAs(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dist keystore.Distribution) {
+	t.Helper()
+	store := keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute, Distribution: dist})
 	ownerC := keystate.NewOwner()
 	a, b, c := keystate.Ref{Scope: "s", Key: "a"}, keystate.Ref{Scope: "s", Key: "b"}, keystate.Ref{Scope: "s", Key: "c"}
 
@@ -220,8 +238,9 @@ func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, stor
 	require.NoError(t, err)
 	defer conn.Release()
 
-	// session_keepalives, single_begin, single_finish (completed).
-	require.NoError(t, store.SetKeepalives(ctx, conn.Conn()))
+	// session_keepalives (with the distribution, PrepareSession),
+	// single_begin, single_finish (completed).
+	require.NoError(t, store.PrepareSession(ctx, conn.Conn()))
 	single := keystate.Ref{Scope: "s", Key: "single"}
 	resp := keystate.Response{Status: 201, ContentType: "application/json",
 		Header: http.Header{"Location": {"/v1/y"}}, Body: []byte(`{"ok":1}`)}

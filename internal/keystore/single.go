@@ -44,9 +44,26 @@ func (s *Store) SetKeepalives(ctx context.Context, conn *pgx.Conn) error {
 // QueueSingleBegin queues on b, behind its BEGIN, the opening of a
 // single-commit execution of ref (single_begin.sql): the key's advisory
 // lock, the transaction's limits by lease, and whether the key has a row.
-// dst is set as b's results are read.
+// dst is set as b's results are read. On a distributed database (Citus:
+// known once PrepareSession ran) the lock and limits are the
+// coordinator's (citus_single_begin), and get_key reads the row.
 func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Duration, dst *SingleBegin) {
 	ms := strconv.FormatInt(max(lease.Milliseconds(), 1), 10)
+	if Distribution(s.dist.Load()) == ByScope {
+		citusSingleBeginSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "lease_ms": ms}).QueryRow(func(row pgx.Row) error {
+			var ignored [2]string
+			return row.Scan(&dst.Locked, &ignored[0], &ignored[1])
+		})
+		getKeySQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key}).QueryRow(func(row pgx.Row) error {
+			_, err := scanKey(row)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			dst.HasRow = err == nil
+			return err
+		})
+		return
+	}
 	singleBeginSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "lease_ms": ms}).QueryRow(func(row pgx.Row) error {
 		var ignored [2]string
 		return row.Scan(&dst.Locked, &dst.HasRow, &ignored[0], &ignored[1])

@@ -55,6 +55,18 @@ var (
 	deleteKeySQL            = load("delete_key")
 	recordPassSQL           = load("record_pass")
 	countStuckSQL           = load("count_stuck")
+
+	// The statements of a distributed database (Citus) only.
+	citusInstalledSQL   = load("citus_installed")
+	citusDistributedSQL = load("citus_distributed")
+	citusSingleBeginSQL = load("citus_single_begin")
+	citusRecordStepSQL  = load("citus_record_step")
+	outboxScopesSQL     = load("outbox_scopes")
+	reapableScopesSQL   = load("reapable_scopes")
+	resumableScopesSQL  = load("resumable_scopes")
+	expiredScopesSQL    = load("expired_scopes")
+	purgedVersionSQL    = load("purged_version")
+	raiseFloorToSQL     = load("raise_version_floor_to")
 )
 
 // statement is one file of sql/, as the package loaded it.
@@ -69,6 +81,10 @@ type statement struct {
 	sql string
 	// params names the parameters by position: $1 is params[0].
 	params []string
+	// byScope, for a statement with and_scope markers, is its variant for
+	// a distributed database: the markers expanded to a test of @scope, so
+	// that it runs on the one shard of that scope. Nil for the others.
+	byScope *statement
 }
 
 // loaded lists the statements by name, for the tests.
@@ -95,7 +111,20 @@ func load(name string) *statement {
 // instead of at every call, so that the statement's positional text and
 // parameter order are exactly what pgx.StrictNamedArgs would send.
 func newStatement(name, text string) (*statement, error) {
-	text, err := expandMarkers(text)
+	s, err := compile(name, text, false)
+	if err != nil || !hasScopeMarker(text) {
+		return s, err
+	}
+	if s.byScope, err = compile(name, text, true); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// compile expands the markers of text (and_scope markers to a test of
+// @scope when byScope, to nothing otherwise) and numbers its parameters.
+func compile(name, text string, byScope bool) (*statement, error) {
+	text, err := expandMarkers(text, byScope)
 	if err != nil {
 		return nil, err
 	}
@@ -241,11 +270,23 @@ var keyColumns = func() string {
 // marker finds a {{…}} marker.
 var marker = regexp.MustCompile(`\{\{([^{}]*)\}\}`)
 
+// hasScopeMarker reports whether text has an and_scope marker.
+func hasScopeMarker(text string) bool {
+	for _, m := range marker.FindAllStringSubmatch(text, -1) {
+		if f := strings.Fields(m[1]); len(f) > 0 && f[0] == "and_scope" {
+			return true
+		}
+	}
+	return false
+}
+
 // expandMarkers replaces each marker of text: {{key_columns}} with the
 // key columns reading bodies whole, {{key_columns @name}} with the key
-// columns leaving out bodies longer than @name bytes. A marker stands in
-// the statement, not in a comment.
-func expandMarkers(text string) (string, error) {
+// columns leaving out bodies longer than @name bytes; {{and_scope}} and
+// {{and_scope alias}}, with byScope, with a test of the row's scope
+// (alias.scope) against @scope, and with nothing otherwise. A marker
+// stands in the statement, not in a comment.
+func expandMarkers(text string, byScope bool) (string, error) {
 	var out strings.Builder
 	last := 0
 	for _, m := range marker.FindAllStringSubmatchIndex(text, -1) {
@@ -253,17 +294,23 @@ func expandMarkers(text string) (string, error) {
 		if strings.Contains(line, "--") {
 			return "", fmt.Errorf("marker %s in a comment", text[m[0]:m[1]])
 		}
-		var columns string
+		var expansion string
 		switch f := strings.Fields(text[m[2]:m[3]]); {
 		case len(f) == 1 && f[0] == "key_columns":
-			columns = strings.ReplaceAll(keyColumns, "@max_body", "NULL")
+			expansion = strings.ReplaceAll(keyColumns, "@max_body", "NULL")
 		case len(f) == 2 && f[0] == "key_columns" && len(f[1]) > 1 && f[1][0] == '@':
-			columns = strings.ReplaceAll(keyColumns, "@max_body", f[1])
+			expansion = strings.ReplaceAll(keyColumns, "@max_body", f[1])
+		case len(f) == 1 && f[0] == "and_scope" && byScope:
+			expansion = "AND scope = @scope"
+		case len(f) == 2 && f[0] == "and_scope" && byScope:
+			expansion = "AND " + f[1] + ".scope = @scope"
+		case (len(f) == 1 || len(f) == 2) && f[0] == "and_scope":
+			// One Postgres: no test of the scope, the statement as before.
 		default:
 			return "", fmt.Errorf("unknown marker %s", text[m[0]:m[1]])
 		}
 		out.WriteString(text[last:m[0]])
-		out.WriteString(columns)
+		out.WriteString(expansion)
 		last = m[1]
 	}
 	if last == 0 {

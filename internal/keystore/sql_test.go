@@ -36,14 +36,24 @@ func TestEveryStatementIsLoaded(t *testing.T) {
 func TestStatementsBindAsPgxDoes(t *testing.T) {
 	t.Parallel()
 	for name, s := range loaded {
-		named := pgx.StrictNamedArgs{}
-		for _, p := range s.params {
-			named[p] = "value of " + p
+		for _, s := range []*statement{s, s.byScope} {
+			if s == nil {
+				continue
+			}
+			named := pgx.StrictNamedArgs{}
+			for _, p := range s.params {
+				named[p] = "value of " + p
+			}
+			want, wantArgs, err := named.RewriteQuery(context.Background(), nil, s.text, nil)
+			require.NoError(t, err, name)
+			require.Equal(t, want, s.sql, name)
+			require.Equal(t, wantArgs, s.args(named), name)
 		}
-		want, wantArgs, err := named.RewriteQuery(context.Background(), nil, s.text, nil)
-		require.NoError(t, err, name)
-		require.Equal(t, want, s.sql, name)
-		require.Equal(t, wantArgs, s.args(named), name)
+	}
+	for _, s := range []*statement{takeBatchSQL, reapLeasesSQL, deleteExpiredSQL, resumeClaimSQL, renewLeasesSQL} {
+		require.NotNil(t, s.byScope, s.name)
+		require.NotContains(t, s.params, "scope", s.name)
+		require.Contains(t, s.byScope.params, "scope", s.name)
 	}
 	require.Equal(t, []string{"status", "response_status", "response_content_type", "response_body",
 		"response_headers", "count_failure", "ttl", "scope", "key", "owner", "notify", "channel", "fail_when_lost"}, finishSQL.params,
@@ -111,17 +121,25 @@ func TestKeyColumns(t *testing.T) {
 // TestExpandMarkers: the markers a statement may hold.
 func TestExpandMarkers(t *testing.T) {
 	t.Parallel()
-	got, err := expandMarkers("SELECT {{key_columns}}, {{ key_columns @limit }} FROM idempotency_keys k")
+	got, err := expandMarkers("SELECT {{key_columns}}, {{ key_columns @limit }} FROM idempotency_keys k", false)
 	require.NoError(t, err)
 	require.Equal(t, "SELECT "+strings.ReplaceAll(keyColumns, "@max_body", "NULL")+", "+
 		strings.ReplaceAll(keyColumns, "@max_body", "@limit")+" FROM idempotency_keys k", got)
+	const scoped = "SELECT 1 FROM outbox o WHERE true {{and_scope}} {{and_scope o}}"
+	got, err = expandMarkers(scoped, false)
+	require.NoError(t, err)
+	require.Equal(t, "SELECT 1 FROM outbox o WHERE true  ", got, "one Postgres: no test of the scope")
+	got, err = expandMarkers(scoped, true)
+	require.NoError(t, err)
+	require.Equal(t, "SELECT 1 FROM outbox o WHERE true AND scope = @scope AND o.scope = @scope", got, "by scope")
 	for text, want := range map[string]string{
 		"SELECT {{key_colums}}":          "unknown marker {{key_colums}}",
 		"SELECT {{key_columns 100}}":     "unknown marker {{key_columns 100}}",
 		"-- {{key_columns}}\nSELECT 1":   "marker {{key_columns}} in a comment",
 		"SELECT 1 -- as {{key_columns}}": "marker {{key_columns}} in a comment",
+		"SELECT {{and_scope a b}}":       "unknown marker {{and_scope a b}}",
 	} {
-		_, err := expandMarkers(text)
+		_, err := expandMarkers(text, false)
 		require.EqualError(t, err, want, text)
 	}
 }

@@ -48,6 +48,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,12 +101,21 @@ type Config struct {
 	// write-through to Redis failed); otherwise relays find the events on
 	// their poll.
 	DeferNotify bool
+	// Distribution is how the tables are laid out (DetectDistribution: the
+	// store asks the database, once).
+	Distribution Distribution
 }
 
 // Store runs the key transitions. It holds no connection: every method
 // takes the DB to run on.
 type Store struct {
 	cfg Config
+	// dist is the Distribution in force: DetectDistribution until the
+	// store asked the database.
+	dist atomic.Int32
+	// outboxScopes are the scopes the relay takes events from next, on a
+	// distributed database.
+	outboxScopes scopeQueue
 }
 
 // New returns a Store.
@@ -115,7 +126,9 @@ func New(cfg Config) *Store {
 	if cfg.FailedTTL <= 0 {
 		cfg.FailedTTL = DefaultFailedTTL
 	}
-	return &Store{cfg: cfg}
+	s := &Store{cfg: cfg}
+	s.dist.Store(int32(cfg.Distribution))
+	return s
 }
 
 // keyRow is where the key columns (sql/key_columns.sql) of a row are
@@ -230,8 +243,8 @@ func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerp
 			}
 		}
 		insert = true
-		var takeable bool
-		k, err = scanKey(claimPeekSQL.queryRow(ctx, db, peekArgs), &takeable, &steps)
+		var takeable, live bool
+		k, err = scanKey(claimPeekSQL.queryRow(ctx, db, peekArgs), &takeable, &steps, &live)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // deleted by retention since: insert again
@@ -245,15 +258,18 @@ func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerp
 		case !takeable:
 			return ClaimResult{Key: k}, nil
 		}
-		tookOver := k.Status == keystate.InProgress && k.ExpiresIn > 0
-		k, err = scanKey(claimTakeoverSQL.queryRow(ctx, db, args), &notified, &durability, &steps)
+		inProgress := k.Status == keystate.InProgress
+		takeArgs := maps.Clone(args)
+		takeArgs["live"], takeArgs["in_progress"] = live, inProgress
+		k, err = scanKey(claimTakeoverSQL.queryRow(ctx, db, takeArgs), &notified, &durability, &steps)
 		if err == nil {
-			return ClaimResult{Claimed: true, Key: k, Steps: steps, TookOver: tookOver}, nil
+			return ClaimResult{Claimed: true, Key: k, Steps: steps, TookOver: inProgress && live}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return ClaimResult{}, fmt.Errorf("claim key: %w", err)
 		}
-		// Another claim took it first, or retention deleted it: look again.
+		// Another claim took it first, retention deleted it, or it expired
+		// since the peek: look again.
 	}
 	return ClaimResult{}, fmt.Errorf("claim key: the row changed under %d attempts in a row", maxClaimRounds)
 }
@@ -278,32 +294,20 @@ func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease,
 		// caller's whole transaction.
 		return nil, errors.New("claim keys: ClaimNew runs its own transaction; use Claim inside one")
 	}
-	scopes, keys, fingerprints, owners := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
-	for i, r := range reqs {
-		scopes[i], keys[i], fingerprints[i], owners[i] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()
-	}
-	rows, err := claimBatchSQL.query(ctx, db, pgx.StrictNamedArgs{
-		"scopes": scopes, "keys": keys, "fingerprints": fingerprints, "owners": owners,
-		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
-		"lock_timeout": fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1)),
-	})
+	byScope, err := s.byScope(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("claim keys: %w", err)
 	}
-	defer rows.Close()
+	args := pgx.StrictNamedArgs{"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify,
+		"channel": NotifyChannel, "lock_timeout": fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1))}
 	claimed := make(map[keystate.Owner]keystate.Key, len(reqs))
-	var notified bool
-	var durability string
-	var steps []byte
-	for rows.Next() {
-		k, err := scanKey(rows, &notified, &durability, &steps)
-		if err != nil {
-			return nil, fmt.Errorf("claim keys: %w", err)
-		}
-		claimed[k.Owner] = k
+	if byScope {
+		err = s.claimNewByScope(ctx, db, reqs, args, lockTimeout, claimed)
+	} else {
+		err = claimNewAll(ctx, db, reqs, args, claimed)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim keys: %w", err)
+	if err != nil {
+		return nil, err
 	}
 	results := make([]ClaimResult, len(reqs))
 	for i, r := range reqs {
@@ -312,6 +316,40 @@ func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease,
 		}
 	}
 	return results, nil
+}
+
+// claimNewAll is ClaimNew on one Postgres: every key in one statement.
+func claimNewAll(ctx context.Context, db DB, reqs []ClaimRequest, args pgx.StrictNamedArgs, claimed map[keystate.Owner]keystate.Key) error {
+	scopes, keys, fingerprints, owners := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
+	for i, r := range reqs {
+		scopes[i], keys[i], fingerprints[i], owners[i] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()
+	}
+	args["scopes"], args["keys"], args["fingerprints"], args["owners"] = scopes, keys, fingerprints, owners
+	rows, err := claimBatchSQL.query(ctx, db, args)
+	if err != nil {
+		return fmt.Errorf("claim keys: %w", err)
+	}
+	return scanClaimed(rows, claimed)
+}
+
+// scanClaimed reads claim_batch's rows into claimed, by owner, and closes
+// rows.
+func scanClaimed(rows pgx.Rows, claimed map[keystate.Owner]keystate.Key) error {
+	defer rows.Close()
+	var notified bool
+	var durability string
+	var steps []byte
+	for rows.Next() {
+		k, err := scanKey(rows, &notified, &durability, &steps)
+		if err != nil {
+			return fmt.Errorf("claim keys: %w", err)
+		}
+		claimed[k.Owner] = k
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("claim keys: %w", err)
+	}
+	return nil
 }
 
 // Get reads the row of ref.
@@ -418,9 +456,25 @@ func (s *Store) Heartbeat(ctx context.Context, db DB, ref keystate.Ref, owner ke
 func (s *Store) RecordStep(ctx context.Context, db DB, ref keystate.Ref, owner keystate.Owner, step string, record []byte,
 	handler string, request []byte, async bool,
 ) error {
+	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(),
+		"step": step, "record": string(record), "handler": handler, "request": request}
+	byScope, err := s.byScope(ctx, db)
+	if err != nil {
+		return fmt.Errorf("record step %s: %w", step, err)
+	}
+	if byScope {
+		recorded, err := s.recordStepByScope(ctx, db, args, async)
+		switch {
+		case err != nil:
+			return fmt.Errorf("record step %s: %w", step, err)
+		case !recorded:
+			return ErrLeaseLost
+		}
+		return nil
+	}
+	args["async_commit"] = async
 	var durability string
-	err := recordStepSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "owner": owner.String(),
-		"step": step, "record": string(record), "handler": handler, "request": request, "async_commit": async}).Scan(&durability)
+	err = recordStepSQL.queryRow(ctx, db, args).Scan(&durability)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
@@ -464,23 +518,35 @@ func (s *Store) ResumeClaim(ctx context.Context, db DB, handlers []string, owner
 	for i, o := range owners {
 		ids[i] = o.String()
 	}
+	byScope, err := s.byScope(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("claim executions to resume: %w", err)
+	}
+	if byScope {
+		return s.resumeByScope(ctx, db, handlers, ids, lease)
+	}
 	rows, err := resumeClaimSQL.query(ctx, db, pgx.StrictNamedArgs{"lease": lease, "notify": !s.cfg.DeferNotify,
 		"channel": NotifyChannel, "handlers": handlers, "limit": len(owners), "owners": ids})
 	if err != nil {
 		return nil, fmt.Errorf("claim executions to resume: %w", err)
 	}
+	return scanResumable(rows, nil)
+}
+
+// scanResumable appends resume_claim's rows to out and closes rows.
+func scanResumable(rows pgx.Rows, out []Resumable) ([]Resumable, error) {
 	defer rows.Close()
-	var out []Resumable
 	for rows.Next() {
 		var r Resumable
 		var notified bool
+		var err error
 		if r.Key, err = scanKey(rows, &notified, &r.Handler, &r.Request, &r.Steps); err != nil {
-			return nil, fmt.Errorf("claim executions to resume: %w", err)
+			return out, fmt.Errorf("claim executions to resume: %w", err)
 		}
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim executions to resume: %w", err)
+		return out, fmt.Errorf("claim executions to resume: %w", err)
 	}
 	return out, nil
 }
@@ -496,6 +562,17 @@ type Lease struct {
 // taken over or reaped.
 func (s *Store) RenewLeases(ctx context.Context, db DB, leases []Lease, lease time.Duration) (map[keystate.Owner]bool, error) {
 	n := len(leases)
+	held := make(map[keystate.Owner]bool, n)
+	byScope, err := s.byScope(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
+	}
+	if byScope {
+		if err := s.renewByScope(ctx, db, leases, lease, held); err != nil {
+			return nil, err
+		}
+		return held, nil
+	}
 	scopes, keys, owners := make([]string, n), make([]string, n), make([]string, n)
 	for i, l := range leases {
 		scopes[i], keys[i], owners[i] = l.Ref.Scope, l.Ref.Key, l.Owner.String()
@@ -504,17 +581,24 @@ func (s *Store) RenewLeases(ctx context.Context, db DB, leases []Lease, lease ti
 	if err != nil {
 		return nil, fmt.Errorf("renew leases: %w", err)
 	}
+	if err := scanHeld(rows, held); err != nil {
+		return nil, err
+	}
+	return held, nil
+}
+
+// scanHeld reads renew_leases's rows into held and closes rows.
+func scanHeld(rows pgx.Rows, held map[keystate.Owner]bool) error {
 	defer rows.Close()
-	held := make(map[keystate.Owner]bool, n)
 	for rows.Next() {
 		var o [16]byte
 		if err := rows.Scan(&o); err != nil {
-			return nil, fmt.Errorf("renew leases: %w", err)
+			return fmt.Errorf("renew leases: %w", err)
 		}
 		held[o] = true
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("renew leases: %w", err)
+		return fmt.Errorf("renew leases: %w", err)
 	}
-	return held, nil
+	return nil
 }

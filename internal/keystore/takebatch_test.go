@@ -2,6 +2,9 @@ package keystore_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/testenv"
 )
 
 // TestTakeBatchInEveryQueryMode runs the relay's take (its BEGIN sent with
@@ -20,12 +24,102 @@ func TestTakeBatchInEveryQueryMode(t *testing.T) {
 	inEveryQueryMode(t, exerciseTakeBatch)
 }
 
+// TestTakeBatchByScope: the same, scope by scope, as on a distributed
+// database (Citus).
+func TestTakeBatchByScope(t *testing.T) {
+	t.Parallel()
+	exerciseTakeBatchAs(t, testenv.Context(t), testenv.DB(t), keystore.ByScope)
+}
+
+// TestConcurrentTakesByScope: relays taking scope by scope, as on a
+// distributed database (Citus), several at once, never take the same
+// event, and take them all.
+func TestConcurrentTakesByScope(t *testing.T) {
+	t.Parallel()
+	exerciseConcurrentTakes(t, testenv.Context(t), testenv.DB(t), keystore.ByScope)
+}
+
+// exerciseConcurrentTakes writes events of several scopes, then has four
+// relays (each a store of its own, as in four processes) take and commit
+// batches at once until none is left, and checks that every event was
+// taken exactly once, each batch from one scope (on Citus, from one shard:
+// without the take's scope test a batch spans scopes, and Citus refuses
+// its FOR UPDATE and ctid).
+func exerciseConcurrentTakes(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dist keystore.Distribution) {
+	t.Helper()
+	prefix := "take-" + testenv.RandomSuffix(6) + "-"
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (scope, key, version)
+		SELECT $1 || (i % 7), 'k' || i, 1 FROM generate_series(1, 700) i`, prefix)
+	require.NoError(t, err)
+	var (
+		mu    sync.Mutex
+		taken = map[int64]int{}
+		wg    sync.WaitGroup
+	)
+	errs := make([]error, 4)
+	for i := range errs {
+		store := keystore.New(keystore.Config{Distribution: dist})
+		wg.Go(func() {
+			errs[i] = takeUntilEmpty(ctx, store, pool, dist, func(e keystore.Event) {
+				if strings.HasPrefix(e.Scope, prefix) {
+					mu.Lock()
+					taken[e.ID]++
+					mu.Unlock()
+				}
+			})
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, taken, 700, "every event taken")
+	for id, n := range taken {
+		require.Equal(t, 1, n, "event %d taken %d times", id, n)
+	}
+}
+
+// takeUntilEmpty takes and commits batches until three takes in a row come
+// back empty, calling took with every event taken. With a distribution
+// other than SingleNode, a batch of several scopes is an error.
+func takeUntilEmpty(ctx context.Context, store *keystore.Store, pool *pgxpool.Pool, dist keystore.Distribution, took func(keystore.Event)) error {
+	for empty := 0; empty < 3; {
+		tx, batch, err := store.TakeBatch(ctx, pool, 25, 64)
+		if err != nil {
+			return err
+		}
+		if tx == nil {
+			empty++
+			continue
+		}
+		empty = 0
+		for _, e := range batch.Events {
+			if dist != keystore.SingleNode && e.Scope != batch.Events[0].Scope {
+				_ = tx.Rollback(ctx)
+				return fmt.Errorf("a batch of scopes %s and %s: a batch is one scope's, taken on its shard", batch.Events[0].Scope, e.Scope)
+			}
+			took(e)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // exerciseTakeBatch checks what TakeBatch returns, that its transaction
 // holds the deletes until it commits, commits without waiting for the WAL
 // flush, and that two open takes never share an event.
 func exerciseTakeBatch(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	t.Helper()
-	store := keystore.New(keystore.Config{})
+	exerciseTakeBatchAs(t, ctx, pool, keystore.DetectDistribution)
+}
+
+// exerciseTakeBatchAs is exerciseTakeBatch with a store of Distribution
+// dist.
+func exerciseTakeBatchAs(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dist keystore.Distribution) {
+	t.Helper()
+	store := keystore.New(keystore.Config{Distribution: dist})
 	// a: completed with a body over the limit; b: gone from Postgres (a
 	// deletion at the highest version its events carry); c: failed.
 	_, err := pool.Exec(ctx, `
@@ -75,11 +169,12 @@ func exerciseTakeBatch(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	require.Equal(t, "off", durability, "the take's transaction does not wait for its WAL flush")
 	require.Equal(t, 5, pending(), "the deletes are the transaction's until it commits")
 
-	// Another take meanwhile finds nothing: the rows are locked.
+	// Another take meanwhile finds nothing: the rows are locked. An empty
+	// take leaves no transaction.
 	tx2, other, err := store.TakeBatch(ctx, pool, 1000, 4)
 	require.NoError(t, err)
 	require.Empty(t, other.Events)
-	require.NoError(t, tx2.Rollback(ctx))
+	require.Nil(t, tx2)
 
 	// A rollback puts every event back.
 	require.NoError(t, tx.Rollback(ctx))

@@ -7,6 +7,8 @@
 //   - worker.go: the Postgres pool, Redis client and metrics a worker daemon
 //     (the relay, the reconciler) runs on, and running it beside its ops
 //     server;
+//   - runtime.go: the Postgres pool, Redis client, metrics and engine a
+//     command that runs handlers (the api, the consumer) runs them on;
 //   - logger: the slog logger of LOG_LEVEL and LOG_FORMAT;
 //   - postgres: DATABASE_URL parsed, and a pool opened on a current schema;
 //   - redisconn: the Redis client of REDIS_URL, REDIS_CLUSTER_URL or

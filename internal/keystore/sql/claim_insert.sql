@@ -10,11 +10,13 @@
 -- @notify: notify the relays (on @channel) in this statement's transaction
 -- @async_commit: commit without waiting for the WAL flush (the claim
 --    commits on its own)
+-- The row is inserted from a SELECT, not VALUES: Citus refuses a subquery
+-- (the floor's) inside VALUES; Postgres plans both alike.
 WITH claimed AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
-	VALUES (@scope, @key, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
-		@fingerprint, @owner, now() + @lease::interval, now() + @ttl::interval)
+	SELECT @scope, @key, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
+		@fingerprint, @owner::uuid, now() + @lease::interval, now() + @ttl::interval
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (

@@ -14,17 +14,23 @@
 -- @notify: notify the relays (on @channel) in this statement's transaction
 -- @async_commit: commit without waiting for the WAL flush (the claim
 --    commits on its own)
+-- @live   @in_progress: the row as claim_peek found it, unexpired or not,
+--    in progress or not. A row that is no longer so changed since: no row
+--    comes back, and the claim peeks again. Passing what the peek found,
+--    rather than testing now() in the CASEs below, keeps the statement one
+--    that Citus runs (it refuses now() inside a CASE of an UPDATE).
 WITH claimed AS (
 	UPDATE idempotency_keys AS k SET
 		status = 'in_progress', version = k.version + 1, fingerprint = @fingerprint,
 		owner = @owner, lease_expires_at = now() + @lease::interval,
 		expires_at = now() + @ttl::interval, updated_at = now(),
 		response_status = NULL, response_content_type = NULL, response_headers = NULL, response_body = NULL,
-		handler = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.handler END,
-		request = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.request END,
-		steps = CASE WHEN k.status = 'in_progress' AND k.expires_at > now() THEN k.steps END,
-		failures = CASE WHEN k.expires_at > now() THEN k.failures ELSE 0 END
+		handler = CASE WHEN @in_progress AND @live THEN k.handler END,
+		request = CASE WHEN @in_progress AND @live THEN k.request END,
+		steps = CASE WHEN @in_progress AND @live THEN k.steps END,
+		failures = CASE WHEN @live THEN k.failures ELSE 0 END
 	WHERE k.scope = @scope AND k.key = @key
+		AND (k.expires_at > now()) = @live AND (k.status = 'in_progress') = @in_progress
 		AND (k.expires_at <= now()
 			OR (k.fingerprint = @fingerprint AND (k.status = 'failed'
 				OR (k.status = 'in_progress' AND k.lease_expires_at <= now()))))

@@ -8,15 +8,18 @@
 --
 -- @grace (interval)   @ttl: how long a failed row lives (interval)   @limit
 -- Returns how many keys it reaped.
+-- The and_scope markers: on a distributed database (Citus) the statement
+--    runs scope by scope (@scope), on one shard (reapable_scopes finds the scopes);
+--    on one Postgres they are left out.
 WITH dead AS (
 	SELECT scope, key FROM idempotency_keys
-	WHERE status = 'in_progress' AND lease_expires_at < now() - @grace::interval AND steps IS NULL
+	WHERE status = 'in_progress' AND lease_expires_at < now() - @grace::interval AND steps IS NULL {{and_scope}}
 	ORDER BY lease_expires_at LIMIT @limit FOR UPDATE SKIP LOCKED
 ), reaped AS (
 	UPDATE idempotency_keys AS k SET
 		status = 'failed', version = k.version + 1, owner = NULL, lease_expires_at = NULL,
 		expires_at = now() + @ttl::interval, updated_at = now()
-	FROM dead WHERE k.scope = dead.scope AND k.key = dead.key
+	FROM dead WHERE k.scope = dead.scope AND k.key = dead.key {{and_scope k}}
 	RETURNING k.scope, k.key, k.version
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM reaped

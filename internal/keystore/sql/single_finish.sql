@@ -18,13 +18,15 @@
 -- @count_failure: count this execution among the key's failures
 -- @fail_when_lost: fail instead of returning no row
 -- @notify: notify the relays (on @channel) in this statement's transaction
+-- The row is inserted from a SELECT, not VALUES: Citus refuses a subquery
+-- (the floor's) inside VALUES; Postgres plans both alike.
 WITH inserted AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint,
 		 response_status, response_content_type, response_body, response_headers, expires_at, failures)
-	VALUES (@scope, @key, @status, coalesce((SELECT version FROM idempotency_version_floor), 0) + 1, @fingerprint,
-		@response_status, @response_content_type, @response_body, @response_headers, now() + @ttl::interval,
-		CASE WHEN @count_failure THEN 1 ELSE 0 END)
+	SELECT @scope, @key, @status, coalesce((SELECT version FROM idempotency_version_floor), 0) + 1, @fingerprint,
+		@response_status::integer, @response_content_type, @response_body::bytea, @response_headers, now() + @ttl::interval,
+		CASE WHEN @count_failure THEN 1 ELSE 0 END
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (

@@ -16,10 +16,14 @@
 -- and delivering them again is harmless (I8).
 --
 -- @limit   @max_body: largest body read (longer ones: body_omitted)
+-- The and_scope markers: on a distributed database (Citus) the statement
+--    runs scope by scope (@scope), on one shard (outbox_scopes finds the scopes);
+--    on one Postgres they are left out.
 WITH taken AS (
 	DELETE FROM outbox
 	WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM outbox WHERE parked_at IS NULL ORDER BY id LIMIT @limit FOR UPDATE SKIP LOCKED))
+		SELECT ctid FROM outbox WHERE parked_at IS NULL {{and_scope}} ORDER BY id LIMIT @limit FOR UPDATE SKIP LOCKED))
+		{{and_scope}}
 	RETURNING id, scope, key, version, created_at, attempts
 ), durability AS MATERIALIZED (
 	SELECT set_config('synchronous_commit', 'off', true)
@@ -28,4 +32,4 @@ SELECT {{key_columns @max_body}},
 	k.scope IS NOT NULL AS found, t.id, t.scope, t.key, t.version, t.created_at, t.attempts
 FROM taken t
 CROSS JOIN durability
-LEFT JOIN idempotency_keys k ON k.scope = t.scope AND k.key = t.key
+LEFT JOIN idempotency_keys k ON k.scope = t.scope AND k.key = t.key {{and_scope k}}

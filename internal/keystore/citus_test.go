@@ -1,0 +1,71 @@
+//go:build citus
+
+// The store's tests on Citus (DESIGN §5), run by `make test-citus` (go test
+// -tags citus) against the cluster whose coordinator TEST_CITUS_URL names:
+// each test gets a database of its own on every node, migrated as `api
+// migrate up` does, so the engine's tables are distributed by scope. The
+// tests are those of one Postgres; the store finds out by itself that the
+// tables are distributed. Without TEST_CITUS_URL they fail.
+
+package keystore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/testenv"
+)
+
+// citusBundle is a test bundle on a migrated Citus database of the test's
+// own, its store detecting the distribution.
+func citusBundle(t *testing.T, cfg keystore.Config) *testBundle {
+	t.Helper()
+	b := &testBundle{ctx: testenv.Context(t), pool: testenv.Pool(t, testenv.MigratedCitusURL(t)), store: keystore.New(cfg)}
+	d, err := b.store.Distribution(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, keystore.ByScope, d, "api migrate up distributed idempotency_keys")
+	return b
+}
+
+// TestCitusEveryStatement runs every store method on Citus, in pgx's query
+// modes but simple_protocol: pgx sends a batch in that mode as one string
+// of statements, and Citus 13.2 forwards such a string whole to a worker
+// ("cannot execute a distributed query from a query on a shard"), so the
+// claim batches, which go scope by scope in transactions of their own,
+// fail in it. Behind PgBouncer in transaction mode, use exec.
+func TestCitusEveryStatement(t *testing.T) {
+	for _, mode := range []string{"cache_statement", "exec"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := testenv.Context(t)
+			exerciseStore(t, ctx, testenv.Pool(t, withQueryMode(t, testenv.MigratedCitusURL(t), mode)))
+		})
+	}
+}
+
+// TestCitusTakeBatch: the relay's take on Citus, scope by scope.
+func TestCitusTakeBatch(t *testing.T) {
+	b := citusBundle(t, keystore.Config{})
+	exerciseTakeBatch(t, b.ctx, b.pool)
+}
+
+// TestCitusConcurrentTakes: relays on Citus never take the same event.
+func TestCitusConcurrentTakes(t *testing.T) {
+	b := citusBundle(t, keystore.Config{})
+	exerciseConcurrentTakes(t, b.ctx, b.pool, keystore.DetectDistribution)
+}
+
+// TestCitusClaimNewGivesUpWaiting: a claim batch's lock_timeout reaches
+// the shard's session (a batch that met an uncommitted key waited 5 s,
+// Citus's own timeout, when the setting stayed on the coordinator).
+func TestCitusClaimNewGivesUpWaiting(t *testing.T) {
+	exerciseGivesUpWaiting(t, citusBundle(t, keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute, DeferNotify: true}))
+}
+
+// TestCitusClaimNewNeverDeadlocks: claim batches on Citus meet on the same
+// keys without a deadlock.
+func TestCitusClaimNewNeverDeadlocks(t *testing.T) {
+	exerciseNeverDeadlocks(t, citusBundle(t, keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}))
+}
