@@ -171,7 +171,7 @@ func TestDeadLetteredAfterMaxFailures(t *testing.T) {
 // requeued, not dead-lettered, and acked once the first commits.
 func TestCopyInFlightComesAgain(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setup(t, longLease)
 	release := b.copyInFlight(t)
 	b.awaitSettled(t, 2, "retry", "in_flight") // requeued, delivered again, requeued again
 	require.Zero(t, b.settled(t, "dead_letter", ""))
@@ -215,12 +215,23 @@ func TestUnknownStepOutcomeIsKeptUntilSettled(t *testing.T) {
 	require.Zero(t, b.settled(t, "dead_letter", ""))
 }
 
+// longLease gives an execution that waits on the test, without a step, a
+// lease longer than any of the test's waits: it begins as one commit, which
+// Postgres ends once it idles past the lease (I5), and the broker's round
+// trips the test waits for take seconds on a loaded machine, past the 3 s
+// of setup. These tests are of the consumer, not of leases.
+func longLease(c *onceonly.Config) { c.LeaseTimeout = time.Minute }
+
 // copyInFlight starts a consumer with two workers whose first execution
 // waits, publishes order-1, and publishes a copy of it once that execution
-// runs. It returns what lets the execution finish.
+// runs. It returns what lets the execution finish; the test's end lets it
+// finish too, so that a failed test does not leave it blocking Stop. b's
+// engine must have a lease longer than the test waits (longLease): the
+// copy is only in flight while the first execution holds its key.
 func (b *testBundle) copyInFlight(t *testing.T) (release func()) {
 	t.Helper()
 	entered, released := make(chan struct{}), make(chan struct{})
+	release = sync.OnceFunc(func() { close(released) })
 	var once sync.Once
 	b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
 		once.Do(func() {
@@ -229,11 +240,12 @@ func (b *testBundle) copyInFlight(t *testing.T) (release func()) {
 		})
 		return writeEffect(ctx, msg)
 	}, onceamqp.Options{Workers: 2})
+	t.Cleanup(release) // runs before the consumer's Stop, registered earlier
 	ch := b.channel(t)
 	b.publish(t, ch, "order-1", `{"amount":100}`)
 	<-entered
 	b.publish(t, ch, "order-1", `{"amount":100}`)
-	return sync.OnceFunc(func() { close(released) })
+	return release
 }
 
 // On a quorum queue with a delivery limit the broker itself dead-letters a
@@ -242,7 +254,7 @@ func (b *testBundle) copyInFlight(t *testing.T) (release func()) {
 // DeclareQueue sets no limit unless told to.
 func TestDeliveryLimitDeadLettersCopiesInFlight(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setup(t, longLease)
 	b.queue.Name += ".limited"
 	b.queue.DeadLetterExchange += ".limited"
 	b.queue.DeadLetterQueue += ".limited"
@@ -275,6 +287,7 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
 	entered, closed := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(closed) })
 	var once sync.Once
 	c := b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
 		if msg.Key == "order-0" {
@@ -285,6 +298,7 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 		}
 		return writeEffect(ctx, msg)
 	}, onceamqp.Options{Workers: 2, AMQP: amqp.Config{Properties: props}})
+	t.Cleanup(release) // a failed test does not leave Stop waiting on the handler
 	ch := b.channel(t)
 	const n = 6
 	for i := range n {
@@ -293,9 +307,13 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	<-entered
 	require.Equal(t, 1, testenv.CloseAMQPConnections(t, name))
 	// The close reaches the client through the broker and amqp091's reader:
-	// seconds on a loaded machine.
-	testenv.Eventually(t, 30*time.Second, "the consumer noticed", func() bool { return !c.Connected() })
-	close(closed)
+	// seconds on a loaded machine. The consumer may have reconnected by the
+	// time this polls (a poll late under load missed the moment it was
+	// down): a second connect says it noticed too.
+	testenv.Eventually(t, 30*time.Second, "the consumer noticed", func() bool {
+		return !c.Connected() || testenv.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}) >= 2
+	})
+	release()
 
 	testenv.Eventually(t, 20*time.Second, "every message handled once", func() bool {
 		var keys int
@@ -325,7 +343,9 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 // channel.
 func TestStopFinishesExecutionsUnderWay(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	// The execution waits until the consumer stopped consuming: seconds
+	// under load.
+	b := setup(t, longLease)
 	entered, release := make(chan struct{}), make(chan struct{})
 	c := b.start(t, func(ctx context.Context, msg onceamqp.Message) error {
 		close(entered)

@@ -311,7 +311,11 @@ func TestConsumerDeclaredAndDeclaredAgain(t *testing.T) {
 
 func TestShutdown(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{ackWait: 30 * time.Second})
+	// order-1's execution (one commit, no step) waits while the test
+	// publishes order-2 and stops the consumer, which takes seconds under
+	// load: past the 2 s lease Postgres ends it, and its effect is lost. The
+	// test is of the shutdown, not of leases: a lease longer than its waits.
+	b := setup(t, setupOpts{ackWait: 30 * time.Second, lease: time.Minute})
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	handler := func(ctx context.Context, msg oncenats.Message) error {

@@ -46,6 +46,7 @@ type testBundle struct {
 type setupOpts struct {
 	natsURL string        // default: the shared test server (testenv.NATSURL)
 	ackWait time.Duration // default 2s
+	lease   time.Duration // the engine's; default leaseTimeout
 }
 
 // setup gives a test a database with an effects table, an engine on it
@@ -57,8 +58,12 @@ func setup(t testing.TB, opts setupOpts) *testBundle {
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (scope text NOT NULL, key text NOT NULL, payload text NOT NULL)`)
 	require.NoError(t, err)
 	rdb, prefix := testenv.Redis(t)
+	lease := opts.lease
+	if lease == 0 {
+		lease = leaseTimeout
+	}
 	b.engine, err = onceonly.New(onceonly.Config{
-		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: leaseTimeout,
+		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: lease,
 		ResumeInterval: 100 * time.Millisecond, Logger: testenv.QuietLogger(),
 	})
 	require.NoError(t, err)

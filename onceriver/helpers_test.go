@@ -43,17 +43,22 @@ type testBundle struct {
 }
 
 // setup gives a test a database with the engine's, River's and the
-// ledger's tables, and an engine on it and the test Redis.
-func setup(t *testing.T) *testBundle {
+// ledger's tables, and an engine on it and the test Redis, configured
+// further by configure.
+func setup(t *testing.T, configure ...func(*onceonly.Config)) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t)}
 	require.NoError(t, migrateRiver(b.ctx, b.pool))
 	require.NoError(t, chargejob.Migrate(b.ctx, b.pool))
 	rdb, prefix := testenv.Redis(t)
-	engine, err := onceonly.New(onceonly.Config{
+	cfg := onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 2 * time.Second,
 		ResumeInterval: 100 * time.Millisecond, Logger: testenv.QuietLogger(),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	engine, err := onceonly.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 	b.engine = engine

@@ -98,7 +98,9 @@ func TestKilledWorkersChargeOncePerOrder(t *testing.T) {
 		if k%2 == 0 {
 			waitUncommittedCharge(t, ctx, pool, startedAt)
 		} else {
-			testenv.Eventually(t, 10*time.Second, "a job running in "+id, func() bool { return runningIn(t, ctx, pool, id) > 0 })
+			// A worker just started (a -race binary) fetches and runs a job:
+			// seconds on a loaded machine.
+			testenv.Eventually(t, 30*time.Second, "a job running in "+id, func() bool { return runningIn(t, ctx, pool, id) > 0 })
 			time.Sleep(time.Duration(150+rand.IntN(450)) * time.Millisecond) // a random point of the job's run to kill at
 		}
 		require.NoError(t, proc.Cmd.Process.Kill()) // SIGKILL
@@ -181,7 +183,9 @@ func uncommitted(t *testing.T, ctx context.Context, pool *pgxpool.Pool, from tim
 // the commit.
 func waitUncommittedCharge(t *testing.T, ctx context.Context, pool *pgxpool.Pool, from time.Time) {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Second, "a charge without its ledger row", func() bool {
+	// The worker may have just started: seconds on a loaded machine before
+	// it charges.
+	testenv.Eventually(t, 30*time.Second, "a charge without its ledger row", func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges c
 			WHERE c.status <> 'processing' AND c.charged_at > $1

@@ -54,7 +54,11 @@ func setup(t testing.TB, opts setupOpts) *testBundle {
 	}
 	b.prefix = prefix
 	quiet := slog.New(slog.DiscardHandler)
-	gw := testenv.Gateway(t, b.pool, gateway.Config{Latency: opts.latency, SlowDelay: time.Second})
+	// tok_slow holds its charge SlowDelay at the gateway: the window in
+	// which a test sees the key claimed and sends a copy that must be
+	// answered 409. Seconds, for a loaded machine: a 1 s window closed
+	// before the copy got in.
+	gw := testenv.Gateway(t, b.pool, gateway.Config{Latency: opts.latency, SlowDelay: 5 * time.Second})
 	for range max(opts.instances, 1) {
 		// Each instance has a pool of its own, as separate processes would.
 		pool := testenv.Pool(t, b.dbURL)

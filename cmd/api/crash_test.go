@@ -24,8 +24,11 @@ func TestKilledMidSlowPaymentRecoversWithinTheLease(t *testing.T) {
 	api := testenv.BuildBinary(t, ".")
 	gw := testenv.BuildBinary(t, "../gateway")
 	const (
-		lease             = 3 * time.Second
-		slowDelay         = time.Second
+		lease = 3 * time.Second
+		// The charge's hold at the gateway: the window in which the test
+		// sees it in flight and kills the victim. Seconds, for a loaded
+		// machine: within 1 s the charge could end before the kill.
+		slowDelay         = 3 * time.Second
 		reconcileInterval = 2 * time.Second
 		body              = `{"amount":1234,"currency":"usd","customer":"cus_k","source":"tok_slow"}`
 	)
