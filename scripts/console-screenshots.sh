@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 scripts/services.sh tools
 started=
-cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/screens; }
+cleanup() { if [ -n "$started" ]; then scripts/services.sh stop .data/screens; fi; }
 trap cleanup EXIT
 if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
 	started=1

@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 started=
 # Set before any service starts, so one that fails to start does not leave
 # the others running.
-cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test; }
+cleanup() { if [ -n "$started" ]; then scripts/services.sh stop .data/test; fi; }
 trap cleanup EXIT
 if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
 	pg_port=${TEST_PG_PORT:-61532}
