@@ -249,7 +249,7 @@ func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, stor
 	var b pgx.Batch
 	b.Queue("begin")
 	store.QueueSingleBegin(&b, single, time.Minute, &opened)
-	store.QueueSingleComplete(&b, single, "v1:fp", resp, &k)
+	store.QueueSingleComplete(&b, single, "v1:fp", resp, 0, &k) // floor: no key was ever deleted
 	b.Queue("commit")
 	require.NoError(t, conn.SendBatch(ctx, &b).Close())
 	require.Equal(t, keystore.SingleBegin{Locked: true}, opened)
@@ -260,7 +260,7 @@ func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, stor
 	b = pgx.Batch{}
 	b.Queue("begin")
 	store.QueueSingleBegin(&b, single, time.Minute, &opened)
-	store.QueueSingleComplete(&b, single, "v1:fp", resp, &k)
+	store.QueueSingleComplete(&b, single, "v1:fp", resp, 0, &k) // floor: no key was ever deleted
 	b.Queue("commit")
 	require.ErrorIs(t, conn.SendBatch(ctx, &b).Close(), keystore.ErrLeaseLost)
 	_, err = conn.Exec(ctx, "rollback") // the COMMIT was skipped
