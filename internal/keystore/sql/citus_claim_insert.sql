@@ -14,7 +14,7 @@
 -- @scope   @key   @fingerprint   @owner (uuid)   @floor (bigint)
 -- @lease (interval)   @lease_ms (bigint)   @ttl: how long the row lives
 -- (interval)   @ttl_ms (bigint)
--- It returns the key's columns as {{key_columns}} reads them (same order),
+-- It returns the key's columns as key_columns reads them (same order),
 -- but lease_ms and expires_ms come in as parameters: Citus refuses now() in
 -- a RETURNING clause, and the row's lease and expiry are now() plus them.
 INSERT INTO idempotency_keys AS k

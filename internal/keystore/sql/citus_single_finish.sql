@@ -16,7 +16,7 @@
 -- @scope   @key   @fingerprint   @floor (bigint)
 -- @response_status   @response_content_type   @response_body
 -- @response_headers (keystate.EncodeHeader)   @ttl (interval)   @ttl_ms (bigint)
--- It returns the key's columns as {{key_columns}} reads them (same order),
+-- It returns the key's columns as key_columns reads them (same order),
 -- but lease_ms and expires_ms come in as parameters: Citus refuses now() in
 -- a RETURNING clause, and the row's lease and expiry are now() plus them.
 INSERT INTO idempotency_keys AS k
