@@ -28,7 +28,7 @@ if [ -z "${TEST_CITUS_URL:-}" ]; then
 fi
 
 started=
-cleanup() { [ -n "$started" ] && scripts/services.sh stop .data/test-citus; }
+cleanup() { if [ -n "$started" ]; then scripts/services.sh stop .data/test-citus; fi; }
 trap cleanup EXIT
 if [ -z "${TEST_REDIS_URL:-}" ]; then
 	p=${TEST_REDIS_PORT:-61813}
