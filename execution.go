@@ -50,6 +50,10 @@ type Execution struct {
 	// claimedAt is when the claim that holds the key was sent; the lease
 	// runs from later.
 	claimedAt time.Time
+	// floor is the version floor a single-commit execution's transaction
+	// read on a distributed database (keystore.SingleBegin.Floor), for its
+	// row.
+	floor int64
 	// by says who runs the execution: byFirst, byTakeover or byResumer
 	// (the label of onceonly_executions_total).
 	by string

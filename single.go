@@ -3,6 +3,7 @@ package onceonly
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -47,6 +48,7 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 		x.rollback(ctx)
 		return keystate.Key{}, false, inFlight(e.cfg.LeaseTimeout) // the holder's lease is not read: its bound
 	}
+	x.floor = opened.Floor
 	return keystate.Key{Ref: x.ref, Owner: x.fence.Owner}, true, nil
 }
 
@@ -65,7 +67,7 @@ func (singleCommit) sqlTx(context.Context, *Execution) (*sql.Tx, error) { return
 // complete writes the key's row, completed, and commits in one round trip.
 func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
 	return x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
-		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, stored)
+		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, x.floor, stored)
 	})
 }
 
@@ -110,10 +112,12 @@ func (m singleCommit) promote(ctx context.Context, x *Execution) (err error) {
 	}()
 	claimedAt := time.Now()
 	err = x.tx.CommitWith(ctx, func(b *pgx.Batch) {
-		e.store.QueueSinglePromote(b, x.ref, x.fingerprint, x.fence.Owner, e.cfg.LeaseTimeout, &k, &claimed)
+		e.store.QueueSinglePromote(b, x.ref, x.fingerprint, x.fence.Owner, e.cfg.LeaseTimeout, x.floor, &k, &claimed)
 	})
 	x.tx = nil
 	switch {
+	case errors.Is(err, keystore.ErrLeaseLost):
+		return ErrLeaseLost // the key has a row by now (a distributed database's claim fails on it): as !claimed
 	case err != nil:
 		x.mode = twoPhase{e}
 		return fromStore(fmt.Errorf("claim key at its first step: %w", err))

@@ -69,3 +69,11 @@ func TestCitusClaimNewGivesUpWaiting(t *testing.T) {
 func TestCitusClaimNewNeverDeadlocks(t *testing.T) {
 	exerciseNeverDeadlocks(t, citusBundle(t, keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute}))
 }
+
+// TestCitusSingleCommitAboveFloor is TestSingleCommitAboveFloor on Citus,
+// where the floor is read with the key's probe and the row is an INSERT …
+// VALUES routed to the key's shard.
+func TestCitusSingleCommitAboveFloor(t *testing.T) {
+	b := citusBundle(t, keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute})
+	exerciseSingleAboveFloor(t, b.ctx, b.pool, b.store)
+}

@@ -249,10 +249,13 @@ func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, stor
 	var b pgx.Batch
 	b.Queue("begin")
 	store.QueueSingleBegin(&b, single, time.Minute, &opened)
-	store.QueueSingleComplete(&b, single, "v1:fp", resp, &k)
+	require.NoError(t, conn.SendBatch(ctx, &b).Close())
+	require.True(t, opened.Locked)
+	require.False(t, opened.HasRow)
+	b = pgx.Batch{}
+	store.QueueSingleComplete(&b, single, "v1:fp", resp, opened.Floor, &k)
 	b.Queue("commit")
 	require.NoError(t, conn.SendBatch(ctx, &b).Close())
-	require.Equal(t, keystore.SingleBegin{Locked: true}, opened)
 	require.Equal(t, keystate.Completed, k.Status)
 	require.Equal(t, resp, k.Response)
 
@@ -260,12 +263,13 @@ func exerciseBatched(t *testing.T, ctx context.Context, pool *pgxpool.Pool, stor
 	b = pgx.Batch{}
 	b.Queue("begin")
 	store.QueueSingleBegin(&b, single, time.Minute, &opened)
-	store.QueueSingleComplete(&b, single, "v1:fp", resp, &k)
+	store.QueueSingleComplete(&b, single, "v1:fp", resp, opened.Floor, &k) // the key has a row: no floor needed
 	b.Queue("commit")
 	require.ErrorIs(t, conn.SendBatch(ctx, &b).Close(), keystore.ErrLeaseLost)
 	_, err = conn.Exec(ctx, "rollback") // the COMMIT was skipped
 	require.NoError(t, err)
-	require.Equal(t, keystore.SingleBegin{Locked: true, HasRow: true}, opened)
+	require.True(t, opened.Locked)
+	require.True(t, opened.HasRow)
 	_, written, err := store.SingleFail(ctx, pool, single, "v1:fp", true)
 	require.NoError(t, err)
 	require.False(t, written)

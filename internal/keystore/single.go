@@ -19,6 +19,11 @@ type SingleBegin struct {
 	// HasRow is true when the key has a row: a single commit cannot
 	// handle it.
 	HasRow bool
+	// Floor is the version floor on a distributed database, read with
+	// HasRow (citus_single_probe), for QueueSingleComplete and
+	// QueueSinglePromote; 0 on one Postgres, where their statements read
+	// it themselves.
+	Floor int64
 }
 
 // keepalivesSet marks, in a connection's CustomData, a session whose
@@ -46,7 +51,8 @@ func (s *Store) SetKeepalives(ctx context.Context, conn *pgx.Conn) error {
 // lock, the transaction's limits by lease, and whether the key has a row.
 // dst is set as b's results are read. On a distributed database (Citus:
 // known once PrepareSession ran) the lock and limits are the
-// coordinator's (citus_single_begin), and get_key reads the row.
+// coordinator's (citus_single_begin), and citus_single_probe reads whether
+// the key has a row, and the version floor.
 func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Duration, dst *SingleBegin) {
 	ms := strconv.FormatInt(max(lease.Milliseconds(), 1), 10)
 	if Distribution(s.dist.Load()) == ByScope {
@@ -54,13 +60,8 @@ func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Dura
 			var ignored [2]string
 			return row.Scan(&dst.Locked, &ignored[0], &ignored[1])
 		})
-		getKeySQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key}).QueryRow(func(row pgx.Row) error {
-			_, err := scanKey(row)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			dst.HasRow = err == nil
-			return err
+		citusSingleProbeSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key}).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&dst.HasRow, &dst.Floor)
 		})
 		return
 	}
@@ -74,11 +75,29 @@ func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Dura
 // execution: the key's row, completed with resp, in the execution's
 // transaction. When the key has a row by now, the statement fails with
 // ErrLeaseLost, so a COMMIT queued behind it is skipped. dst is set as b's
-// results are read.
-func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint string, resp keystate.Response, dst *keystate.Key) {
+// results are read. floor is SingleBegin.Floor.
+//
+// On a distributed database the row, its outbox event and the NOTIFY are
+// three statements (citus_single_finish), each routed to one node.
+func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint string, resp keystate.Response, floor int64, dst *keystate.Key) {
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
+	}
+	if Distribution(s.dist.Load()) == ByScope {
+		citusSingleFinishSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint,
+			"floor": floor, "response_status": resp.Status, "response_content_type": resp.ContentType,
+			"response_body": body, "response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
+			"ttl_ms": s.cfg.CompletedTTL.Milliseconds()}).QueryRow(func(row pgx.Row) error {
+			k, err := scanKey(row)
+			if err != nil {
+				return finishError(keystate.Completed, lostOnConflict(err))
+			}
+			*dst = k
+			return nil
+		})
+		s.queueEventOf(b, ref, floor+1)
+		return
 	}
 	singleFinishSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "status": keystate.Completed,
 		"fingerprint": fingerprint, "response_status": resp.Status, "response_content_type": resp.ContentType,
@@ -121,7 +140,31 @@ func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerp
 // committed, so no duplicate runs in between (I4). dst is set and claimed
 // true as b's results are read; claimed stays false when the key has a row
 // by now (a two-phase claim, which takes no advisory lock, inserted it).
-func (s *Store) QueueSinglePromote(b *pgx.Batch, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, dst *keystate.Key, claimed *bool) {
+// floor is SingleBegin.Floor.
+//
+// On a distributed database the claim, its outbox event, the NOTIFY and the
+// asynchronous commit are statements of their own (citus_claim_insert),
+// each routed to one node; a key that has a row by now fails the claim,
+// which skips the COMMIT, and b's results end with ErrLeaseLost.
+func (s *Store) QueueSinglePromote(b *pgx.Batch, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, floor int64, dst *keystate.Key, claimed *bool) {
+	if Distribution(s.dist.Load()) == ByScope {
+		b.Queue(setAsyncCommit) // the coordinator's commit, as claim_insert's set_config
+		citusClaimInsertSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint,
+			"owner": owner.String(), "floor": floor, "lease": lease, "lease_ms": lease.Milliseconds(),
+			"ttl": s.cfg.CompletedTTL, "ttl_ms": s.cfg.CompletedTTL.Milliseconds()}).QueryRow(func(row pgx.Row) error {
+			k, err := scanKey(row)
+			if err != nil {
+				if err = lostOnConflict(err); errors.Is(err, ErrLeaseLost) {
+					return err
+				}
+				return fmt.Errorf("claim key: %w", err)
+			}
+			*dst, *claimed = k, true
+			return nil
+		})
+		s.queueEventOf(b, ref, floor+1)
+		return
+	}
 	claimInsertSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint,
 		"owner": owner.String(), "lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify,
 		"channel": NotifyChannel, "async_commit": true}).QueryRow(func(row pgx.Row) error {
@@ -138,4 +181,27 @@ func (s *Store) QueueSinglePromote(b *pgx.Batch, ref keystate.Ref, fingerprint s
 		*dst, *claimed = k, true
 		return nil
 	})
+}
+
+// uniqueViolation is the SQLSTATE of a duplicate key.
+const uniqueViolation = "23505"
+
+// lostOnConflict returns ErrLeaseLost for err a duplicate key (the key has
+// a row by now), else err.
+func lostOnConflict(err error) error {
+	if sqlState(err) == uniqueViolation {
+		return ErrLeaseLost
+	}
+	return err
+}
+
+// queueEventOf queues on b, on a distributed database, the outbox event of
+// ref's version (citus_outbox_insert) and, unless deferred, the NOTIFY of
+// the relays, on the coordinator where they listen: the statements that
+// single_finish and claim_insert hold in their CTE and select list.
+func (s *Store) queueEventOf(b *pgx.Batch, ref keystate.Ref, version int64) {
+	citusOutboxInsertSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "version": version})
+	if !s.cfg.DeferNotify {
+		notifySQL.queue(b, pgx.StrictNamedArgs{"channel": NotifyChannel})
+	}
 }
