@@ -32,10 +32,11 @@ import (
 // without a limit of its own; bound it with the broker's (a delivery
 // count, River's MaxAttempts).
 //
-// What changes: the key is held by the uncommitted row, not by a lease.
-// Nobody sees the claim before the caller commits; a concurrent request for
-// the same key waits in Postgres for that commit (then replays) or rollback
-// (then claims), instead of a 409 — keep tx short. Nothing renews or
+// What changes: the key is held by the key's lock, which tx holds from the
+// claim until the caller commits or rolls back, and by the uncommitted row,
+// not by a lease. Nobody sees the claim before the caller commits; a
+// concurrent request for the same key, of any mode, is turned away
+// (*InFlightError, 409) until then — keep tx short. Nothing renews or
 // fences a lease and no step can run (Step returns ErrNoExecution): a
 // handler that calls systems outside Postgres needs Run. A dead caller's
 // key is released by Postgres rolling back its transaction when the
@@ -103,7 +104,7 @@ func (m *callerTx) claim(ctx context.Context, x *Execution) (keystate.Key, bool,
 	claim, err := m.e.store.Claim(ctx, db, x.ref, x.fingerprint, x.fence.Owner, m.e.cfg.LeaseTimeout)
 	if err != nil {
 		m.sp.rollback(ctx)
-		return keystate.Key{}, false, fromStore(err)
+		return keystate.Key{}, false, m.e.fromClaim(err)
 	}
 	if !claim.Claimed {
 		m.sp.rollback(ctx)

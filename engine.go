@@ -349,7 +349,7 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 	}
 	if callerLeft(ctx, m) {
 		// The caller left while the claim ran: give the key back now.
-		x.rollback(ctx)
+		x.discard(ctx)
 		e.abandon(ctx, x, endFor(x.anyStep(), false))
 		outcome = outcomeFailed
 		return Outcome{}, ctx.Err()
@@ -477,8 +477,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, o
 			}
 			return Outcome{Result: res}, outcomeExecuted, nil
 		case x.lostLease(hctx, err):
-			e.releaseLost(ctx, x)
-			return Outcome{}, outcomeLeaseLost, ErrLeaseLost
+			return Outcome{}, outcomeLeaseLost, e.releaseLost(ctx, x)
 		}
 		// The commit (or begin) failed; whether a commit that lost its
 		// connection went through is unknown, so the key is left to the
@@ -490,11 +489,10 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, o
 		}
 		return Outcome{}, outcomeUnavailable, unavailable(err)
 	}
-	x.rollback(ctx)
+	x.discard(ctx)
 	switch {
 	case x.lostLease(hctx, handleErr):
-		e.releaseLost(ctx, x)
-		return Outcome{}, outcomeLeaseLost, ErrLeaseLost
+		return Outcome{}, outcomeLeaseLost, e.releaseLost(ctx, x)
 	case handleErr == nil:
 		// A deliberate answer that is not stored: retryable, unless a step
 		// is unsettled and must be finished first. It counts as a failure,
@@ -520,7 +518,7 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, o
 func (e *Engine) call(ctx context.Context, x *Execution, fn Func) (Result, error) {
 	defer func() {
 		if p := recover(); p != nil {
-			x.rollback(ctx)
+			x.discard(ctx)
 			e.abandon(ctx, x, endFor(x.anyStep(), true))
 			panic(p)
 		}
@@ -554,10 +552,22 @@ func (e *Engine) complete(ctx context.Context, x *Execution, res Result) (stored
 	ctx, span := e.startSpan(ctx, spanComplete)
 	defer func() { endSpan(span, err) }()
 	if !x.lease.Valid() {
-		x.rollback(ctx)
+		x.discard(ctx)
 		return keystate.Key{}, false, ErrLeaseLost
 	}
 	return x.mode.complete(ctx, x, res)
+}
+
+// discard undoes the handler's writes ahead of the key's release. A
+// single-commit execution keeps its transaction open, and with it the
+// key's lock: its release rolls back to the execution's savepoint and
+// writes the key's failed row in that transaction, so no other execution
+// of the key runs in between (singleCommit.release).
+func (x *Execution) discard(ctx context.Context) {
+	if _, single := x.mode.(singleCommit); single {
+		return
+	}
+	x.rollback(ctx)
 }
 
 // rollback rolls the execution's transaction back, if it began one, even
@@ -646,18 +656,36 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, end ending) (handedO
 	return end == endHandOff, 0
 }
 
-// releaseLost releases, in the background, the key of an execution that
-// stopped because its lease was lost. When the lease was taken over, the
-// release finds nothing of x's and ends at once. When x stopped because
-// its renewals did not land (Postgres out of reach), its lease may still
-// run in Postgres — a renewal sent before a partition can land after it,
-// and extend it by a whole lease — and the release frees the key as soon
-// as Postgres answers. The execution has stopped: it can no longer write.
-func (e *Engine) releaseLost(ctx context.Context, x *Execution) {
-	if !x.mode.keepsRow() {
-		return
+// releaseLost releases the key of an execution that stopped because its
+// lease was lost, and returns what its caller is told.
+//
+// An execution whose row holds the key is released in the background.
+// When the lease was taken over, the release finds nothing of x's and ends
+// at once. When x stopped because its renewals did not land (Postgres out
+// of reach), its lease may still run in Postgres — a renewal sent before a
+// partition can land after it, and extend it by a whole lease — and the
+// release frees the key as soon as Postgres answers. The execution has
+// stopped: it can no longer write. ErrLeaseLost.
+//
+// A single-commit execution that outran its lease still holds the key's
+// lock in its transaction, unless Postgres ended it: the key is failed, a
+// failure counted, before the lock goes (I13), and the caller is told
+// ErrLeaseExpired, as an *ExecutionError carrying the key's failures (so
+// Settle dead-letters a message that always overruns) — nothing took the
+// key over. One whose commit was refused (the key has a row by now) is
+// told ErrLeaseLost.
+func (e *Engine) releaseLost(ctx context.Context, x *Execution) error {
+	if _, single := x.mode.(singleCommit); single {
+		_, failures := e.abandon(ctx, x, endHandlerFailed)
+		if !x.lease.Valid() {
+			return &ExecutionError{Err: ErrLeaseExpired, Failures: failures}
+		}
+		return ErrLeaseLost
 	}
-	e.releaseLater(ctx, x, endFor(x.anyStep(), false))
+	if x.mode.keepsRow() {
+		e.releaseLater(ctx, x, endFor(x.anyStep(), false))
+	}
+	return ErrLeaseLost
 }
 
 // releaseLater releases x's key in the background: at once, then on a

@@ -24,6 +24,12 @@ var ErrUnavailable = errors.New("onceonly: idempotency store unavailable")
 // reaped) before it committed: its business writes were rolled back.
 var ErrLeaseLost = errors.New("onceonly: lease lost before commit: business writes rolled back")
 
+// ErrLeaseExpired is returned when the execution outran its lease and
+// was stopped before it committed: its business writes were rolled back
+// and the key failed (a retry runs again). Nothing took the key over.
+// errors.Is(err, ErrLeaseLost) holds for it too.
+var ErrLeaseExpired = fmt.Errorf("%w: the execution outran its lease; the key is failed and a retry runs again", ErrLeaseLost)
+
 // ErrInvalidKey is returned for an idempotency key that is empty, longer
 // than MaxKeyLength or holds a character outside 0x21..0x7E.
 var ErrInvalidKey = errors.New("onceonly: idempotency key must be 1 to 255 printable ASCII characters without spaces")
@@ -142,4 +148,15 @@ func fromStore(err error) error {
 		return ErrKeyInProgress
 	}
 	return unavailable(err)
+}
+
+// fromClaim translates an error of a claim: a key whose lock another
+// transaction holds is in flight — a single-commit execution's, whose
+// lease is not read: its bound, Config.LeaseTimeout — and anything else as
+// fromStore does.
+func (e *Engine) fromClaim(err error) error {
+	if errors.Is(err, keystore.ErrKeyBusy) {
+		return inFlight(e.cfg.LeaseTimeout)
+	}
+	return fromStore(err)
 }

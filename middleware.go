@@ -289,6 +289,10 @@ func writeEngineError(w http.ResponseWriter, err error, fail func(status int, co
 	case errors.Is(err, ErrKeyReused):
 		fail(http.StatusUnprocessableEntity, "idempotency_key_reused",
 			"This Idempotency-Key was already used with a different request.", "")
+	case errors.Is(err, ErrLeaseExpired):
+		writeRetryAfter(w, 1)
+		fail(http.StatusServiceUnavailable, "service_unavailable",
+			"The request ran longer than its lease allows and was stopped; nothing was saved. Retry.", "")
 	case errors.Is(err, ErrLeaseLost):
 		writeRetryAfter(w, 1)
 		fail(http.StatusConflict, "idempotency_key_in_use",

@@ -15,12 +15,16 @@ import (
 	"github.com/onceonly/onceonly/internal/pgretry"
 )
 
-// singleCommit is the mode of Config.SingleCommit: one round trip begins
-// the execution's transaction, takes the key's transaction-scoped lock and
-// looks for the key's row; the handler writes; one round trip writes the
-// key's row, completed, and commits. A duplicate in flight is turned away
-// by the lock (I4); Postgres ends a transaction that outlives the lease
-// (I5). A key that has a row goes the two-phase way.
+// singleCommit is the default mode: one round trip begins the execution's
+// transaction, takes the key's lock (which every mode takes before it
+// touches the key), looks for the key's row once the lock is held, and
+// makes the execution's savepoint; the handler writes; one round trip
+// writes the key's row, completed, and commits. A duplicate in flight is
+// turned away by the lock (I4); Postgres ends a transaction that outlives
+// the lease (I5). An execution that ends without a result rolls back to
+// its savepoint and writes the key's failed row in its own transaction,
+// still holding the lock (I13). A key that has a row goes the two-phase
+// way.
 type singleCommit struct{ e *Engine }
 
 func (m singleCommit) check(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (Outcome, string, bool, error) {
@@ -32,6 +36,10 @@ func (m singleCommit) check(ctx context.Context, ref keystate.Ref, fp string, ow
 func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	e := m.e
 	var opened keystore.SingleBegin
+	if err := e.store.LoadLockSecret(ctx, e.cfg.Pool); err != nil { // once: the key's lock id is derived from it
+		e.releaseCache(ctx, x.ref, x.fence.Owner)
+		return keystate.Key{}, false, fromStore(err)
+	}
 	x.claimedAt = time.Now()
 	x.tx = e.newTx(e.store.PrepareSession) // keepalives: Postgres finds a dead client host within the lease
 	err := x.tx.BeginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, x.ref, e.cfg.LeaseTimeout, &opened) })
@@ -39,7 +47,7 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 	case err != nil:
 		x.rollback(ctx)
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
-		return keystate.Key{}, false, fromStore(err)
+		return keystate.Key{}, false, e.fromClaim(err)
 	case opened.HasRow:
 		x.rollback(ctx)
 		x.tx, x.mode = nil, twoPhase{e}
@@ -65,27 +73,82 @@ func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), n
 func (singleCommit) sqlTx(context.Context, *Execution) (*sql.Tx, error) { return nil, ErrNoSQLDB }
 
 // complete writes the key's row, completed, and commits in one round trip.
+// A commit whose outcome is unknown (its connection broke) is settled
+// before the caller is told anything (settleUnknown).
 func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
-	return x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
+	stored, committed, err := x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
 		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, x.floor, stored)
 	})
+	if err == nil || errors.Is(err, ErrLeaseLost) {
+		return stored, committed, err
+	}
+	return m.settleUnknown(ctx, x, err)
 }
 
-// release writes the key's row, failed, once the transaction rolled back,
-// so a retry runs again (I3); nothing when the key has a row of another
-// execution. An execution in this mode takes no step, so it is never
+// settleUnknown settles the completion of x, whose COMMIT failed with
+// err: the key's row, failed, if it has none and its lock is free (the
+// commit did not land, and nothing else runs), else the key's row as it
+// is. A row completed for x's request is the key's answer (I13): the
+// commit landed — or, after x's transaction ended, another execution of
+// the same request ran and committed — and x's caller gets the result,
+// not an error.
+func (m singleCommit) settleUnknown(ctx context.Context, x *Execution, err error) (keystate.Key, bool, error) {
+	e := m.e
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	k, written, ferr := m.failLate(ctx, x, false)
+	if ferr == nil && !written {
+		var found bool
+		k, found, ferr = e.store.Get(ctx, e.cfg.Pool, x.ref)
+		if ferr == nil && found && k.Status == keystate.Completed && k.Fingerprint == x.fingerprint {
+			e.log.Info("a commit whose outcome was unknown had landed", "scope", x.ref.Scope, "key", x.ref.Key)
+			return k, true, nil
+		}
+	}
+	return keystate.Key{}, false, err
+}
+
+// release rolls back to the execution's savepoint and writes the key's
+// row, failed, in the execution's transaction, which holds the key's lock
+// (QueueSingleFail): a retry runs again, a request with another payload is
+// refused (I3), and no other execution ran in between. When that
+// transaction has ended already (Postgres ended it, its connection died),
+// the row is written only if the key has none and its lock is free
+// (failLate). An execution in this mode takes no step, so it is never
 // handed off.
 func (m singleCommit) release(ctx context.Context, x *Execution, end ending) (keystate.Key, bool, error) {
-	e := m.e
-	var written bool
-	k, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (k keystate.Key, err error) {
-		k, written, err = e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint, end == endHandlerFailed)
-		return k, err
-	})
+	countFailure := end != endFailed
+	x.mu.Lock()
+	tx := x.tx
+	x.mu.Unlock()
+	if tx != nil && !tx.Ended() {
+		var k keystate.Key
+		var written bool
+		err := tx.CommitWith(ctx, func(b *pgx.Batch) {
+			m.e.store.QueueSingleFail(b, x.ref, x.fingerprint, countFailure, &k, &written)
+		})
+		if err == nil {
+			return k, written, nil
+		}
+		m.e.log.Debug("fail key in the execution's transaction; writing it after", "scope", x.ref.Scope, "key", x.ref.Key, "err", err)
+	}
+	k, written, err := m.failLate(ctx, x, countFailure)
 	if err != nil || !written {
 		return keystate.Key{}, false, fromStore(err)
 	}
 	return k, true, nil
+}
+
+// failLate writes the key's failed row after x's transaction ended, if the
+// key has no row and its lock is free (keystore.SingleFail).
+func (m singleCommit) failLate(ctx context.Context, x *Execution, countFailure bool) (k keystate.Key, written bool, err error) {
+	e := m.e
+	k, err = pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystate.Key, error) {
+		var err error
+		k, written, err = e.store.SingleFail(ctx, e.cfg.Pool, x.ref, x.fingerprint, countFailure)
+		return k, err
+	})
+	return k, written, err
 }
 
 // promote commits x's claim in x's transaction, at x's first step (x.mu is

@@ -32,7 +32,7 @@ func (m twoPhase) claim(ctx context.Context, x *Execution) (keystate.Key, bool, 
 	claim, err := e.claim(ctx, x.ref, x.fingerprint, x.fence.Owner)
 	if err != nil {
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
-		return keystate.Key{}, false, fromStore(err)
+		return keystate.Key{}, false, e.fromClaim(err)
 	}
 	if !claim.Claimed {
 		if !e.applyCache(ctx, claim.Key) {

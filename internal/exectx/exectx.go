@@ -281,6 +281,14 @@ func (t *Tx) Conn() *pgx.Conn {
 	return t.conn.Conn()
 }
 
+// Ended reports whether the transaction was committed, rolled back or
+// given up: nothing more can run in it.
+func (t *Tx) Ended() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
 // Commit refuses: the engine commits with the key's completion.
 func (t *Tx) Commit(context.Context) error { return t.opts.CommitRefused }
 

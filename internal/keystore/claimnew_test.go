@@ -108,17 +108,36 @@ func exerciseNeverDeadlocks(t *testing.T, b *testBundle) {
 	}
 }
 
-// A wait past the lock timeout for a transaction that inserted one of the
-// keys fails the batch instead of holding up its other keys.
-func TestClaimNewGivesUpWaiting(t *testing.T) {
+// A key whose lock another transaction holds (it inserted the key and has
+// not committed) comes back unclaimed at once; the batch's other keys are
+// claimed.
+func TestClaimNewSkipsHeldKeys(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.store = keystore.New(keystore.Config{CompletedTTL: time.Hour, FailedTTL: time.Minute, DeferNotify: true})
-	exerciseGivesUpWaiting(t, b)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	open := keystate.Ref{Scope: "s", Key: "open"}
+	_, err = b.store.Claim(b.ctx, tx, open, "fp", ownerA, time.Minute) // inserted, not committed
+	require.NoError(t, err)
+
+	began := time.Now()
+	res, err := b.store.ClaimNew(b.ctx, b.pool, []keystore.ClaimRequest{
+		{Ref: keystate.Ref{Scope: "s", Key: "free"}, Fingerprint: "fp", Owner: ownerB},
+		{Ref: open, Fingerprint: "fp", Owner: keystate.Owner{3}},
+	}, time.Minute, time.Minute)
+	require.NoError(t, err)
+	require.Less(t, time.Since(began), 3*time.Second, "no wait for the open transaction")
+	require.True(t, res[0].Claimed)
+	require.False(t, res[1].Claimed)
+	_, err = b.store.ClaimHeld(b.ctx, b.pool, open, "fp", keystate.Owner{3}, time.Minute)
+	require.ErrorIs(t, err, keystore.ErrKeyBusy, "claimed alone, it is turned away by the lock")
 }
 
-// TestClaimNewByScopeGivesUpWaiting: the same, scope by scope, as on a
-// distributed database (Citus), where lock_timeout goes by SET LOCAL.
+// On a distributed database (Citus), where the claims take no key lock, a
+// wait past the lock timeout for a transaction that inserted one of the
+// keys fails the batch instead of holding up its other keys; lock_timeout
+// goes by SET LOCAL there.
 func TestClaimNewByScopeGivesUpWaiting(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -127,8 +146,8 @@ func TestClaimNewByScopeGivesUpWaiting(t *testing.T) {
 	exerciseGivesUpWaiting(t, b)
 }
 
-// exerciseGivesUpWaiting is TestClaimNewGivesUpWaiting on b, whose store
-// defers its notifications (with them, no lock_timeout is set).
+// exerciseGivesUpWaiting is TestClaimNewByScopeGivesUpWaiting on b, whose
+// store defers its notifications (with them, no lock_timeout is set).
 func exerciseGivesUpWaiting(t *testing.T, b *testBundle) {
 	t.Helper()
 	tx, err := b.pool.Begin(b.ctx)

@@ -89,10 +89,14 @@ func (s *Store) byScope(ctx context.Context, db Querier) (bool, error) {
 }
 
 // PrepareSession readies conn for a single-commit execution: the store
-// knows the distribution (QueueSingleBegin needs it), and the session's
-// keepalives are set (SetKeepalives). Both cost nothing once done.
+// knows the distribution and the key lock secret (QueueSingleBegin needs
+// both), and the session's keepalives are set (SetKeepalives). Each costs
+// nothing once done.
 func (s *Store) PrepareSession(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := s.Distribution(ctx, conn); err != nil {
+		return err
+	}
+	if err := s.LoadLockSecret(ctx, conn); err != nil {
 		return err
 	}
 	return s.SetKeepalives(ctx, conn)
@@ -269,16 +273,14 @@ func (s *Store) claimNewByScope(ctx context.Context, db DB, reqs []ClaimRequest,
 	}
 	var b pgx.Batch
 	for _, g := range groupByScope(len(reqs), func(i int) string { return reqs[i].Ref.Scope }) {
-		n := len(g.indexes)
-		scopes, keys, fingerprints, owners := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		group := make([]ClaimRequest, len(g.indexes))
 		for j, i := range g.indexes {
-			r := reqs[i]
-			scopes[j], keys[j], fingerprints[j], owners[j] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()
+			group[j] = reqs[i]
 		}
 		groupArgs := maps.Clone(args)
-		groupArgs["scopes"], groupArgs["keys"], groupArgs["fingerprints"], groupArgs["owners"] = scopes, keys, fingerprints, owners
+		s.setBatchArgs(groupArgs, group)
 		queueBegin(&b, settings...)
-		claimBatchSQL.queue(&b, groupArgs).Query(func(rows pgx.Rows) error { return scanClaimed(rows, claimed) })
+		claimBatchSQL.byScope.queue(&b, groupArgs).Query(func(rows pgx.Rows) error { return scanClaimed(rows, claimed) })
 		b.Queue("COMMIT")
 	}
 	if err := sender.SendBatch(ctx, &b).Close(); err != nil {

@@ -12,19 +12,24 @@ import (
 	"github.com/onceonly/onceonly/internal/keystate"
 )
 
-// SingleBegin is what single_begin.sql found.
+// SingleBegin is what single_begin.sql and single_probe.sql found.
 type SingleBegin struct {
-	// Locked is true when this transaction holds the key's advisory lock.
+	// Locked is true when this transaction holds the key's lock.
 	Locked bool
 	// HasRow is true when the key has a row: a single commit cannot
 	// handle it.
 	HasRow bool
-	// Floor is the version floor on a distributed database, read with
-	// HasRow (citus_single_probe), for QueueSingleComplete and
-	// QueueSinglePromote; 0 on one Postgres, where their statements read
-	// it themselves.
+	// Floor is the version floor, read with HasRow, for
+	// QueueSingleComplete and QueueSinglePromote on a distributed database;
+	// on one Postgres their statements read it themselves.
 	Floor int64
 }
+
+// executionSavepoint is the savepoint a single-commit execution's
+// transaction makes before its handler runs: an execution that ends
+// without a result rolls back to it and writes the key's failed row while
+// it still holds the key's lock (QueueSingleFail).
+const executionSavepoint = "onceonly_execution"
 
 // keepalivesSet marks, in a connection's CustomData, a session whose
 // keepalives SetKeepalives set.
@@ -47,28 +52,23 @@ func (s *Store) SetKeepalives(ctx context.Context, conn *pgx.Conn) error {
 }
 
 // QueueSingleBegin queues on b, behind its BEGIN, the opening of a
-// single-commit execution of ref (single_begin.sql): the key's advisory
-// lock, the transaction's limits by lease, and whether the key has a row.
-// dst is set as b's results are read. On a distributed database (Citus:
-// known once PrepareSession ran) the lock and limits are the
-// coordinator's (citus_single_begin), and citus_single_probe reads whether
-// the key has a row, and the version floor.
+// single-commit execution of ref: the key's lock and the transaction's
+// limits by lease (single_begin.sql), then, once the lock is held, whether
+// the key has a row and the version floor (single_probe.sql), then the
+// execution's savepoint. dst is set as b's results are read. The lock
+// secret must be loaded (PrepareSession). On a distributed database
+// (Citus: known once PrepareSession ran) the lock and limits are the
+// coordinator's, and the probe runs on the key's shard.
 func (s *Store) QueueSingleBegin(b *pgx.Batch, ref keystate.Ref, lease time.Duration, dst *SingleBegin) {
 	ms := strconv.FormatInt(max(lease.Milliseconds(), 1), 10)
-	if Distribution(s.dist.Load()) == ByScope {
-		citusSingleBeginSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "lease_ms": ms}).QueryRow(func(row pgx.Row) error {
-			var ignored [2]string
-			return row.Scan(&dst.Locked, &ignored[0], &ignored[1])
-		})
-		citusSingleProbeSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key}).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&dst.HasRow, &dst.Floor)
-		})
-		return
-	}
-	singleBeginSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "lease_ms": ms}).QueryRow(func(row pgx.Row) error {
+	singleBeginSQL.queue(b, pgx.StrictNamedArgs{"lock_id": s.LockID(ref), "lease_ms": ms}).QueryRow(func(row pgx.Row) error {
 		var ignored [2]string
-		return row.Scan(&dst.Locked, &dst.HasRow, &ignored[0], &ignored[1])
+		return row.Scan(&dst.Locked, &ignored[0], &ignored[1])
 	})
+	singleProbeSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key}).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&dst.HasRow, &dst.Floor)
+	})
+	b.Queue("SAVEPOINT " + executionSavepoint)
 }
 
 // QueueSingleComplete queues on b the completion of a single-commit
@@ -99,10 +99,11 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 		s.queueEventOf(b, ref, floor+1)
 		return
 	}
-	singleFinishSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "status": keystate.Completed,
+	s.forLayout(singleFinishSQL).queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "status": keystate.Completed,
 		"fingerprint": fingerprint, "response_status": resp.Status, "response_content_type": resp.ContentType,
 		"response_body": body, "response_headers": keystate.EncodeHeader(resp.Header), "ttl": s.cfg.CompletedTTL,
-		"count_failure": false, "fail_when_lost": true, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}).QueryRow(func(row pgx.Row) error {
+		"count_failure": false, "fail_when_lost": true, "take_lock": false, "lock_id": s.LockID(ref),
+		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel}).QueryRow(func(row pgx.Row) error {
 		var notified bool
 		k, err := scanKey(row, &notified)
 		if err != nil {
@@ -113,23 +114,60 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 	})
 }
 
+// QueueSingleFail queues on b, in a single-commit execution's transaction
+// (which holds the key's lock), the end of an execution that has no
+// stored result, for the COMMIT queued behind it: the handler's writes
+// rolled back to the execution's savepoint, and the key's row, failed, so
+// a request with another payload is refused (I3), a retry runs again, and
+// no other execution of the key ran in between; countFailure records it
+// as the key's first failure. dst is set, and written true, as b's
+// results are read; written stays false when the key has a row already.
+func (s *Store) QueueSingleFail(b *pgx.Batch, ref keystate.Ref, fingerprint string, countFailure bool, dst *keystate.Key, written *bool) {
+	b.Queue("ROLLBACK TO SAVEPOINT " + executionSavepoint)
+	s.forLayout(singleFinishSQL).queue(b, s.failArgs(ref, fingerprint, countFailure, false)).QueryRow(func(row pgx.Row) error {
+		return scanFailed(row, dst, written)
+	})
+}
+
 // SingleFail records a single-commit execution that ended without a
-// stored result, after its transaction rolled back: the key's row, failed,
-// so a request with another payload is refused (I3) and a retry runs
-// again; countFailure records it as the key's first failure (the handler
-// failed, not the store or the caller). written is false when the key has
-// a row already.
+// stored result after its transaction ended otherwise (its connection
+// died, its COMMIT's outcome is unknown): the key's row, failed, as
+// QueueSingleFail writes it, if the key has no row and its lock is free.
+// A lock another transaction holds is another execution of the key, whose
+// end decides the key: nothing is written. written is false when nothing
+// was.
 func (s *Store) SingleFail(ctx context.Context, db DB, ref keystate.Ref, fingerprint string, countFailure bool) (k keystate.Key, written bool, err error) {
-	var notified bool
-	k, err = scanKey(singleFinishSQL.queryRow(ctx, db, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
+	if err := s.LoadLockSecret(ctx, db); err != nil {
+		return keystate.Key{}, false, fmt.Errorf("fail key: %w", err)
+	}
+	args := s.failArgs(ref, fingerprint, countFailure, true)
+	err = scanFailed(s.forLayout(singleFinishSQL).queryRow(ctx, db, args), &k, &written)
+	return k, written, err
+}
+
+// failArgs are single_finish's arguments for a failed row; takeLock makes
+// it take the key's lock first.
+func (s *Store) failArgs(ref keystate.Ref, fingerprint string, countFailure, takeLock bool) pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key,
 		"status": keystate.Failed, "fingerprint": fingerprint,
 		"response_status": nil, "response_content_type": nil, "response_body": nil, "response_headers": nil,
 		"ttl": s.cfg.FailedTTL, "count_failure": countFailure, "fail_when_lost": false,
-		"notify": !s.cfg.DeferNotify, "channel": NotifyChannel}), &notified)
+		"take_lock": takeLock, "lock_id": s.LockID(ref), "notify": !s.cfg.DeferNotify, "channel": NotifyChannel}
+}
+
+// scanFailed reads single_finish's failed row into dst, setting written;
+// no row (the key has a row, or its lock is held) leaves written false.
+func scanFailed(row pgx.Row, dst *keystate.Key, written *bool) error {
+	var notified bool
+	k, err := scanKey(row, &notified)
 	if err = finishError(keystate.Failed, err); err == ErrLeaseLost { //nolint:errorlint // finishError returns it bare
-		return keystate.Key{}, false, nil
+		return nil
 	}
-	return k, err == nil, err
+	if err != nil {
+		return err
+	}
+	*dst, *written = k, true
+	return nil
 }
 
 // QueueSinglePromote queues on b, in a single-commit execution's
@@ -165,7 +203,7 @@ func (s *Store) QueueSinglePromote(b *pgx.Batch, ref keystate.Ref, fingerprint s
 		s.queueEventOf(b, ref, floor+1)
 		return
 	}
-	claimInsertSQL.queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint,
+	s.forLayout(claimInsertSQL).queue(b, pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "lock_id": s.LockID(ref), "fingerprint": fingerprint,
 		"owner": owner.String(), "lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify,
 		"channel": NotifyChannel, "async_commit": true}).QueryRow(func(row pgx.Row) error {
 		var notified bool

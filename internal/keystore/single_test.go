@@ -76,9 +76,24 @@ func exerciseSingleAboveFloor(t *testing.T, ctx context.Context, pool *pgxpool.P
 	require.Positive(t, k.LeaseRemaining)
 	require.Equal(t, []int64{42}, events(promoted))
 
-	// Lost to a two-phase claim, which takes no advisory lock: nothing of
-	// the execution commits (on Citus the insert fails, and the COMMIT is
-	// skipped; on one Postgres no row comes back).
+	// On one Postgres a two-phase claim takes the key's lock, which the
+	// single-commit transaction holds: it is turned away.
+	dist, err := store.Distribution(ctx, pool)
+	require.NoError(t, err)
+	if dist != keystore.ByScope {
+		busy := keystate.Ref{Scope: "floor", Key: "busy"}
+		begin(busy)
+		_, err := store.Claim(ctx, pool, busy, "v1:fp", keystate.NewOwner(), time.Minute)
+		require.ErrorIs(t, err, keystore.ErrKeyBusy)
+		_, err = conn.Exec(ctx, "rollback")
+		require.NoError(t, err)
+		require.Empty(t, events(busy))
+		return
+	}
+
+	// On Citus the claims take no key lock: a single-commit execution can
+	// lose its key to a two-phase claim, and then nothing of it commits
+	// (the insert fails, and the COMMIT is skipped).
 	for _, completes := range []bool{true, false} {
 		lost := keystate.Ref{Scope: "floor", Key: "lost-" + map[bool]string{true: "complete", false: "promote"}[completes]}
 		opened = begin(lost)

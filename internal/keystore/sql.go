@@ -26,6 +26,8 @@ var (
 	claimTakeoverSQL        = load("claim_takeover")
 	finishSQL               = load("finish")
 	singleBeginSQL          = load("single_begin")
+	singleProbeSQL          = load("single_probe")
+	lockSecretSQL           = load("lock_secret")
 	singleFinishSQL         = load("single_finish")
 	sessionKeepalivesSQL    = load("session_keepalives")
 	heartbeatSQL            = load("heartbeat")
@@ -59,9 +61,7 @@ var (
 	// The statements of a distributed database (Citus) only.
 	citusInstalledSQL    = load("citus_installed")
 	citusDistributedSQL  = load("citus_distributed")
-	citusSingleBeginSQL  = load("citus_single_begin")
 	citusRecordStepSQL   = load("citus_record_step")
-	citusSingleProbeSQL  = load("citus_single_probe")
 	citusSingleFinishSQL = load("citus_single_finish")
 	citusClaimInsertSQL  = load("citus_claim_insert")
 	citusOutboxInsertSQL = load("citus_outbox_insert")
@@ -85,9 +85,10 @@ type statement struct {
 	sql string
 	// params names the parameters by position: $1 is params[0].
 	params []string
-	// byScope, for a statement with and_scope markers, is its variant for
-	// a distributed database: the markers expanded to a test of @scope, so
-	// that it runs on the one shard of that scope. Nil for the others.
+	// byScope, for a statement with and_scope or key lock markers, is its
+	// variant for a distributed database: and_scope markers expanded to a
+	// test of @scope, so that it runs on the one shard of that scope, and
+	// key lock markers to true. Nil for the others.
 	byScope *statement
 }
 
@@ -116,7 +117,7 @@ func load(name string) *statement {
 // parameter order are exactly what pgx.StrictNamedArgs would send.
 func newStatement(name, text string) (*statement, error) {
 	s, err := compile(name, text, false)
-	if err != nil || !hasScopeMarker(text) {
+	if err != nil || !hasDistributedMarker(text) {
 		return s, err
 	}
 	if s.byScope, err = compile(name, text, true); err != nil {
@@ -274,22 +275,53 @@ var keyColumns = func() string {
 // marker finds a {{…}} marker.
 var marker = regexp.MustCompile(`\{\{([^{}]*)\}\}`)
 
-// hasScopeMarker reports whether text has an and_scope marker.
-func hasScopeMarker(text string) bool {
+// hasDistributedMarker reports whether text has a marker that a
+// distributed database expands otherwise: and_scope, try_key_lock or
+// key_locked.
+func hasDistributedMarker(text string) bool {
 	for _, m := range marker.FindAllStringSubmatch(text, -1) {
-		if f := strings.Fields(m[1]); len(f) > 0 && f[0] == "and_scope" {
+		if f := strings.Fields(m[1]); len(f) > 0 && (f[0] == "and_scope" || f[0] == "try_key_lock" || f[0] == "key_locked") {
 			return true
 		}
 	}
 	return false
 }
 
+// keyLockClass is the class of the keys' advisory locks ('ONCE' in ASCII):
+// the two-integer form of the lock functions, a space apart from the
+// single-bigint locks (the reconciler's, the gateway's, most
+// applications'). See the key_locks migration.
+const keyLockClass = "1330529093"
+
+// tryKeyLock is the expansion of {{try_key_lock id}} on one Postgres.
+func tryKeyLock(id string) string {
+	return "pg_try_advisory_xact_lock(" + keyLockClass + ", " + id + ")"
+}
+
+// keyLockedOrBusy is the expansion of {{key_locked}} on one Postgres.
+var keyLockedOrBusy = "CASE WHEN " + tryKeyLock("@lock_id::integer") + " THEN true ELSE onceonly_key_busy(@scope, @key) END"
+
+// untakenLock is the expansion of a key lock marker on a distributed
+// database, where the claims take no key lock (the engine's one-commit
+// transaction takes the coordinator's; see docs/citus.md): true, reading a
+// parameter the marker names, so the statement keeps its parameters.
+func untakenLock(id string) string {
+	if strings.Contains(id, "@") {
+		return "(" + id + " IS NOT NULL)"
+	}
+	return "true"
+}
+
 // expandMarkers replaces each marker of text: {{key_columns}} with the
 // key columns reading bodies whole, {{key_columns @name}} with the key
 // columns leaving out bodies longer than @name bytes; {{and_scope}} and
 // {{and_scope alias}}, with byScope, with a test of the row's scope
-// (alias.scope) against @scope, and with nothing otherwise. A marker
-// stands in the statement, not in a comment.
+// (alias.scope) against @scope, and with nothing otherwise;
+// {{try_key_lock id}} with a try of the key lock id (true when taken) and
+// {{key_locked}} with a try of the key lock @lock_id that fails the
+// statement (SQLSTATE OO002) when another transaction holds it, each
+// with true under byScope. A marker stands in the statement, not in a
+// comment.
 func expandMarkers(text string, byScope bool) (string, error) {
 	var out strings.Builder
 	last := 0
@@ -310,6 +342,14 @@ func expandMarkers(text string, byScope bool) (string, error) {
 			expansion = "AND " + f[1] + ".scope = @scope"
 		case (len(f) == 1 || len(f) == 2) && f[0] == "and_scope":
 			// One Postgres: no test of the scope, the statement as before.
+		case len(f) == 2 && f[0] == "try_key_lock" && byScope:
+			expansion = untakenLock(f[1])
+		case len(f) == 2 && f[0] == "try_key_lock":
+			expansion = tryKeyLock(f[1])
+		case len(f) == 1 && f[0] == "key_locked" && byScope:
+			expansion = untakenLock("@lock_id::integer")
+		case len(f) == 1 && f[0] == "key_locked":
+			expansion = keyLockedOrBusy
 		default:
 			return "", fmt.Errorf("unknown marker %s", text[m[0]:m[1]])
 		}

@@ -116,6 +116,9 @@ type Store struct {
 	// outboxScopes are the scopes the relay takes events from next, on a
 	// distributed database.
 	outboxScopes scopeQueue
+	// lockSecret is the database's key lock secret, once loaded
+	// (LoadLockSecret).
+	lockSecret atomic.Pointer[[]byte]
 }
 
 // New returns a Store.
@@ -203,6 +206,13 @@ const maxClaimRounds = 16
 // (claim_takeover). Only a row that changes between those statements sends
 // it round again.
 //
+// Both writes take the key's lock first, as every execution does. When
+// another transaction holds it, an execution of the key is under way: the
+// row, if it says more (completed, a reused key, a live lease), comes back
+// to answer from, else the claim fails with ErrKeyBusy. In a caller's
+// transaction (db a transaction) the failed statement aborts it, so no row
+// is read: ErrKeyBusy, and the caller rolls back to its savepoint.
+//
 // Finding a row that cannot be taken (a replay, a conflict, a reused key)
 // costs two reads and no lock or write, so answers from Postgres scale like
 // reads. When db is not a transaction, a successful claim commits without
@@ -222,10 +232,14 @@ func (s *Store) ClaimHeld(ctx context.Context, db Querier, ref keystate.Ref, fin
 
 // claim is Claim; insert false skips its first insert.
 func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerprint string, owner keystate.Owner, lease time.Duration, insert bool) (ClaimResult, error) {
+	if err := s.LoadLockSecret(ctx, db); err != nil {
+		return ClaimResult{}, fmt.Errorf("claim key: %w", err)
+	}
 	inTx := inTransaction(db)
-	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint, "owner": owner.String(),
-		"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify, "channel": NotifyChannel,
-		"async_commit": !inTx}
+	args := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "lock_id": s.LockID(ref), "fingerprint": fingerprint,
+		"owner": owner.String(), "lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify,
+		"channel": NotifyChannel, "async_commit": !inTx}
+	insertSQL, takeoverSQL := s.forLayout(claimInsertSQL), s.forLayout(claimTakeoverSQL)
 	peekArgs := pgx.StrictNamedArgs{"scope": ref.Scope, "key": ref.Key, "fingerprint": fingerprint}
 	var notified bool
 	var durability string
@@ -234,11 +248,13 @@ func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerp
 		var k keystate.Key
 		var err error
 		if insert {
-			k, err = scanKey(claimInsertSQL.queryRow(ctx, db, args), &notified, &durability, &steps)
-			if err == nil {
+			k, err = scanKey(insertSQL.queryRow(ctx, db, args), &notified, &durability, &steps)
+			switch {
+			case err == nil:
 				return ClaimResult{Claimed: true, Key: k}, nil
-			}
-			if !errors.Is(err, pgx.ErrNoRows) {
+			case sqlState(err) == keyBusy:
+				return s.claimBusy(ctx, db, inTx, peekArgs, err)
+			case !errors.Is(err, pgx.ErrNoRows):
 				return ClaimResult{}, fmt.Errorf("claim key: %w", err)
 			}
 		}
@@ -261,17 +277,51 @@ func (s *Store) claim(ctx context.Context, db Querier, ref keystate.Ref, fingerp
 		inProgress := k.Status == keystate.InProgress
 		takeArgs := maps.Clone(args)
 		takeArgs["live"], takeArgs["in_progress"] = live, inProgress
-		k, err = scanKey(claimTakeoverSQL.queryRow(ctx, db, takeArgs), &notified, &durability, &steps)
-		if err == nil {
+		k, err = scanKey(takeoverSQL.queryRow(ctx, db, takeArgs), &notified, &durability, &steps)
+		switch {
+		case err == nil:
 			return ClaimResult{Claimed: true, Key: k, Steps: steps, TookOver: inProgress && live}, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		case sqlState(err) == keyBusy:
+			return s.claimBusy(ctx, db, inTx, peekArgs, err)
+		case !errors.Is(err, pgx.ErrNoRows):
 			return ClaimResult{}, fmt.Errorf("claim key: %w", err)
 		}
 		// Another claim took it first, retention deleted it, or it expired
 		// since the peek: look again.
 	}
 	return ClaimResult{}, fmt.Errorf("claim key: the row changed under %d attempts in a row", maxClaimRounds)
+}
+
+// claimBusy is the end of a claim whose key's lock another transaction
+// holds (err, SQLSTATE OO002): the key's row when it answers the request
+// whoever holds the lock (completed, a live lease, another fingerprint),
+// else ErrKeyBusy. In a transaction (inTx) the failed statement aborted
+// it: ErrKeyBusy at once.
+func (s *Store) claimBusy(ctx context.Context, db Querier, inTx bool, peekArgs pgx.StrictNamedArgs, err error) (ClaimResult, error) {
+	busy := fmt.Errorf("claim key: %w", busyOnState(err))
+	if inTx {
+		return ClaimResult{}, busy
+	}
+	var takeable, live bool
+	var steps []byte
+	k, perr := scanKey(claimPeekSQL.queryRow(ctx, db, peekArgs), &takeable, &steps, &live)
+	switch {
+	case errors.Is(perr, pgx.ErrNoRows), perr == nil && takeable:
+		return ClaimResult{}, busy
+	case perr != nil:
+		return ClaimResult{}, fmt.Errorf("claim key: %w", perr)
+	}
+	return ClaimResult{Key: k}, nil
+}
+
+// forLayout returns st as the tables' layout needs it: its variant for a
+// distributed database (statement.byScope) when the store knows the tables
+// are distributed, else st.
+func (s *Store) forLayout(st *statement) *statement {
+	if st.byScope != nil && Distribution(s.dist.Load()) == ByScope {
+		return st.byScope
+	}
+	return st
 }
 
 // ClaimRequest is one key of ClaimNew.
@@ -298,13 +348,16 @@ func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease,
 	if err != nil {
 		return nil, fmt.Errorf("claim keys: %w", err)
 	}
+	if err := s.LoadLockSecret(ctx, db); err != nil {
+		return nil, fmt.Errorf("claim keys: %w", err)
+	}
 	args := pgx.StrictNamedArgs{"lease": lease, "ttl": s.cfg.CompletedTTL, "notify": !s.cfg.DeferNotify,
 		"channel": NotifyChannel, "lock_timeout": fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1))}
 	claimed := make(map[keystate.Owner]keystate.Key, len(reqs))
 	if byScope {
 		err = s.claimNewByScope(ctx, db, reqs, args, lockTimeout, claimed)
 	} else {
-		err = claimNewAll(ctx, db, reqs, args, claimed)
+		err = s.claimNewAll(ctx, db, reqs, args, claimed)
 	}
 	if err != nil {
 		return nil, err
@@ -319,17 +372,24 @@ func (s *Store) ClaimNew(ctx context.Context, db DB, reqs []ClaimRequest, lease,
 }
 
 // claimNewAll is ClaimNew on one Postgres: every key in one statement.
-func claimNewAll(ctx context.Context, db DB, reqs []ClaimRequest, args pgx.StrictNamedArgs, claimed map[keystate.Owner]keystate.Key) error {
-	scopes, keys, fingerprints, owners := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
-	for i, r := range reqs {
-		scopes[i], keys[i], fingerprints[i], owners[i] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()
-	}
-	args["scopes"], args["keys"], args["fingerprints"], args["owners"] = scopes, keys, fingerprints, owners
+func (s *Store) claimNewAll(ctx context.Context, db DB, reqs []ClaimRequest, args pgx.StrictNamedArgs, claimed map[keystate.Owner]keystate.Key) error {
+	s.setBatchArgs(args, reqs)
 	rows, err := claimBatchSQL.query(ctx, db, args)
 	if err != nil {
 		return fmt.Errorf("claim keys: %w", err)
 	}
 	return scanClaimed(rows, claimed)
+}
+
+// setBatchArgs sets claim_batch's per-key arguments of reqs in args.
+func (s *Store) setBatchArgs(args pgx.StrictNamedArgs, reqs []ClaimRequest) {
+	scopes, keys, fingerprints, owners := make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs)), make([]string, len(reqs))
+	lockIDs := make([]int32, len(reqs))
+	for i, r := range reqs {
+		scopes[i], keys[i], fingerprints[i], owners[i] = r.Ref.Scope, r.Ref.Key, r.Fingerprint, r.Owner.String()
+		lockIDs[i] = s.LockID(r.Ref)
+	}
+	args["scopes"], args["keys"], args["lock_ids"], args["fingerprints"], args["owners"] = scopes, keys, lockIDs, fingerprints, owners
 }
 
 // scanClaimed reads claim_batch's rows into claimed, by owner, and closes

@@ -2,8 +2,10 @@
 -- one commit (the engine sends the claims of concurrent executions
 -- together). Each key that has no row becomes in_progress under its own
 -- owner and the shared lease, with its outbox event, at the version floor
--- + 1; a key that has a row comes back with no row: claim it alone, from
--- claim_peek. A key twice in the batch is inserted once.
+-- + 1; a key that has a row, or whose lock another transaction holds (an
+-- execution of it is under way: the batch takes each key's lock first),
+-- comes back with no row: claim it alone, from claim_peek. A key twice in
+-- the batch is inserted once.
 --
 -- The keys are inserted in (scope, key) order, so two batches that meet on
 -- the same keys wait for each other in the same order and never deadlock.
@@ -15,7 +17,7 @@
 -- database-wide lock, which a lock_timeout would turn into failed batches
 -- under load.
 --
--- @scopes   @keys   @fingerprints   @owners (uuid text): one per key
+-- @scopes   @keys   @lock_ids (integer)   @fingerprints   @owners (uuid text): one per key
 -- @lease (interval)   @ttl: how long the rows live (interval)
 -- @notify: notify the relays (on @channel) in this statement's transaction
 -- @lock_timeout (text, e.g. '100ms')
@@ -25,15 +27,18 @@ WITH settings AS MATERIALIZED (
 	SELECT set_config('lock_timeout', CASE WHEN @notify THEN current_setting('lock_timeout') ELSE @lock_timeout END, true),
 		set_config('synchronous_commit', 'off', true) AS durability
 ), input AS MATERIALIZED (
-	SELECT i.scope, i.key, i.fingerprint, i.owner
-	FROM settings, unnest(@scopes::text[], @keys::text[], @fingerprints::text[], @owners::uuid[]) AS i (scope, key, fingerprint, owner)
+	SELECT i.scope, i.key, i.lock_id, i.fingerprint, i.owner
+	FROM settings, unnest(@scopes::text[], @keys::text[], @lock_ids::integer[], @fingerprints::text[], @owners::uuid[])
+		AS i (scope, key, lock_id, fingerprint, owner)
 	ORDER BY i.scope, i.key
+), locked AS MATERIALIZED (
+	SELECT scope, key, fingerprint, owner FROM input WHERE {{try_key_lock lock_id}}
 ), claimed AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
 	SELECT scope, key, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
 		fingerprint, owner, now() + @lease::interval, now() + @ttl::interval
-	FROM input
+	FROM locked
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (

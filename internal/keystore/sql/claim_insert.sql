@@ -3,9 +3,11 @@
 -- floor + 1 (1 on a database that never deleted a key): above any version
 -- the key reached before retention deleted it (raise_version_floor), so its
 -- versions never repeat. No row comes back when the key already has a row:
--- read it (claim_peek).
+-- read it (claim_peek). It takes the key's lock first (@lock_id): when
+-- another transaction holds it, an execution of the key is under way, and
+-- the statement fails with SQLSTATE OO002 (onceonly_key_busy).
 --
--- @scope   @key   @fingerprint   @owner (uuid)   @lease (interval)
+-- @scope   @key   @lock_id (integer)   @fingerprint   @owner (uuid)   @lease (interval)
 -- @ttl: how long the row lives (interval)
 -- @notify: notify the relays (on @channel) in this statement's transaction
 -- @async_commit: commit without waiting for the WAL flush (the claim
@@ -17,6 +19,7 @@ WITH claimed AS (
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
 	SELECT @scope, @key, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
 		@fingerprint, @owner::uuid, now() + @lease::interval, now() + @ttl::interval
+	WHERE {{key_locked}}
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
 ), event AS (

@@ -1,7 +1,9 @@
 -- claim_takeover: claims a row that claim_peek found takeable, if it still
 -- is: in_progress under the caller's owner and lease, one version up, with
 -- its outbox event. No row comes back when another claim took it first (or
--- retention deleted it): peek again.
+-- retention deleted it): peek again. It takes the key's lock (@lock_id)
+-- first, as claim_insert does, and fails with SQLSTATE OO002 when another
+-- transaction holds it.
 --
 -- Taking over an execution whose lease ran out keeps what it recorded (its
 -- handler, request and steps), so the new holder continues from its last
@@ -9,7 +11,7 @@
 -- carry over to the retry of a failed row (a consumer counts them), and
 -- start again at 0 with a new lifecycle (an expired row).
 --
--- @scope   @key   @fingerprint   @owner (uuid)   @lease (interval)
+-- @scope   @key   @lock_id (integer)   @fingerprint   @owner (uuid)   @lease (interval)
 -- @ttl: how long the row lives (interval)
 -- @notify: notify the relays (on @channel) in this statement's transaction
 -- @async_commit: commit without waiting for the WAL flush (the claim
@@ -29,7 +31,7 @@ WITH claimed AS (
 		request = CASE WHEN @in_progress AND @live THEN k.request END,
 		steps = CASE WHEN @in_progress AND @live THEN k.steps END,
 		failures = CASE WHEN @live THEN k.failures ELSE 0 END
-	WHERE k.scope = @scope AND k.key = @key
+	WHERE {{key_locked}} AND k.scope = @scope AND k.key = @key
 		AND (k.expires_at > now()) = @live AND (k.status = 'in_progress') = @in_progress
 		AND (k.expires_at <= now()
 			OR (k.fingerprint = @fingerprint AND (k.status = 'failed'

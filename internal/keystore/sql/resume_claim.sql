@@ -2,7 +2,9 @@
 -- whose lease ran out (their holder died or handed off), for handlers this
 -- engine knows (@handlers): in_progress under a new owner per key (@owners,
 -- one per row taken), one version up, with an outbox event each. Rows other
--- transactions hold are skipped. Returns what the new holder continues with.
+-- transactions hold are skipped, and so are keys whose lock another
+-- transaction holds (an execution of the key is under way). Returns what
+-- the new holder continues with.
 -- Each row's owner is picked in the CTE that finds it: Citus's deparser
 -- crashes on an array subscript by another table's column in the SET list.
 --
@@ -19,11 +21,13 @@ WITH due AS (
 			AND handler = ANY(@handlers::text[]) AND expires_at > now() {{and_scope}}
 		ORDER BY lease_expires_at LIMIT @limit FOR UPDATE SKIP LOCKED
 	) d
+), locked AS MATERIALIZED (
+	SELECT scope, key, owner FROM due WHERE {{try_key_lock onceonly_key_lock_id(scope,key)}}
 ), claimed AS (
 	UPDATE idempotency_keys AS k SET
 		version = k.version + 1, owner = due.owner,
 		lease_expires_at = now() + @lease::interval, updated_at = now()
-	FROM due WHERE k.scope = due.scope AND k.key = due.key {{and_scope k}}
+	FROM locked due WHERE k.scope = due.scope AND k.key = due.key {{and_scope k}}
 	RETURNING k.*
 ), event AS (
 	INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM claimed

@@ -1,0 +1,22 @@
+-- single_probe: whether the key has a row, and the version floor, read
+-- behind single_begin in a single-commit execution's transaction, once the
+-- key's lock is held: its snapshot sees every row committed before the
+-- lock was taken. A key with a row goes the two-phase way (replay,
+-- conflict, takeover).
+--
+-- The floor is for citus_single_finish and citus_claim_insert on a
+-- distributed database (Citus), which insert VALUES: a subquery inside
+-- their INSERT makes Citus plan it as INSERT … SELECT pulled through the
+-- coordinator (intermediate results, several round trips: 9-14 ms a
+-- statement, measured). Read no earlier than the probe, it keeps versions
+-- from repeating as the floor inside the INSERT does: retention commits the
+-- floor's raise before it deletes a key (raise_version_floor,
+-- raise_version_floor_to), so a probe that finds no row, in this one
+-- snapshot, sees the floor raised past every version the key had. On
+-- Citus the statement names the key's scope, so it runs on the shard's
+-- worker, where the floor (a reference table) has a copy. On one Postgres
+-- single_finish reads the floor itself.
+--
+-- @scope   @key
+SELECT EXISTS (SELECT FROM idempotency_keys WHERE scope = @scope AND key = @key) AS has_row,
+	coalesce((SELECT version FROM idempotency_version_floor), 0) AS floor
