@@ -203,11 +203,15 @@ func TestModesExcludeEachOther(t *testing.T) {
 		}
 	}
 	modes := []func(key string) (onceonly.Outcome, error){
-		func(key string) (onceonly.Outcome, error) { return single.Do(b.ctx, "tenant", key, []byte("p"), slow(key)) },
+		func(key string) (onceonly.Outcome, error) {
+			return single.Do(b.ctx, "tenant", key, []byte("p"), slow(key))
+		},
 		func(key string) (onceonly.Outcome, error) {
 			return twoPhase.Do(b.ctx, "tenant", key, []byte("p"), slow(key))
 		},
-		func(key string) (onceonly.Outcome, error) { return withDB.Do(b.ctx, "tenant", key, []byte("p"), slow(key)) },
+		func(key string) (onceonly.Outcome, error) {
+			return withDB.Do(b.ctx, "tenant", key, []byte("p"), slow(key))
+		},
 		func(key string) (onceonly.Outcome, error) {
 			tx, err := b.pool.Begin(b.ctx)
 			if err != nil {

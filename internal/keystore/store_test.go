@@ -1,8 +1,8 @@
 package keystore_test
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
