@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
@@ -188,18 +189,35 @@ func TestFailureNeverDiscardsTheNextExecution(t *testing.T) {
 func TestModesExcludeEachOther(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noRedis: true})
-	single := b.singleEngine(t, 0)
-	twoPhase := b.engine
-	db := testenv.SQLDB(t, "pgx", b.pool.Config().ConnString())
-	withDB, err := onceonly.New(onceonly.Config{Pool: b.pool, DB: db})
+	// Enough connections for every caller of a round to be in Postgres at
+	// once.
+	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
 	require.NoError(t, err)
-	t.Cleanup(withDB.Close)
+	cfg.MaxConns = 48
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	db := testenv.SQLDB(t, "pgx", b.pool.Config().ConnString())
+	engine := func(cfg onceonly.Config) *onceonly.Engine {
+		cfg.Pool = pool
+		e, err := onceonly.New(cfg)
+		require.NoError(t, err)
+		t.Cleanup(e.Close)
+		return e
+	}
+	single, twoPhase, withDB := engine(onceonly.Config{}), engine(onceonly.Config{TwoPhase: true}), engine(onceonly.Config{DB: db})
+
 	l := newRunLog()
+	// A handler that takes a while, so that another mode's execution
+	// would overlap it.
+	pause := func() { time.Sleep(time.Duration(1+rand.IntN(4)) * time.Millisecond) }
 	slow := func(key string) onceonly.Handler {
-		h := chargeOnce(l, key, func() bool { return false })
 		return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond) // a handler that takes a while, so another mode would overlap it
-			return h(ctx, tx)
+			end := l.start(key)
+			pause()
+			res, err := chargeKey(key)(ctx, tx)
+			end(err == nil)
+			return res, err
 		}
 	}
 	modes := []func(key string) (onceonly.Outcome, error){
@@ -213,7 +231,7 @@ func TestModesExcludeEachOther(t *testing.T) {
 			return withDB.Do(b.ctx, "tenant", key, []byte("p"), slow(key))
 		},
 		func(key string) (onceonly.Outcome, error) {
-			tx, err := b.pool.Begin(b.ctx)
+			tx, err := pool.Begin(b.ctx)
 			if err != nil {
 				return onceonly.Outcome{}, err
 			}
@@ -232,6 +250,7 @@ func TestModesExcludeEachOther(t *testing.T) {
 			defer func() { _ = tx.Rollback() }()
 			out, err := single.DoSQLTx(b.ctx, tx, "tenant", key, []byte("p"), func(ctx context.Context, stx *sql.Tx) (onceonly.Result, error) {
 				end := l.start(key)
+				pause()
 				_, err := stx.ExecContext(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status)
 					VALUES (gen_random_uuid()::text, 'm', $1, 100, 'usd', 'c', 'succeeded')`, key)
 				end(err == nil)
@@ -243,18 +262,25 @@ func TestModesExcludeEachOther(t *testing.T) {
 			return out, tx.Commit()
 		},
 	}
-	keys := make([]string, 80)
-	var wg sync.WaitGroup
-	for i := range keys {
-		keys[i] = fmt.Sprintf("k%d", i)
-		for c := range len(modes) {
-			do := modes[(i+c)%len(modes)]
-			wg.Go(func() {
-				callUntilAnswered(b.ctx, t, l, keys[i], func() (onceonly.Outcome, error) { return do(keys[i]) })
-			})
+	// Rounds of a few keys, every mode calling each key at once.
+	var keys []string
+	for round := range 30 {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range 6 {
+			key := fmt.Sprintf("r%d-k%d", round, i)
+			keys = append(keys, key)
+			for c := range len(modes) {
+				do := modes[(i+c)%len(modes)]
+				wg.Go(func() {
+					<-start
+					callUntilAnswered(b.ctx, t, l, key, func() (onceonly.Outcome, error) { return do(key) })
+				})
+			}
 		}
+		close(start)
+		wg.Wait()
 	}
-	wg.Wait()
 	l.check(t, b, keys)
 }
 
