@@ -25,6 +25,21 @@ import (
 // own transaction, the lock every mode takes, the failed row of an
 // overrun.
 
+// poolOf returns a pool of b's database with size connections, closed
+// when the test ends: a test whose executions hold their connections for
+// long (a one-commit execution holds one throughout) sizes its pool to its
+// callers, as a deployment does.
+func (b *testBundle) poolOf(t *testing.T, size int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
+	require.NoError(t, err)
+	cfg.MaxConns = size
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // runLog records the handler runs of each key: how many ran at once (I4),
 // how many returned a result to commit, and what each caller was told.
 type runLog struct {
@@ -189,14 +204,7 @@ func TestFailureNeverDiscardsTheNextExecution(t *testing.T) {
 func TestModesExcludeEachOther(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noRedis: true})
-	// Enough connections for every caller of a round to be in Postgres at
-	// once.
-	cfg, err := pgxpool.ParseConfig(b.pool.Config().ConnString())
-	require.NoError(t, err)
-	cfg.MaxConns = 48
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := b.poolOf(t, 48) // every caller of a round in Postgres at once
 	db := testenv.SQLDB(t, "pgx", b.pool.Config().ConnString())
 	engine := func(cfg onceonly.Config) *onceonly.Engine {
 		cfg.Pool = pool
@@ -284,20 +292,28 @@ func TestModesExcludeEachOther(t *testing.T) {
 	l.check(t, b, keys)
 }
 
-// Finding 5: a one-commit execution that outruns its lease leaves the key
-// failed with its fingerprint, counts a failure and tells its caller so —
-// not "taken over". It left no row: the key took another payload, and a
-// consumer retried it forever.
+// Finding 5: a one-commit execution whose transaction Postgres ended
+// under it (its connection terminated here; an idle timeout, a failover)
+// runs out its lease, and then leaves the key failed with its fingerprint,
+// counts a failure and tells its caller so — not "taken over". It left no
+// row: the key took another payload, and a consumer retried it forever.
 func TestOverrunFailsTheKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noRedis: true})
 	const lease = time.Second
 	e := b.singleEngine(t, lease)
-	stuck := func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-		<-ctx.Done() // outruns the lease: the engine ends it
+	ended := func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		var pid int
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return onceonly.Result{}, err
+		}
+		if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			return onceonly.Result{}, err
+		}
+		<-ctx.Done() // deaf to everything but its lease
 		return onceonly.Result{}, context.Cause(ctx)
 	}
-	_, err := e.Do(b.ctx, "tenant", "slow", []byte("p"), stuck)
+	_, err := e.Do(b.ctx, "tenant", "slow", []byte("p"), ended)
 	require.ErrorIs(t, err, onceonly.ErrLeaseExpired)
 	var failed *onceonly.ExecutionError
 	require.ErrorAs(t, err, &failed)

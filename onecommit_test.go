@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,12 +140,12 @@ func TestDuplicateOfAOneCommitExecutionIsInFlight(t *testing.T) {
 	}
 }
 
-// TestOneCommitOutlivingItsLeaseIsEnded: a handler that runs past its lease
-// without a step, deaf to its context, has its transaction ended by
-// Postgres (idle_in_transaction_session_timeout): it commits nothing, and
-// the key is retryable (a retry runs, it is not replayed), with Redis and
-// without.
-func TestOneCommitOutlivingItsLeaseIsEnded(t *testing.T) {
+// TestOneCommitSlowHandlerCompletes: a handler that runs past its lease
+// without a step, and leaves its transaction idle all along, is carried on
+// (its lease keeper keeps the transaction alive) and completes in its one
+// commit: one row, version 1, the first answer not a replay, with Redis
+// and without.
+func TestOneCommitSlowHandlerCompletes(t *testing.T) {
 	t.Parallel()
 	const lease = time.Second
 	for _, noRedis := range []bool{false, true} {
@@ -152,23 +153,62 @@ func TestOneCommitOutlivingItsLeaseIsEnded(t *testing.T) {
 			t.Parallel()
 			b := setup(t, setupOpts{noRedis: noRedis})
 			e := b.singleEngine(t, lease)
-			_, err := e.Do(b.ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-				if _, err := payment(201, `{}`)(ctx, tx); err != nil {
-					return onceonly.Result{}, err
-				}
-				time.Sleep(2 * lease) // deaf to ctx: past the lease
-				return onceonly.Result{Status: 201}, nil
+			out, err := e.Do(b.ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+				time.Sleep(5 * lease / 2) // a slow card network, deaf to ctx: past the lease, the transaction idle
+				return payment(201, `{"slow":true}`)(ctx, tx)
 			})
-			require.Error(t, err, "a transaction Postgres ended commits nothing")
-			require.Zero(t, b.payments(t))
-			var out onceonly.Outcome
-			testenv.Eventually(t, 4*lease, "a retry to run", func() bool {
-				out, err = e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
-				return err == nil
-			})
+			require.NoError(t, err, "a slow but live execution is never ended for being slow")
 			require.False(t, out.Replayed)
 			require.Equal(t, 1, b.payments(t))
+			var version int
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT version FROM idempotency_keys WHERE key = 'k'`).Scan(&version))
+			require.Equal(t, 1, version, "one commit: the key's row was written once")
 		})
+	}
+}
+
+// TestSlowLiveHandlersCompleteOnce: handlers that wait a fraction of their
+// lease to two and a half times it on a system outside Postgres, without a
+// step, two callers each, a consumer's redelivery at once after a 409: each
+// completes once, and nothing is ended for being slow.
+func TestSlowLiveHandlersCompleteOnce(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	b := setup(t, setupOpts{noRedis: true})
+	e, err := onceonly.New(onceonly.Config{Pool: b.poolOf(t, 32), LeaseTimeout: lease})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	var wg sync.WaitGroup
+	var runs, ended atomic.Int32
+	for i := range 12 {
+		key := fmt.Sprintf("k%d", i)
+		wait := lease*3/10 + time.Duration(i)*lease*2/10 // 0.3 to 2.5 leases
+		for range 2 {
+			wg.Go(func() {
+				for {
+					_, err := e.Do(b.ctx, "s", key, []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+						runs.Add(1)
+						time.Sleep(wait)
+						return chargeKey(key)(ctx, tx)
+					})
+					if _, inFlight := onceonly.IsInFlight(err); inFlight {
+						time.Sleep(50 * time.Millisecond) // a redelivery's pause, not a wait for an event
+						continue
+					}
+					if err != nil {
+						ended.Add(1)
+						t.Errorf("%s: %v", key, err)
+					}
+					return
+				}
+			})
+		}
+	}
+	wg.Wait()
+	require.Zero(t, ended.Load())
+	require.Equal(t, int32(12), runs.Load(), "one run per key")
+	for i := range 12 {
+		require.Equal(t, 1, paymentRows(t, b.ctx, b.pool, fmt.Sprintf("k%d", i)))
 	}
 }
 
@@ -212,9 +252,64 @@ func TestOneCommitKilledMidHandler(t *testing.T) {
 	require.Equal(t, 1, b.payments(t), "the killed handler's write is gone, the retry's committed")
 }
 
+// TestOneCommitPausedHolderBlocksNoLongerThanLease: a process paused
+// (SIGSTOP) while its handler runs — after its lease keeper kept the
+// transaction alive past the lease — keeps nothing alive any more: Postgres
+// ends its idle transaction within the lease, and a duplicate runs then
+// (I5); the paused handler's write is gone (I1).
+func TestOneCommitPausedHolderBlocksNoLongerThanLease(t *testing.T) {
+	if os.Getenv(killChildEnv) != "" {
+		return // this is the child process: TestOneCommitKillChild runs
+	}
+	t.Parallel()
+	const lease = time.Second
+	b := setup(t, setupOpts{noRedis: true})
+	cmd := exec.CommandContext(b.ctx, os.Args[0], "-test.run=^TestOneCommitKillChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), killChildEnv+"="+b.pool.Config().ConnString(), killChildLeaseEnv+"="+lease.String())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "the child's handler to start")
+	require.Equal(t, "running\n", line)
+
+	e := b.singleEngine(t, lease)
+	testenv.Eventually(t, 10*time.Second, "the child's execution to live past its lease", func() bool {
+		var idle time.Duration
+		err := b.pool.QueryRow(b.ctx, `SELECT coalesce(max(now() - xact_start), '0') FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&idle)
+		require.NoError(t, err)
+		return idle > 3*lease/2
+	})
+	_, err = e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
+	require.True(t, isInFlight(err), "the live holder keeps its key: %v", err)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	paused := time.Now()
+	var out onceonly.Outcome
+	testenv.Eventually(t, 10*lease, "Postgres to end the paused process's transaction", func() bool {
+		out, err = e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
+		if err != nil {
+			require.True(t, isInFlight(err), "unexpected error: %v", err)
+		}
+		return err == nil
+	})
+	took := time.Since(paused)
+	require.False(t, out.Replayed)
+	require.Less(t, took, lease+lease/2+time.Second, "the paused holder blocked its key past the lease")
+	require.Equal(t, 1, b.payments(t), "the paused handler's write is gone, the duplicate's committed")
+}
+
+// killChildLeaseEnv is the lease of the child process's engine (a
+// time.Duration; the default when unset).
+const killChildLeaseEnv = "ONCEONLY_TEST_KILL_CHILD_LEASE"
+
 // TestOneCommitKillChild is the process TestOneCommitKilledMidHandler
-// kills: it runs an execution of key k whose handler writes, says
-// "running" and waits to be killed.
+// kills (and TestOneCommitPausedHolderBlocksNoLongerThanLease pauses): it
+// runs an execution of key k whose handler writes, says "running" and
+// waits to be killed.
 func TestOneCommitKillChild(t *testing.T) {
 	url := os.Getenv(killChildEnv)
 	if url == "" {
@@ -223,7 +318,8 @@ func TestOneCommitKillChild(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
-	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	lease, _ := time.ParseDuration(os.Getenv(killChildLeaseEnv))
+	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger(), LeaseTimeout: lease})
 	require.NoError(t, err)
 	_, _ = e.Do(ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 		if _, err := payment(201, `{}`)(ctx, tx); err != nil {

@@ -40,8 +40,12 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
 		return keystate.Key{}, false, fromStore(err)
 	}
-	x.claimedAt = time.Now()
-	x.tx = e.newTx(e.store.PrepareSession) // keepalives: Postgres finds a dead client host within the lease
+	// The lease runs from the BEGIN, sent once the transaction has its
+	// connection: a wait for one (a pool run dry) does not eat it.
+	x.tx = e.newTx(func(ctx context.Context, conn *pgx.Conn) error {
+		x.claimedAt = time.Now()
+		return e.store.PrepareSession(ctx, conn) // keepalives: Postgres finds a dead client host within the lease
+	})
 	err := x.tx.BeginWith(ctx, func(b *pgx.Batch) { e.store.QueueSingleBegin(b, x.ref, e.cfg.LeaseTimeout, &opened) })
 	switch {
 	case err != nil:
@@ -60,10 +64,16 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 	return keystate.Key{Ref: x.ref, Owner: x.fence.Owner}, true, nil
 }
 
-// hold returns a lease that is never renewed: the transaction must end
-// within it, which Postgres enforces as well.
+// hold returns a lease that the execution's own transaction keeps: its
+// idle timeout is the lease (single_begin), and while the handler runs, a
+// third of the lease after the claim and every third after, the lease
+// keeper proves the client alive on the transaction's connection when the
+// handler leaves it idle (exectx.Tx.KeepAlive). So a slow but live
+// execution is carried on to its one commit, and the transaction of a
+// process that died or hangs ends within the lease (I5), its lock with it.
+// One statement still ends at the lease (statement_timeout).
 func (m singleCommit) hold(_ context.Context, x *Execution, onLost func()) *lease.Lease {
-	return m.e.leases.Fixed(x.ref, x.fence.Owner, x.claimedAt, onLost)
+	return m.e.leases.Kept(x.ref, x.fence.Owner, x.claimedAt, onLost, x.keepAlive)
 }
 
 func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
@@ -190,6 +200,21 @@ func (m singleCommit) promote(ctx context.Context, x *Execution) (err error) {
 	x.mode, x.fence, x.claimedAt = twoPhase{e}, Fence{Owner: k.Owner, Version: k.Version}, claimedAt
 	e.leases.Renew(ctx, x.lease, claimedAt)
 	return nil
+}
+
+// keepAlive keeps the execution's transaction alive while its handler runs
+// (exectx.Tx.KeepAlive); once a step promoted it, there is none to keep,
+// and the lease keeper renews the key's row instead.
+func (x *Execution) keepAlive(ctx context.Context) error {
+	if !x.mu.TryLock() {
+		return nil // a step or the handler's first Tx under way: the execution is live
+	}
+	tx := x.tx
+	x.mu.Unlock()
+	if tx == nil {
+		return lease.ErrKeptOtherwise
+	}
+	return tx.KeepAlive(ctx)
 }
 
 // keepsRow is false: the execution's transaction ended with Postgres, and

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
 )
 
 // singleEngine is an engine of b's pool and Redis in the default
@@ -120,47 +119,6 @@ func TestSingleCommitFailureKeepsTheKey(t *testing.T) {
 	require.False(t, out.Replayed)
 	require.Equal(t, 1, b.payments(t))
 	require.Equal(t, "completed", b.keyStatus(t, "k"))
-}
-
-// TestSingleCommitStuckHolderBlocksNoLongerThanLease: a handler that
-// hangs, holding its transaction idle, loses it to Postgres when the lease
-// ends (idle_in_transaction_session_timeout), which frees the key: a
-// duplicate runs within the lease plus a little (I5), and the stuck one
-// commits nothing when it wakes (I1).
-func TestSingleCommitStuckHolderBlocksNoLongerThanLease(t *testing.T) {
-	const lease = time.Second
-	b := setup(t, setupOpts{noRedis: true})
-	e := b.singleEngine(t, lease)
-	started, woken := make(chan struct{}), make(chan struct{})
-	wake := sync.OnceFunc(func() { close(woken) })
-	t.Cleanup(wake) // a failing assertion must not leave the handler stuck
-	stuck := make(chan error, 1)
-	go func() {
-		_, err := e.Do(b.ctx, "s", "k", nil, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			if _, err := payment(201, `{}`)(ctx, tx); err != nil {
-				return onceonly.Result{}, err
-			}
-			close(started)
-			<-woken // deaf to ctx: stuck until the duplicate has run
-			return onceonly.Result{Status: 201}, nil
-		})
-		stuck <- err
-	}()
-	<-started
-	var out onceonly.Outcome
-	testenv.Eventually(t, 4*lease, "the duplicate to run: the stuck holder no longer blocks the key", func() bool {
-		var err error
-		out, err = e.Do(b.ctx, "s", "k", nil, payment(201, `{"second":true}`))
-		if err != nil {
-			require.True(t, isInFlight(err), "unexpected error: %v", err)
-			return false
-		}
-		return true
-	})
-	require.False(t, out.Replayed)
-	wake()
-	require.Error(t, <-stuck)
-	require.Equal(t, 1, b.payments(t))
 }
 
 // TestSingleCommitSetsKeepalives: the connection a single-commit execution

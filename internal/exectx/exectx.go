@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,6 +60,9 @@ type Tx struct {
 	conn   *pgxpool.Conn // held from the first statement to the end
 	tx     pgx.Tx        // pgx's transaction on conn, once begun
 	closed bool          // committed, rolled back or given up
+	// open counts the rows and batch results handed out and not yet
+	// read to their end or closed: the connection is theirs meanwhile.
+	open atomic.Int32
 }
 
 // acquire returns the transaction's connection, taking one from the pool
@@ -197,7 +201,7 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 	case t.closed:
 		return nil, pgx.ErrTxClosed
 	case t.tx != nil:
-		return t.tx.Query(ctx, sql, args...) //nolint:sqlclosecheck // the caller closes the rows it asked for
+		return t.track(t.tx.Query(ctx, sql, args...))
 	}
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
@@ -207,7 +211,7 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 		_ = br.Close()
 		return nil, err
 	}
-	return &batchRows{Rows: rows, results: br}, nil
+	return t.track(&batchRows{Rows: rows, results: br}, nil)
 }
 
 // QueryRow runs sql in the transaction; the row is read by its Scan.
@@ -224,9 +228,9 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	case t.closed:
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	case t.tx != nil:
-		return t.tx.SendBatch(ctx, b)
+		return t.trackBatch(t.tx.SendBatch(ctx, b))
 	}
-	return t.sendFirst(ctx, b)
+	return t.trackBatch(t.sendFirst(ctx, b))
 }
 
 // Begin starts a pseudo nested transaction (a savepoint).
@@ -235,7 +239,13 @@ func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return tx.Begin(ctx)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return savepoint{Tx: sp, t: t}, nil
 }
 
 // CopyFrom copies rows into tableName in the transaction.
@@ -244,6 +254,8 @@ func (t *Tx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames
 	if err != nil {
 		return 0, err
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
@@ -253,6 +265,8 @@ func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDe
 	if err != nil {
 		return nil, err
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return tx.Prepare(ctx, name, sql)
 }
 
@@ -279,6 +293,33 @@ func (t *Tx) Conn() *pgx.Conn {
 		return nil
 	}
 	return t.conn.Conn()
+}
+
+// ErrNotOpen is returned by KeepAlive for a transaction that has not
+// begun or has ended.
+var ErrNotOpen = errors.New("onceonly: the execution's transaction is not open")
+
+// KeepAlive proves the transaction's client alive to Postgres while the
+// handler leaves it idle: a statement that restarts the session's
+// idle_in_transaction_session_timeout. While the handler uses the
+// transaction (a call under way, rows not yet read) it is not idle, and
+// KeepAlive sends nothing and returns nil. It fails with ErrNotOpen once
+// the transaction ended, and with Postgres's error when it ended it.
+func (t *Tx) KeepAlive(ctx context.Context) error {
+	if !t.mu.TryLock() {
+		return nil // a call of the handler's is under way
+	}
+	defer t.mu.Unlock()
+	if t.closed || t.tx == nil {
+		return ErrNotOpen
+	}
+	if t.open.Load() > 0 {
+		return nil // rows or batch results the handler reads
+	}
+	if err := t.conn.Conn().PgConn().Exec(ctx, "SELECT 1").Close(); err != nil {
+		return fmt.Errorf("keep the transaction alive: %w", err)
+	}
+	return nil
 }
 
 // Ended reports whether the transaction was committed, rolled back or
@@ -342,6 +383,145 @@ func (t *Tx) CommitWith(ctx context.Context, queue func(*pgx.Batch)) error {
 		_ = t.tx.Rollback(context.WithoutCancel(ctx))
 	}
 	return err
+}
+
+// savepoint is a pseudo nested transaction of t (pgx's, a savepoint) whose
+// calls are made under t's lock, as t's own are, so KeepAlive never sends
+// on the connection while one is under way.
+type savepoint struct {
+	pgx.Tx
+	t *Tx
+}
+
+// Begin starts a pseudo nested transaction inside this one.
+func (s savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	sp, err := s.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return savepoint{Tx: sp, t: s.t}, nil
+}
+
+// Commit releases the savepoint.
+func (s savepoint) Commit(ctx context.Context) error {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.Tx.Commit(ctx)
+}
+
+// Rollback rolls back to the savepoint.
+func (s savepoint) Rollback(ctx context.Context) error {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.Tx.Rollback(ctx)
+}
+
+// Exec runs sql in the savepoint.
+func (s savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.Tx.Exec(ctx, sql, args...)
+}
+
+// Query runs sql in the savepoint; the connection stays busy until the
+// rows are closed.
+func (s savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.t.track(s.Tx.Query(ctx, sql, args...))
+}
+
+// QueryRow runs sql in the savepoint; the row is read by its Scan.
+func (s savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := s.Query(ctx, sql, args...)
+	return firstRow{rows: rows, err: err}
+}
+
+// SendBatch sends b in the savepoint.
+func (s savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.t.trackBatch(s.Tx.SendBatch(ctx, b))
+}
+
+// track counts rows among the open ones until they are read to their end
+// or closed; t.mu is held.
+func (t *Tx) track(rows pgx.Rows, err error) (pgx.Rows, error) {
+	if err != nil {
+		return rows, err
+	}
+	t.open.Add(1)
+	return &trackedRows{Rows: rows, t: t}, nil
+}
+
+// trackBatch counts br among the open results until it is closed; t.mu
+// is held.
+func (t *Tx) trackBatch(br pgx.BatchResults) pgx.BatchResults {
+	t.open.Add(1)
+	return &trackedBatch{BatchResults: br, t: t}
+}
+
+// trackedRows are rows counted in their transaction's open ones.
+type trackedRows struct {
+	pgx.Rows
+	t    *Tx
+	done bool
+}
+
+// Next advances to the next row; after the last the rows are done.
+func (r *trackedRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.finish()
+	return false
+}
+
+// Close closes the rows.
+func (r *trackedRows) Close() {
+	r.Rows.Close()
+	r.finish()
+}
+
+func (r *trackedRows) finish() {
+	if !r.done {
+		r.done = true
+		r.t.open.Add(-1)
+	}
+}
+
+// trackedBatch is a batch's results, counted in their transaction's open
+// ones.
+type trackedBatch struct {
+	pgx.BatchResults
+	t    *Tx
+	done bool
+}
+
+// Close reads the rest of the results and closes them.
+func (b *trackedBatch) Close() error {
+	err := b.BatchResults.Close()
+	if !b.done {
+		b.done = true
+		b.t.open.Add(-1)
+	}
+	return err
+}
+
+// CopyFrom copies rows into tableName in the savepoint.
+func (s savepoint) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.Tx.CopyFrom(ctx, tableName, columnNames, rowSrc)
+}
+
+// Prepare prepares a statement on the transaction's connection.
+func (s savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.Tx.Prepare(ctx, name, sql)
 }
 
 // batchRows are the rows of a statement sent in a batch: closing them

@@ -75,6 +75,7 @@ type Lease struct {
 	lost       bool
 	released   bool
 	timer      *time.Timer
+	kept       chan struct{} // closed at Release, for a Kept lease's keeper
 }
 
 // margin is how long before the lease ends its holder is stopped: the
@@ -161,12 +162,69 @@ func (k *Keeper) Fixed(ref keystate.Ref, owner keystate.Owner, start time.Time, 
 	return l
 }
 
+// ErrKeptOtherwise is what a Kept lease's keep returns once the execution's
+// key is held otherwise (a row the keeper renews): the keeping ends
+// quietly.
+var ErrKeptOtherwise = errors.New("lease: the key is held otherwise now")
+
+// Kept returns a Fixed lease that keep extends, for an execution whose
+// key is held by its own open transaction (a single-commit execution):
+// once a third of the lease has passed since start, and a third of it after
+// each keep that succeeded, keep runs; one that succeeds moves the lease's
+// end to a lease, less the margin, after it was sent. keep is the proof of
+// life Postgres sees (it restarts the transaction's idle timeout, which is
+// the lease), so an execution whose process lives is never ended for being
+// slow, and one whose process died or hangs keeps nothing alive. A keep
+// that fails ends the keeping: the lease runs out at its end.
+func (k *Keeper) Kept(ref keystate.Ref, owner keystate.Owner, start time.Time, onLost func(), keep func(context.Context) error) *Lease {
+	l := k.Fixed(ref, owner, start, onLost)
+	l.kept = make(chan struct{})
+	go k.keep(l, start, keep)
+	return l
+}
+
+// keep runs keep for l every third of the lease from start, until l is
+// released or a keep fails.
+func (k *Keeper) keep(l *Lease, start time.Time, keep func(context.Context) error) {
+	period := k.lease / 3
+	timer := time.NewTimer(time.Until(start.Add(period)))
+	defer timer.Stop()
+	for {
+		select {
+		case <-l.kept:
+			return
+		case <-timer.C:
+		}
+		sent := time.Now()
+		// Until the lease ends: a keep cut short earlier could end the
+		// transaction it keeps (a canceled statement's connection may be
+		// closed), and one that lands later is too late anyway.
+		until, _ := l.state()
+		ctx, cancel := context.WithDeadline(context.Background(), until)
+		err := keep(ctx)
+		cancel()
+		if errors.Is(err, ErrKeptOtherwise) {
+			return
+		}
+		if err != nil {
+			k.log("keeping an execution's transaction alive failed; its lease runs out",
+				"scope", l.ref.Scope, "key", l.ref.Key, "err", err)
+			return
+		}
+		l.extend(sent.Add(k.lease - k.margin()))
+		timer.Reset(time.Until(sent.Add(period)))
+	}
+}
+
 // Release stops renewing l (its execution is over); a nil l is ignored.
 func (k *Keeper) Release(l *Lease) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
+	if l.kept != nil && !l.released {
+		close(l.kept)
+	}
 	l.released = true
 	l.timer.Stop()
 	l.mu.Unlock()
