@@ -294,7 +294,8 @@ func (c *checker) checkCalls() {
 		committed := c.committed[ref]
 		own := c.byAttempt[call.Attempt]
 		if own != nil && own == committed && call.Told != toldOK && call.Told != toldUnavailable {
-			c.add(vCommittedTold, bugOther, "%s: %s committed, its caller (%s) was told %s %s", ref, c.describe(own), call.Entry, call.Told, call.Detail)
+			c.add(vCommittedTold, bugOther, "%s: %s committed, its caller (%s, %s–%s) was told %s %s", ref, c.describe(own), call.Entry,
+				call.Start.Format("15:04:05.000"), call.End.Format("15:04:05.000"), call.Told, call.Detail)
 		}
 		switch call.Told {
 		case toldOK, toldReplayed:
@@ -311,20 +312,29 @@ func (c *checker) checkCalls() {
 }
 
 // checkLost judges a caller told its execution was taken over (or its
-// lease lost). An execution that holds its key by a one-commit
-// transaction's lock can only be told so wrongly — nothing takes a lock
-// over — and the checker puts it down to what came before it: when a run
-// committed before it started, it should not have run (checkAfterCommit
-// says so); an overrun (ended by Postgres at its lease, no row left) is
-// bug5 unless something really ran within its lease; after a failed
-// one-commit run it is bug2 (that run's failed row came after the lock was
-// released and refused this run's commit, whatever else ran meanwhile).
-// Otherwise the answer is right when something ran beside it or claimed
-// the key before its call returned, and its process standing still past
-// the lease excuses it too.
+// lease lost). Its process standing still during the call excuses it, and
+// so does a run that committed the key before it started (it should not
+// have run at all: checkAfterCommit or checkOverlaps says so). An
+// execution that holds its key by a one-commit transaction's lock can
+// only be told so wrongly — nothing takes a lock over: an overrun (its
+// handler, or the whole call, outlived the lease; Postgres ended it and
+// no row is left) is bug5 unless something really ran within its lease;
+// right after a failed one-commit run it is bug2 (that run's failed row
+// came after the lock was released and refused this run's commit,
+// whatever else ran meanwhile). Otherwise the answer is right when
+// something ran beside it or claimed the key before its call returned,
+// or when the call outlived the lease (the engine gives a lease it could
+// not renew up a sixth of it before its end: on a starved machine too).
 func (c *checker) checkLost(ref string, call histCall, r *histRun) {
+	if c.pausedDuring(call.Worker, call.Start, call.End) {
+		return
+	}
+	took := call.End.Sub(call.Start)
+	expired := took >= c.h.Lease*5/6
 	if r == nil {
-		c.add(vLostNoTakeover, bugOther, "%s: %s caller told lost, but no run of its call is recorded", ref, call.Entry)
+		if !expired {
+			c.add(vLostNoTakeover, bugOther, "%s: %s caller told lost after %s, but no run of its call is recorded", ref, call.Entry, took.Round(time.Millisecond))
+		}
 		return
 	}
 	if c.paused[r] {
@@ -333,10 +343,14 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	if a := c.committed[ref]; a != nil && a != r && a.Start.Before(r.Start) {
 		return
 	}
-	var prev *histRun
+	var prev, next *histRun
 	for _, b := range c.byKey[ref] {
-		if b != r && b.Start.Before(r.Start) {
+		switch {
+		case b == r:
+		case b.Start.Before(r.Start):
 			prev = b
+		case next == nil:
+			next = b
 		}
 	}
 	ranBeside := func(until time.Time) *histRun {
@@ -351,10 +365,13 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	if prev != nil {
 		before = "after " + c.describe(prev)
 	}
+	if next != nil {
+		before += ", before " + c.describe(next)
+	}
 	switch {
-	case oneCommit(r) && c.overran(r):
+	case oneCommit(r) && (c.overran(r) || took >= c.h.Lease):
 		if ranBeside(r.Start.Add(c.h.Lease)) == nil {
-			c.add(vLostNoTakeover, bug5, "%s: %s overran, its caller (%s) told %s; %s", ref, c.describe(r), call.Entry, call.Told, before)
+			c.add(vLostNoTakeover, bug5, "%s: %s overran (call %s), its caller (%s) told %s; %s", ref, c.describe(r), took.Round(time.Millisecond), call.Entry, call.Told, before)
 		}
 		return
 	case oneCommit(r) && prev != nil && oneCommit(prev) && prev.Result != "ok" && !c.end[prev].After(r.Start):
@@ -363,11 +380,22 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	}
 	b := ranBeside(call.End)
 	switch {
-	case b == nil:
-		c.add(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s; %s", ref, c.describe(r), call.Entry, call.Told, before)
-	case oneCommit(r) && !oneCommit(b) && b.Start.After(r.End):
+	case b == nil && !expired:
+		c.add(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s after %s; %s", ref, c.describe(r), call.Entry, call.Told, took.Round(time.Millisecond), before)
+	case b != nil && oneCommit(r) && !oneCommit(b) && b.Start.After(r.End):
 		c.add(vHeldCommit, bug3, "%s: %s claimed the key while %s was committing (its caller told lost)", ref, c.describe(b), c.describe(r))
 	}
+}
+
+// pausedDuring reports whether worker was paused at some time between
+// from and to.
+func (c *checker) pausedDuring(worker string, from, to time.Time) bool {
+	for _, p := range c.h.Pauses {
+		if p.Worker == worker && p.From.Before(to) && p.To.After(from) {
+			return true
+		}
+	}
+	return false
 }
 
 // violationSummary counts violations by kind and by bug, with a few

@@ -118,7 +118,7 @@ func runHistory(t *testing.T, variant string, seed uint64, duration time.Duratio
 		cfg.Bursts, cfg.PoolConns = 0, 6 // this process runs the daemons only
 		for i := 1; i <= 2; i++ {
 			wc := cfg
-			wc.Worker, wc.Stream, wc.Bursts, wc.PoolConns = fmt.Sprintf("w%d", i), uint64(i), 4, 10
+			wc.Worker, wc.Stream, wc.Bursts, wc.PoolConns = fmt.Sprintf("w%d", i), uint64(i), 3, 10
 			workers = append(workers, newHistoryWorker(t, wc))
 		}
 	}
