@@ -90,6 +90,12 @@ type violation struct {
 // within it after such a run's end is no overlap.
 const canceledSlack = 50 * time.Millisecond
 
+// claimSlack is how long before its recorded start a run may have
+// claimed its key (the claim, then the first history write): a run that
+// started that soon after a call told "lost" returned may have claimed
+// the key before.
+const claimSlack = 100 * time.Millisecond
+
 // checker holds what check derives from a history.
 type checker struct {
 	h          *history
@@ -98,13 +104,17 @@ type checker struct {
 	end        map[*histRun]time.Time // effective end
 	paused     map[*histRun]bool      // stopped by a pause of its process
 	committed  map[string]*histRun    // scope/key → the run whose business row exists
+	calls      map[string]histCall    // by attempt
 	violations []violation
 }
 
 // check returns every violation of h.
 func check(h *history) []violation {
 	c := &checker{h: h, byKey: map[string][]*histRun{}, byAttempt: map[string]*histRun{},
-		end: map[*histRun]time.Time{}, paused: map[*histRun]bool{}, committed: map[string]*histRun{}}
+		end: map[*histRun]time.Time{}, paused: map[*histRun]bool{}, committed: map[string]*histRun{}, calls: map[string]histCall{}}
+	for _, call := range h.Calls {
+		c.calls[call.Attempt] = call
+	}
 	for i := range h.Runs {
 		r := &h.Runs[i]
 		ref := refOf(r.Scope, r.Key)
@@ -267,19 +277,41 @@ func (c *checker) checkPayloads(ref string) {
 				bug = bug2
 			}
 			c.add(vOtherPayload, bug, "%s: %s ran after %s had left its row", ref, c.describe(b), c.describe(owner))
+			if c.leftRow(b) {
+				owner = b // the key's row may be b's from now on: no cascade
+			}
 		case owner == nil && overrun != nil && b.Payload != overrun.Payload && b.Start.After(c.end[overrun]):
 			c.add(vOtherPayload, bug5, "%s: %s ran after the overrun %s left no row", ref, c.describe(b), c.describe(overrun))
+			overrun = nil
 		}
 		switch {
-		case b.End.IsZero() || c.paused[b] || callerTxModes[b.Mode]:
-		case oneCommit(b) && c.overran(b):
+		case oneCommit(b) && c.overran(b) && !c.paused[b]:
 			if overrun == nil {
 				overrun = b
 			}
-		case owner == nil:
+		case owner == nil && c.leftRow(b):
 			owner = b
 		}
 	}
+}
+
+// leftRow reports whether r certainly left a row of its key's, with its
+// payload's fingerprint: a run that claims a row (two-phase, Config.DB, a
+// resumption, a one-commit entry point on a key that had a row) does,
+// unless its process died or stopped; a one-commit run does when its
+// caller was told its result or its failure (its commit or its failed row
+// went through), not when it was told its lease was lost, which a
+// one-commit execution is told when another row refused its own; a run
+// in the caller's transaction leaves none when it fails.
+func (c *checker) leftRow(r *histRun) bool {
+	switch {
+	case r.End.IsZero() || c.paused[r] || callerTxModes[r.Mode]:
+		return false
+	case !oneCommit(r):
+		return true
+	}
+	call, ok := c.calls[r.Attempt]
+	return ok && (call.Told == toldOK || call.Told == toldFailed || call.Told == toldPanic || call.Told == toldDeadLetter)
 }
 
 // checkCalls checks what callers were told: a committed run's caller was
@@ -322,7 +354,8 @@ func (c *checker) checkCalls() {
 // right after a failed one-commit run it is bug2 (that run's failed row
 // came after the lock was released and refused this run's commit,
 // whatever else ran meanwhile). Otherwise the answer is right when
-// something ran beside it or claimed the key before its call returned,
+// something ran beside it or claimed the key before its call returned
+// (started within claimSlack of it),
 // or when the call outlived the lease (the engine gives a lease it could
 // not renew up a sixth of it before its end: on a starved machine too).
 func (c *checker) checkLost(ref string, call histCall, r *histRun) {
@@ -378,7 +411,7 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 		c.add(vLostNoTakeover, bug2, "%s: %s caller (%s) told %s right %s", ref, c.describe(r), call.Entry, call.Told, before)
 		return
 	}
-	b := ranBeside(call.End)
+	b := ranBeside(call.End.Add(claimSlack))
 	switch {
 	case b == nil && !expired:
 		c.add(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s after %s; %s", ref, c.describe(r), call.Entry, call.Told, took.Round(time.Millisecond), before)

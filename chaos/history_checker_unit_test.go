@@ -95,6 +95,17 @@ func TestHistoryChecker(t *testing.T) {
 		},
 		want: []want{{vOtherPayload, bugOther}},
 	}, {
+		name: "another payload after a one-commit run whose commit a two-phase claim refused: bug3 only",
+		h: func() history {
+			keys, effects := completed("r2")
+			return history{
+				Runs:  []histRun{run("r1", entryDo1, 0, 10, "ok"), withPayload(run("r2", entryDo2, 11, 30, "ok"), "p2")},
+				Calls: []histCall{call("r1", entryDo1, 0, 12, toldLost, ""), call("r2", entryDo2, 8, 31, toldOK, "r2")},
+				Keys:  keys, Effects: effects,
+			}
+		}(),
+		want: []want{{vHeldCommit, bug3}},
+	}, {
 		name: "another payload after a failed DoTx: nothing (its failure leaves no row)",
 		h: history{
 			Runs: []histRun{run("r1", entryDoTx, 0, 10, "failed"), withPayload(run("r2", entryDoTx, 20, 30, "failed"), "p2")},

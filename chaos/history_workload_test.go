@@ -227,7 +227,10 @@ func newHarness(ctx context.Context, cfg harnessConfig) (*harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts.DialTimeout, opts.MaxRetries = 200*time.Millisecond, 1
+	// No retry inside go-redis: a caller that retries at once on 409 then
+	// asks Postgres at once while Redis is down, as one on a service
+	// without Redis would.
+	opts.DialTimeout, opts.MaxRetries = 200*time.Millisecond, -1
 	h.rdb = redis.NewClient(opts)
 	mk := func(twoPhase bool, db *sql.DB) (*onceonly.Engine, error) {
 		pool, err := h.pool(ctx, cfg.PoolConns)
