@@ -272,8 +272,9 @@ func (c *checker) checkPayloads(ref string) {
 		switch {
 		case owner != nil && b.Payload != owner.Payload && b.Start.After(c.end[owner]):
 			bug := bugOther
-			if oneCommit(owner) && owner.Result != "ok" && oneCommit(b) {
-				// b took the lock before owner's failed row was written.
+			if oneCommit(owner) && owner.Result != "ok" && (oneCommit(b) || b.Start.Before(c.calls[owner.Attempt].End.Add(claimSlack))) {
+				// b took the lock, or claimed a row, before owner's failed
+				// row was written (it is, before owner's call returns).
 				bug = bug2
 			}
 			c.add(vOtherPayload, bug, "%s: %s ran after %s had left its row", ref, c.describe(b), c.describe(owner))
@@ -413,11 +414,29 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	}
 	b := ranBeside(call.End.Add(claimSlack))
 	switch {
+	case b == nil && !expired && oneCommit(r) && c.claimedBeside(ref, r, call) != nil:
+		o := c.claimedBeside(ref, r, call)
+		c.add(vHeldCommit, bug3, "%s: a %s call (%s–%s, told %s, its handler never ran) claimed the key beside %s (its caller told lost)",
+			ref, o.Entry, o.Start.Format("15:04:05.000"), o.End.Format("15:04:05.000"), o.Told, c.describe(r))
 	case b == nil && !expired:
 		c.add(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s after %s; %s", ref, c.describe(r), call.Entry, call.Told, took.Round(time.Millisecond), before)
 	case b != nil && oneCommit(r) && !oneCommit(b) && b.Start.After(r.End):
 		c.add(vHeldCommit, bug3, "%s: %s claimed the key while %s was committing (its caller told lost)", ref, c.describe(b), c.describe(r))
 	}
+}
+
+// claimedBeside returns a call of ref's key, beside r's, through an entry
+// point that claims a row (two-phase, Config.DB, a caller's transaction)
+// whose handler never ran: its claim may have taken the key from r.
+func (c *checker) claimedBeside(ref string, r *histRun, call histCall) *histCall {
+	for i := range c.h.Calls {
+		o := &c.h.Calls[i]
+		if refOf(o.Scope, o.Key) == ref && o.Attempt != call.Attempt && !oneCommitModes[o.Entry] &&
+			c.byAttempt[o.Attempt] == nil && o.Start.Before(call.End) && o.End.After(r.Start) {
+			return o
+		}
+	}
+	return nil
 }
 
 // pausedDuring reports whether worker was paused at some time between

@@ -299,7 +299,7 @@ func redisFaults(ctx context.Context, rng *rand.Rand, proxy *testenv.FaultProxy,
 		phaseEnd := time.Now().Add(d)
 		var phase string
 		switch p := rng.IntN(100); {
-		case p < 20:
+		case p < 15:
 			phase = "redis_up"
 			proxy.SetMode(testenv.Pass)
 		case p < 65:

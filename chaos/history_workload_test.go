@@ -764,11 +764,11 @@ func (h *harness) load(ctx context.Context) {
 				rng := rand.New(rand.NewPCG(h.cfg.Seed, h.cfg.Stream<<32|i))
 				scope := historyScopes[rng.IntN(len(historyScopes))]
 				key := h.slotKey(rng.IntN(h.cfg.Slots), time.Now())
-				// Half the bursts are storms of two to five one-commit
+				// Half the bursts are storms of two to seven one-commit
 				// callers; the others mix one to three of any entry point.
 				entries, n := historyEntries, 1+rng.IntN(3)
 				if rng.IntN(2) == 0 {
-					entries, n = oneCommitEntries, 2+rng.IntN(4)
+					entries, n = oneCommitEntries, 2+rng.IntN(6)
 				}
 				var clients sync.WaitGroup
 				for range n {
