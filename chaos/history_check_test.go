@@ -35,7 +35,8 @@ type histKey struct {
 	Status, RunID string
 }
 
-// histPause is a process stopped (SIGSTOP) from From to To.
+// histPause is a process stopped (SIGSTOP) from From to To, or one that
+// noticed it stood still that long (a stall).
 type histPause struct {
 	Worker   string
 	From, To time.Time
@@ -77,6 +78,10 @@ const (
 	bug3     = "bug3 cross-mode runs beside a one-commit execution"
 	bug5     = "bug5 one-commit overrun leaves no row"
 	bugOther = "unattributed"
+	// bugLeaseAtCommit: a committed run's caller told its lease was lost,
+	// its call as long as the lease: the lease ended while the commit was
+	// in flight, which then landed (not one of the known bugs).
+	bugLeaseAtCommit = "new: lease ended while the commit was in flight"
 )
 
 // violation is one breach of an invariant, with the bug it is put down to.
@@ -89,12 +94,6 @@ type violation struct {
 // cooperative (docs/invariants.md, I4's limits), so a run that started
 // within it after such a run's end is no overlap.
 const canceledSlack = 50 * time.Millisecond
-
-// claimSlack is how long before its recorded start a run may have
-// claimed its key (the claim, then the first history write): a run that
-// started that soon after a call told "lost" returned may have claimed
-// the key before.
-const claimSlack = 100 * time.Millisecond
 
 // checker holds what check derives from a history.
 type checker struct {
@@ -240,7 +239,10 @@ func (c *checker) checkOverlaps(ref string) {
 			if !b.Start.Before(c.end[a].Add(-slack)) {
 				break // sorted by start: no later run starts sooner
 			}
-			c.add(vOverlap, crossMode(a, b, bugOther), "%s: %s overlaps %s", ref, c.describe(a), c.describe(b))
+			// Two holders of the lock at once: the first must have given it
+			// up at its step's promotion (the claim row holds the key from
+			// then on), which the second's probe did not see: bug1.
+			c.add(vOverlap, crossMode(a, b, bug1), "%s: %s overlaps %s", ref, c.describe(a), c.describe(b))
 		}
 	}
 }
@@ -272,7 +274,7 @@ func (c *checker) checkPayloads(ref string) {
 		switch {
 		case owner != nil && b.Payload != owner.Payload && b.Start.After(c.end[owner]):
 			bug := bugOther
-			if oneCommit(owner) && owner.Result != "ok" && (oneCommit(b) || b.Start.Before(c.calls[owner.Attempt].End.Add(claimSlack))) {
+			if oneCommit(owner) && owner.Result != "ok" && (oneCommit(b) || c.claimedBefore(b, c.calls[owner.Attempt].End)) {
 				// b took the lock, or claimed a row, before owner's failed
 				// row was written (it is, before owner's call returns).
 				bug = bug2
@@ -327,7 +329,11 @@ func (c *checker) checkCalls() {
 		committed := c.committed[ref]
 		own := c.byAttempt[call.Attempt]
 		if own != nil && own == committed && call.Told != toldOK && call.Told != toldUnavailable {
-			c.add(vCommittedTold, bugOther, "%s: %s committed, its caller (%s, %s–%s) was told %s %s", ref, c.describe(own), call.Entry,
+			bug := bugOther
+			if call.Told == toldLost && call.End.Sub(call.Start) >= c.h.Lease*5/6 {
+				bug = bugLeaseAtCommit
+			}
+			c.add(vCommittedTold, bug, "%s: %s committed, its caller (%s, %s–%s) was told %s %s", ref, c.describe(own), call.Entry,
 				call.Start.Format("15:04:05.000"), call.End.Format("15:04:05.000"), call.Told, call.Detail)
 		}
 		switch call.Told {
@@ -356,7 +362,7 @@ func (c *checker) checkCalls() {
 // came after the lock was released and refused this run's commit,
 // whatever else ran meanwhile). Otherwise the answer is right when
 // something ran beside it or claimed the key before its call returned
-// (started within claimSlack of it),
+// (a run of a row-claiming entry point whose call began by then),
 // or when the call outlived the lease (the engine gives a lease it could
 // not renew up a sixth of it before its end: on a starved machine too).
 func (c *checker) checkLost(ref string, call histCall, r *histRun) {
@@ -389,7 +395,7 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	}
 	ranBeside := func(until time.Time) *histRun {
 		for _, b := range c.byKey[ref] {
-			if b != r && b.Start.Before(until) && c.end[b].After(r.Start) {
+			if b != r && (b.Start.Before(until) || c.claimedBefore(b, until)) && c.end[b].After(r.Start) {
 				return b
 			}
 		}
@@ -412,7 +418,7 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 		c.add(vLostNoTakeover, bug2, "%s: %s caller (%s) told %s right %s", ref, c.describe(r), call.Entry, call.Told, before)
 		return
 	}
-	b := ranBeside(call.End.Add(claimSlack))
+	b := ranBeside(call.End)
 	switch {
 	case b == nil && !expired && oneCommit(r) && c.claimedBeside(ref, r, call) != nil:
 		o := c.claimedBeside(ref, r, call)
@@ -423,6 +429,14 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	case b != nil && oneCommit(r) && !oneCommit(b) && b.Start.After(r.End):
 		c.add(vHeldCommit, bug3, "%s: %s claimed the key while %s was committing (its caller told lost)", ref, c.describe(b), c.describe(r))
 	}
+}
+
+// claimedBefore reports whether b holds its key by a row it may have
+// claimed before t: its call began by then (its run's start is recorded
+// after the claim, late on a starved machine).
+func (c *checker) claimedBefore(b *histRun, t time.Time) bool {
+	call, ok := c.calls[b.Attempt]
+	return ok && !oneCommit(b) && call.Start.Before(t)
 }
 
 // claimedBeside returns a call of ref's key, beside r's, through an entry

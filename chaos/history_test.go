@@ -163,8 +163,11 @@ func runHistory(t *testing.T, variant string, seed uint64, duration time.Duratio
 	h.close()
 
 	hist := readHistory(t, ctx, pool)
-	hist.Lease, hist.Kills, hist.Pauses = historyLease, faults.kills, faults.pauses
+	hist.Lease, hist.Kills = historyLease, faults.kills
+	s0 := len(hist.Pauses) // the stalls the processes noticed
+	hist.Pauses = append(hist.Pauses, faults.pauses...)
 	vs := check(hist)
+	faults.count("stalls_over_lease_sixth", s0)
 	s := &HistorySummary{Variant: variant, Seed: seed, DurationS: loadTime.Seconds(), Runs: len(hist.Runs), Calls: len(hist.Calls),
 		Keys: len(hist.Keys), Told: map[string]int{}, Modes: map[string]int{}, Faults: faults.counts,
 		Violations: summarize(vs, 3), PerMinute: map[string]float64{}}
@@ -265,6 +268,20 @@ func readHistory(t *testing.T, ctx context.Context, pool *pgxpool.Pool) *history
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatalf("read keys: %v", err)
+	}
+	rows, err = pool.Query(ctx, `SELECT worker, from_at, to_at FROM history_stalls`)
+	if err != nil {
+		t.Fatalf("read stalls: %v", err)
+	}
+	for rows.Next() {
+		var p histPause
+		if err := rows.Scan(&p.Worker, &p.From, &p.To); err != nil {
+			t.Fatalf("read stalls: %v", err)
+		}
+		h.Pauses = append(h.Pauses, p)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("read stalls: %v", err)
 	}
 	for _, effects := range h.Effects {
 		slices.Sort(effects)

@@ -36,7 +36,8 @@ import (
 // business row per handler that got as far as its write, through the
 // execution's transaction (deliberately not unique on (scope, key): a
 // second row is what the checker counts), and one row per call a caller
-// made, with what it was told.
+// made, with what it was told; and the stalls of the processes (see
+// watchStalls).
 const historySchema = `
 CREATE TABLE history_runs (
 	run_id     text PRIMARY KEY,
@@ -54,6 +55,11 @@ CREATE TABLE history_effects (
 	scope  text NOT NULL,
 	key    text NOT NULL,
 	run_id text NOT NULL
+);
+CREATE TABLE history_stalls (
+	worker    text NOT NULL,
+	from_at   timestamptz NOT NULL,
+	to_at     timestamptz NOT NULL
 );
 CREATE TABLE history_calls (
 	attempt_id text PRIMARY KEY,
@@ -188,9 +194,12 @@ type harness struct {
 	srv                         *httptest.Server
 	client                      *http.Client
 
-	ids      atomic.Int64
-	attempts sync.Map // attempt id → *attempt, for the HTTP handler
-	errs     struct {
+	closeOnce sync.Once
+	stopWatch context.CancelFunc
+	watching  sync.WaitGroup
+	ids       atomic.Int64
+	attempts  sync.Map // attempt id → *attempt, for the HTTP handler
+	errs      struct {
 		sync.Mutex
 		n     int
 		first []string
@@ -280,6 +289,9 @@ func newHarness(ctx context.Context, cfg harnessConfig) (*harness, error) {
 	h.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handlers' panics, on purpose
 	h.srv.Start()
 	h.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	h.stopWatch = stop
+	h.watching.Go(func() { h.watchStalls(wctx) })
 	ok = true
 	return h, nil
 }
@@ -298,8 +310,17 @@ func (h *harness) pool(ctx context.Context, conns int32) (*pgxpool.Pool, error) 
 	return pool, nil
 }
 
-// close stops the engines and closes everything newHarness opened.
+// close stops the engines and closes everything newHarness opened; it
+// may be called again.
 func (h *harness) close() {
+	h.closeOnce.Do(h.closeAll)
+}
+
+func (h *harness) closeAll() {
+	if h.stopWatch != nil {
+		h.stopWatch()
+		h.watching.Wait()
+	}
 	if h.srv != nil {
 		h.srv.Close()
 	}
@@ -318,6 +339,35 @@ func (h *harness) close() {
 	}
 	for _, p := range h.pools {
 		p.Close()
+	}
+}
+
+// stallThreshold is the longest a process may stand still unnoticed: the
+// engine's margin, a sixth of the lease, past which a process that acts
+// may do so after a takeover (docs/invariants.md, I4's limits).
+const stallThreshold = historyLease / 6
+
+// watchStalls records every time this process stood still longer than
+// stallThreshold (a starved machine, a long GC pause), as a pause its
+// runs are judged with: a ticker that fires late tells.
+func (h *harness) watchStalls(ctx context.Context) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			now := time.Now() // not the tick's time, which a late receive does not see
+			if now.Sub(last) > stallThreshold {
+				if _, err := h.history.Exec(ctx, `INSERT INTO history_stalls (worker, from_at, to_at) VALUES ($1, $2, $3)`,
+					h.cfg.Worker, last, now); err != nil && ctx.Err() == nil {
+					h.recordErr(fmt.Errorf("record stall: %w", err))
+				}
+			}
+			last = now
+		}
 	}
 }
 
