@@ -274,7 +274,10 @@ func (c *checker) checkPayloads(ref string) {
 		switch {
 		case owner != nil && b.Payload != owner.Payload && b.Start.After(c.end[owner]):
 			bug := bugOther
-			if oneCommit(owner) && owner.Result != "ok" && (oneCommit(b) || c.claimedBefore(b, c.calls[owner.Attempt].End)) {
+			switch {
+			case owner == c.committed[ref]:
+				bug = crossMode(owner, b, bug1) // b ran after owner committed: as checkAfterCommit
+			case oneCommit(owner) && owner.Result != "ok" && (oneCommit(b) || c.claimedBefore(b, c.calls[owner.Attempt].End)):
 				// b took the lock, or claimed a row, before owner's failed
 				// row was written (it is, before owner's call returns).
 				bug = bug2
