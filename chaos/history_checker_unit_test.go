@@ -54,6 +54,13 @@ func TestHistoryChecker(t *testing.T) {
 		}(),
 		want: []want{{vOverlap, bug3}},
 	}, {
+		name: "two lock holders at once (a probe that missed a promotion's claim): I4, bug1",
+		h: history{
+			Runs: []histRun{run("r1", entryRunStep, 0, 50, "failed"), run("r2", entryRun, 10, 20, "failed")},
+			Keys: map[string]histKey{"s/k": {Status: "failed"}},
+		},
+		want: []want{{vOverlap, bug1}},
+	}, {
 		name: "a one-commit run after a committed one-commit run: I13, bug1",
 		h: func() history {
 			keys, effects := completed("r1")
