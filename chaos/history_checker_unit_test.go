@@ -127,7 +127,7 @@ func TestHistoryChecker(t *testing.T) {
 				Keys:  keys, Effects: effects,
 			}
 		}(),
-		want: []want{{vCommittedTold, bugOther}, {vLostNoTakeover, bugOther}, {vWrongResult, bugOther}},
+		want: []want{{vCommittedTold, bugLostAfterCommit}, {vLostNoTakeover, bugOther}, {vWrongResult, bugOther}},
 	}, {
 		name: "a key left in progress, two business rows on a completed key",
 		h: history{
