@@ -29,8 +29,8 @@ var ErrLeaseLost = errors.New("onceonly: lease lost before commit: business writ
 var ErrInvalidKey = errors.New("onceonly: idempotency key must be 1 to 255 printable ASCII characters without spaces")
 
 // ErrInvalidScope is returned for a scope that is empty, longer than 255
-// bytes or contains ':'.
-var ErrInvalidScope = errors.New("onceonly: scope must be 1 to 255 bytes without ':'")
+// bytes, not valid UTF-8, or contains ':' or NUL (ValidateScope).
+var ErrInvalidScope = errors.New("onceonly: scope must be 1 to 255 bytes of UTF-8 without ':' or NUL")
 
 // ErrMissingKeyField is returned by KeyFromJSON when a path selects nothing,
 // or a value that says nothing: null, "", [] or {}. A key derived without

@@ -160,7 +160,7 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				return
 			}
 			scope, err := opts.Scope(r)
-			if err != nil || validateScope(scope) != nil {
+			if err != nil || ValidateScope(scope) != nil {
 				fail(http.StatusUnauthorized, "unauthorized", "The request has no valid scope.", "")
 				return
 			}
