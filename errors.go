@@ -118,7 +118,10 @@ func IsInFlight(err error) (*InFlightError, bool) {
 
 // ErrCommitByHandler is returned by Commit on the execution's transaction:
 // the engine commits it, together with the key's completion, once the
-// handler has returned its Result.
+// handler has returned its Result. DoTx's handler gets it from Commit and
+// Rollback of its savepoint: the engine releases the savepoint with the
+// key's completion (or rolls it back when the handler returns an error),
+// and the caller commits.
 var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution's transaction; return the Result instead")
 
 // unavailable wraps err, a failure of Postgres, in ErrUnavailable (once).
