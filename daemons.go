@@ -51,6 +51,10 @@ type Daemons struct {
 // with Postgres.
 var ErrNoRedisForDaemons = errors.New("onceonly: the relay and the reconciler need Config.Redis (set Daemons.NoRelay and NoReconciler to run the resumer alone)")
 
+// ErrClosed is returned by Start on an engine that was closed: Close stops
+// the daemons for good, and nothing would stop daemons started after it.
+var ErrClosed = errors.New("onceonly: engine closed")
+
 // Start runs, in this process, what every service that uses the engine must
 // run beside its handlers (Config.Daemons leaves any of them out):
 //
@@ -65,24 +69,35 @@ var ErrNoRedisForDaemons = errors.New("onceonly: the relay and the reconciler ne
 // Their settings are the engine's (Pool, Redis, RedisPrefix,
 // MaxCachedBody, FailedTTL, Registerer, Logger), so none can disagree with
 // it. Start returns once all three run; they stop when ctx ends, or at Stop
-// or Close. Starting an engine that runs them already does nothing.
+// or Close. Starting an engine that runs them already does nothing; once
+// the context of the last Start has ended, Start starts them anew. After
+// Close, Start returns ErrClosed.
 func (e *Engine) Start(ctx context.Context) error {
 	e.daemonsMu.Lock()
 	defer e.daemonsMu.Unlock()
-	if e.daemons != nil {
+	if e.daemonsClosed {
+		return ErrClosed
+	}
+	if e.daemonsRunning() {
 		return nil
 	}
-	services, err := e.newDaemons()
-	if err != nil {
-		return err
+	if e.daemons == nil { // built once, so their metrics register once
+		services, err := e.newDaemons()
+		if err != nil {
+			return err
+		}
+		e.daemons = services
 	}
-	for i, s := range services {
+	// Those of a Start whose context ended may still be stopping: wait for
+	// them, then start them all anew.
+	startstop.StopAll(e.daemons...)
+	for i, s := range e.daemons {
 		if err := s.Start(ctx); err != nil {
-			startstop.StopAll(services[:i]...)
+			startstop.StopAll(e.daemons[:i]...)
 			return fmt.Errorf("start daemons: %w", err)
 		}
 	}
-	e.daemons = services
+	e.daemonsDone = ctx.Done()
 	e.log.Info("daemons started", "relay", !e.cfg.Daemons.NoRelay,
 		"reconciler", !e.cfg.Daemons.NoReconciler, "resumer", !e.cfg.Daemons.NoResumer)
 	return nil
@@ -96,7 +111,6 @@ func (e *Engine) Start(ctx context.Context) error {
 func (e *Engine) Stop(ctx context.Context) error {
 	e.daemonsMu.Lock()
 	services := e.daemons
-	e.daemons = nil
 	e.daemonsMu.Unlock()
 	done := make(chan struct{})
 	go func() {
@@ -109,6 +123,41 @@ func (e *Engine) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("stop daemons: %w", ctx.Err())
 	}
+}
+
+// daemonsRunning reports whether Start has run the daemons, its context is
+// still live and every daemon still runs: none was stopped, by Stop or by
+// itself (under daemonsMu).
+func (e *Engine) daemonsRunning() bool {
+	if e.daemons == nil || isClosed(e.daemonsDone) {
+		return false
+	}
+	for _, s := range e.daemons {
+		if isClosed(s.Stopped()) {
+			return false
+		}
+	}
+	return true
+}
+
+// isClosed reports whether c is closed; a nil c (a context that never ends)
+// never is.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// closeDaemons stops what Start started, for good: Start returns ErrClosed
+// from then on.
+func (e *Engine) closeDaemons() {
+	e.daemonsMu.Lock()
+	e.daemonsClosed = true
+	e.daemonsMu.Unlock()
+	_ = e.Stop(context.Background()) // returns once they stopped
 }
 
 // newDaemons builds the services Config.Daemons asks for.

@@ -96,3 +96,46 @@ func TestStartWithoutRedis(t *testing.T) {
 	t.Cleanup(alone.Close)
 	require.NoError(t, alone.Start(ctx))
 }
+
+// TestStartAgainAfterItsContextEnded: once the context of the first Start
+// has ended (its daemons with it), a second Start runs them anew, and so
+// does a Start after Stop (with the same metrics registry): the outbox
+// drains each time. After Close, Start refuses with ErrClosed rather than
+// start daemons nothing would stop.
+func TestStartAgainAfterItsContextEnded(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	pool := testenv.DB(t)
+	rdb, prefix := testenv.Redis(t)
+	engine, err := onceonly.New(onceonly.Config{
+		Pool: pool, Redis: rdb, RedisPrefix: prefix, Registerer: prometheus.NewRegistry(),
+		Daemons: onceonly.Daemons{ReconcileSchedule: "@every 1h"},
+	})
+	require.NoError(t, err)
+	t.Cleanup(engine.Close)
+	drained := func(key string) {
+		t.Helper()
+		_, err := engine.Do(ctx, "acct_1", key, []byte(`{}`), func(context.Context, pgx.Tx) (onceonly.Result, error) {
+			return onceonly.Result{Status: 200, Body: []byte("ok")}, nil
+		})
+		require.NoError(t, err)
+		testenv.Eventually(t, 10*time.Second, "the relay drained the outbox after "+key, func() bool {
+			var n int
+			return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
+		})
+	}
+
+	first, cancel := context.WithCancel(ctx)
+	require.NoError(t, engine.Start(first))
+	cancel()
+	require.NoError(t, engine.Start(ctx), "the first Start's context ended: Start again")
+	drained("after-context")
+
+	require.NoError(t, engine.Stop(ctx))
+	require.NoError(t, engine.Start(ctx), "Start after Stop")
+	drained("after-stop")
+
+	engine.Close()
+	require.ErrorIs(t, engine.Start(ctx), onceonly.ErrClosed)
+	require.NoError(t, engine.Stop(ctx), "Stop after Close is safe")
+}

@@ -18,7 +18,9 @@ import (
 // watermill-sql handler's, River's JobCompleteTx pattern, a unit of work)
 // makes the key part of it. The first call runs fn; later calls get its
 // stored Result with Replayed set, from Redis when the relay delivered it,
-// else from Postgres. payload is fingerprinted as in Do.
+// else from Postgres. payload is fingerprinted as in Do. fn writes through
+// the savepoint, whose Commit and Rollback return ErrCommitByHandler (the
+// engine ends it); its Begin makes a nested savepoint as usual.
 //
 // What holds as with Do: fn's writes and the key's completion commit
 // together or not at all (I1); a stored answer is replayed identically
@@ -131,6 +133,9 @@ func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keys
 	stored, err := m.e.store.Complete(ctx, m.db, x.ref, x.fence.Owner, res)
 	if err != nil {
 		m.sp.rollback(ctx)
+		if ended := m.e.endedByHandler(x.ref, err); ended != nil {
+			return keystate.Key{}, false, ended // DoSQLTx's fn ended tx
+		}
 		return keystate.Key{}, false, fromStore(fmt.Errorf("complete: %w", err))
 	}
 	if err := m.sp.release(ctx); err != nil {
@@ -181,5 +186,22 @@ func (s *pgxSavepoint) rollback(ctx context.Context) {
 	}
 }
 
-func (s *pgxSavepoint) pgx() (pgx.Tx, error) { return s.sp, nil }
+func (s *pgxSavepoint) pgx() (pgx.Tx, error) { return handlerTx{s.sp}, nil }
 func (*pgxSavepoint) sql() (*sql.Tx, error)  { return nil, ErrTxKind }
+
+// handlerTx is the savepoint as DoTx's handler sees it: its Commit would
+// release the savepoint with the key still in progress (the caller's
+// commit then keeping the effect without the key's completion), its
+// Rollback would undo the claim under the engine, so both refuse with
+// ErrCommitByHandler; the engine releases or rolls back the savepoint
+// itself. Everything else, Begin (a nested savepoint, which commits and
+// rolls back as usual) included, is the savepoint's.
+type handlerTx struct{ pgx.Tx }
+
+// Commit refuses: the engine releases the savepoint with the key's
+// completion, and the caller commits.
+func (handlerTx) Commit(context.Context) error { return ErrCommitByHandler }
+
+// Rollback refuses: a handler that returns an error has the savepoint
+// rolled back by the engine.
+func (handlerTx) Rollback(context.Context) error { return ErrCommitByHandler }

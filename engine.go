@@ -191,11 +191,16 @@ type Engine struct {
 	releases   sync.WaitGroup
 	releasesMu sync.Mutex
 
-	// daemons are what Start runs (nil when it does not), under daemonsMu.
+	// daemons are what Start runs (nil until it first does), under daemonsMu.
 	daemonsMu sync.Mutex
 	daemons   []startstop.Service
 	closed    bool
 	closing   chan struct{}
+
+	// daemonsDone is the Done channel of the context Start last ran the
+	// daemons on; daemonsClosed is set by Close. Both under daemonsMu.
+	daemonsDone   <-chan struct{}
+	daemonsClosed bool
 }
 
 // New returns an Engine.
@@ -250,11 +255,12 @@ func New(cfg Config) (*Engine, error) {
 // Close stops what Start started, ends the releases the engine retries in
 // the background (a key left claimed then waits for its lease), stops the
 // engine's lease renewals and closes their connection. Executions still
-// running lose their leases. End Resume (its context) first.
+// running lose their leases. End Resume (its context) first. Start
+// returns ErrClosed once Close has begun.
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
-	_ = e.Stop(context.Background()) // returns once they stopped
+	e.closeDaemons()
 	e.releasesMu.Lock()
 	if !e.closed {
 		e.closed = true

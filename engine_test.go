@@ -3,6 +3,8 @@ package onceonly_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -499,6 +501,34 @@ func TestInvalidKeyAndScope(t *testing.T) {
 	}
 	require.Equal(t, 0, b.payments(t))
 	require.Equal(t, "absent", b.keyStatus(t, "k"))
+}
+
+// TestScopeWithNULOrInvalidUTF8IsInvalid: a scope Postgres text cannot
+// hold (NUL, invalid UTF-8) is refused as invalid before anything runs —
+// Do returns ErrInvalidScope, not ErrUnavailable (which a broker would
+// retry forever); Settle dead-letters it as invalid; the middleware
+// answers 401, not 503.
+func TestScopeWithNULOrInvalidUTF8IsInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler ran") })
+	for _, scope := range []string{"nul\x00", "a\x00b", "\xff", "bad\xc3(", "a:b"} {
+		_, err := b.engine.Do(b.ctx, scope, "k", []byte("p"), payment(201, "{}"))
+		require.ErrorIs(t, err, onceonly.ErrInvalidScope, "Do, scope %q", scope)
+		require.NotErrorIs(t, err, onceonly.ErrUnavailable, "Do, scope %q", scope)
+
+		s := onceonly.Settle(b.engine.Do(b.ctx, scope, "k", []byte("p"), payment(201, "{}")))
+		require.Equal(t, onceonly.DeadLetter, s.Disposition, "Settle, scope %q", scope)
+		require.Equal(t, onceonly.ReasonInvalid, s.Reason, "Settle, scope %q", scope)
+
+		mw := b.engine.Middleware(onceonly.MiddlewareOptions{Scope: func(*http.Request) (string, error) { return scope, nil }})(next)
+		req := httptest.NewRequestWithContext(b.ctx, http.MethodPost, "/pay", strings.NewReader(`{}`))
+		req.Header.Set(onceonly.HeaderKey, "k")
+		rec := httptest.NewRecorder()
+		mw.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusUnauthorized, rec.Code, "middleware, scope %q: %s", scope, rec.Body)
+	}
+	require.Equal(t, 0, b.payments(t))
 }
 
 // listen opens a LISTEN connection on the test's database and returns a

@@ -35,8 +35,8 @@ var ErrLeaseExpired = fmt.Errorf("%w: the execution outran its lease; the key is
 var ErrInvalidKey = errors.New("onceonly: idempotency key must be 1 to 255 printable ASCII characters without spaces")
 
 // ErrInvalidScope is returned for a scope that is empty, longer than 255
-// bytes or contains ':'.
-var ErrInvalidScope = errors.New("onceonly: scope must be 1 to 255 bytes without ':'")
+// bytes, not valid UTF-8, or contains ':' or NUL (ValidateScope).
+var ErrInvalidScope = errors.New("onceonly: scope must be 1 to 255 bytes of UTF-8 without ':' or NUL")
 
 // ErrMissingKeyField is returned by KeyFromJSON when a path selects nothing,
 // or a value that says nothing: null, "", [] or {}. A key derived without
@@ -124,7 +124,10 @@ func IsInFlight(err error) (*InFlightError, bool) {
 
 // ErrCommitByHandler is returned by Commit on the execution's transaction:
 // the engine commits it, together with the key's completion, once the
-// handler has returned its Result.
+// handler has returned its Result. DoTx's handler gets it from Commit and
+// Rollback of its savepoint: the engine releases the savepoint with the
+// key's completion (or rolls it back when the handler returns an error),
+// and the caller commits.
 var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution's transaction; return the Result instead")
 
 // unavailable wraps err, a failure of Postgres, in ErrUnavailable (once).

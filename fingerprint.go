@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 )
 
 // requestVersion prefixes every request fingerprint, so the scheme can
@@ -38,8 +39,14 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-func validateScope(scope string) error {
-	if scope == "" || len(scope) > 255 || strings.IndexByte(scope, ':') >= 0 {
+// MaxScopeLength is the longest scope accepted, in bytes.
+const MaxScopeLength = 255
+
+// ValidateScope checks a scope: 1 to MaxScopeLength bytes of valid UTF-8
+// without ':' (the separator of the key's Redis name) or NUL (which
+// Postgres text cannot hold).
+func ValidateScope(scope string) error {
+	if scope == "" || len(scope) > MaxScopeLength || strings.ContainsAny(scope, ":\x00") || !utf8.ValidString(scope) {
 		return ErrInvalidScope
 	}
 	return nil

@@ -51,6 +51,16 @@ func TestValidateKey(t *testing.T) {
 	}
 }
 
+func TestValidateScope(t *testing.T) {
+	t.Parallel()
+	for _, good := range []string{"a", "acct_1", "tenant/é", strings.Repeat("s", 255)} {
+		require.NoError(t, onceonly.ValidateScope(good), "%q", good)
+	}
+	for _, bad := range []string{"", "a:b", strings.Repeat("s", 256), "\x00", "a\x00b", "\xff", "a\xc3("} {
+		require.ErrorIs(t, onceonly.ValidateScope(bad), onceonly.ErrInvalidScope, "%q", bad)
+	}
+}
+
 // FuzzValidateKey: a key is valid exactly when it is 1..255 bytes of 0x21..0x7E.
 func FuzzValidateKey(f *testing.F) {
 	for _, seed := range []string{"a", "", "a b", "key-1", "\x7f", "é", strings.Repeat("k", 256)} {

@@ -240,6 +240,55 @@ func ledger(ctx context.Context, tx pgx.Tx, key string) (onceonly.Result, error)
 	return onceonly.Result{Status: 201, ContentType: "application/json", Body: []byte(`{"ok":true}`)}, nil
 }
 
+// TestDoTxHandlerCannotEndItsSavepoint: the savepoint DoTx hands its
+// handler refuses Commit and Rollback (ErrCommitByHandler): a Commit
+// would release it with the key in progress, so the caller's commit would
+// keep the effect without the completion. Nested savepoints (Begin) still
+// commit and roll back; the handler's writes and the key's completion
+// commit with the caller.
+func TestDoTxHandlerCannotEndItsSavepoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	ended := map[string]error{}
+	_, err = b.engine.DoTx(b.ctx, tx, "tenant", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		if _, err := ledger(ctx, tx, "handler"); err != nil {
+			return onceonly.Result{}, err
+		}
+		ended["commit"], ended["rollback"] = tx.Commit(ctx), tx.Rollback(ctx)
+		for _, c := range []struct {
+			key string
+			end func(pgx.Tx) error
+		}{
+			{"nested-kept", func(n pgx.Tx) error { return n.Commit(ctx) }},
+			{"nested-undone", func(n pgx.Tx) error { return n.Rollback(ctx) }},
+		} {
+			nested, err := tx.Begin(ctx)
+			if err != nil {
+				return onceonly.Result{}, err
+			}
+			if _, err := ledger(ctx, nested, c.key); err != nil {
+				return onceonly.Result{}, err
+			}
+			if err := c.end(nested); err != nil {
+				return onceonly.Result{}, fmt.Errorf("%s: %w", c.key, err)
+			}
+		}
+		return ledger(ctx, tx, "handler")
+	})
+	require.NoError(t, err)
+	require.ErrorIs(t, ended["commit"], onceonly.ErrCommitByHandler)
+	require.ErrorIs(t, ended["rollback"], onceonly.ErrCommitByHandler)
+	require.Equal(t, "absent", b.keyStatus(t, "k"), "nothing is committed before the caller commits")
+	require.NoError(t, tx.Commit(b.ctx))
+	require.Equal(t, "completed", b.keyStatus(t, "k"))
+	var written string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT string_agg(idempotency_key, ',' ORDER BY idempotency_key) FROM payments`).Scan(&written))
+	require.Equal(t, "handler,handler,nested-kept", written, "the handler's writes and the nested savepoint it committed")
+}
+
 // TestDoTx: the key's claim and completion are part of the caller's
 // transaction: committed with it, gone with its rollback, undone (and the
 // transaction still usable) when the handler fails; a stored answer is

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,13 @@ type MiddlewareOptions struct {
 	// replayed besides Content-Type; by default every header the handler
 	// sets is, but Content-Length, Date and hop-by-hop headers.
 	StoreHeaders []string
+	// StoreRequestHeaders, when set, lists the only request headers a
+	// named handler's key (Name) keeps with its request for a resumption,
+	// which the console shows too: exactly these, credential-like or not.
+	// By default every request header is kept but credential-like ones
+	// (IsCredentialHeader): list the headers the resumption needs to keep
+	// no more than those.
+	StoreRequestHeaders []string
 	// KeyOptional lets a guarded request without an Idempotency-Key header
 	// pass through untouched (it runs as it would without the middleware);
 	// by default such a request gets 400 idempotency_key_missing. A key that
@@ -53,7 +61,8 @@ type MiddlewareOptions struct {
 	// so it may call systems outside Postgres through Step and a live engine
 	// can finish an execution whose process died after a step started: it
 	// runs the handler again on the stored request (method, URI, headers
-	// but credentials and cookies, body), with the scope from
+	// but credential-like ones, see StoreRequestHeaders, body), with the
+	// scope from
 	// ExecutionOf(ctx).Scope(), since the middlewares in front of this one
 	// do not run then. Names are unique per engine; a duplicate panics.
 	Name string
@@ -160,7 +169,7 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				return
 			}
 			scope, err := opts.Scope(r)
-			if err != nil || validateScope(scope) != nil {
+			if err != nil || ValidateScope(scope) != nil {
 				fail(http.StatusUnauthorized, "unauthorized", "The request has no valid scope.", "")
 				return
 			}
@@ -183,7 +192,7 @@ func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Hand
 				opts.WriteError(w, r, herr)
 				return
 			}
-			request := func() []byte { return encodeRequest(r, body) }
+			request := func() []byte { return encodeRequest(r, body, opts.StoreRequestHeaders) }
 			run := func(ctx context.Context) (Outcome, error) {
 				return e.execute(ctx, e.modeFor(), scope, key[0], fp, opts.Name, request, func(ctx context.Context, _ *Execution) (Result, error) {
 					inner := r.WithContext(ctx)
@@ -332,15 +341,34 @@ type storedRequest struct {
 	Body   []byte      `json:"body"`
 }
 
-// secretHeaders are not stored with a request: a resumption runs without
-// the caller's credentials.
-var secretHeaders = []string{"Authorization", "Cookie", "Proxy-Authorization"}
+// credentialWords are what the lower-cased name of a credential-like
+// request header contains (IsCredentialHeader).
+var credentialWords = []string{
+	"auth", "token", "secret", "password", "passwd", "api-key", "apikey", "access-key",
+	"session", "cookie", "signature", "credential", "csrf", "xsrf", "jwt",
+}
 
-func encodeRequest(r *http.Request, body []byte) []byte {
-	h := r.Header.Clone()
-	for _, name := range secretHeaders {
-		h.Del(name)
+// IsCredentialHeader reports whether a request header of this name is
+// taken to carry a credential, which the middleware does not keep with a
+// request for its resumption unless MiddlewareOptions.StoreRequestHeaders
+// names it: its name, in any case, contains "auth" (Authorization,
+// Proxy-Authorization, X-Auth-Token), "token" (X-Amz-Security-Token,
+// X-CSRF-Token), "secret", "password", "passwd", "api-key" (X-Api-Key),
+// "apikey", "access-key", "session", "cookie", "signature", "credential",
+// "csrf", "xsrf" or "jwt".
+func IsCredentialHeader(name string) bool {
+	name = strings.ToLower(name)
+	return slices.ContainsFunc(credentialWords, func(word string) bool { return strings.Contains(name, word) })
+}
+
+// encodeRequest encodes r and its body for a resumption, with the headers
+// named in keep, or all but the credential-like ones when keep is nil.
+func encodeRequest(r *http.Request, body []byte, keep []string) []byte {
+	drop := IsCredentialHeader
+	if keep != nil {
+		drop = func(string) bool { return false }
 	}
+	h := filterHeader(r.Header, keep, drop)
 	raw, err := json.Marshal(storedRequest{Method: r.Method, URI: r.URL.RequestURI(), Header: h, Body: body})
 	if err != nil {
 		panic("onceonly: an HTTP request does not encode as JSON: " + err.Error()) // unreachable: strings and bytes
@@ -360,7 +388,9 @@ func resumeHTTP(h http.Handler, keep []string) Func {
 		if err != nil {
 			return Result{}, fmt.Errorf("rebuild stored request: %w", err)
 		}
-		r.Header = sr.Header
+		if sr.Header != nil { // nil when no header was kept
+			r.Header = sr.Header
+		}
 		return serve(h, r, keep), nil
 	}
 }
@@ -404,22 +434,29 @@ var unstoredHeaders = map[string]bool{
 	"Transfer-Encoding": true, "Upgrade": true, HeaderReplayed: true,
 }
 
-// storable returns the headers of h that are stored: those named in keep,
-// or every one but unstoredHeaders when keep is nil.
+// storable returns the headers of a response that are stored: those named
+// in keep, or every one, but unstoredHeaders either way.
 func storable(h http.Header, keep []string) http.Header {
+	return filterHeader(h, keep, func(name string) bool { return unstoredHeaders[name] })
+}
+
+// filterHeader returns the headers of h named in keep (every one when keep
+// is nil) but those drop refuses (it gets canonical names); nil when none
+// is left.
+func filterHeader(h http.Header, keep []string, drop func(name string) bool) http.Header {
 	out := http.Header{}
+	add := func(name string, v []string) {
+		if name = http.CanonicalHeaderKey(name); len(v) > 0 && !drop(name) {
+			out[name] = v
+		}
+	}
 	if keep != nil {
 		for _, name := range keep {
-			name = http.CanonicalHeaderKey(name)
-			if v := h.Values(name); len(v) > 0 && !unstoredHeaders[name] {
-				out[name] = v
-			}
+			add(name, h.Values(name))
 		}
 	} else {
 		for name, v := range h {
-			if !unstoredHeaders[http.CanonicalHeaderKey(name)] && len(v) > 0 {
-				out[http.CanonicalHeaderKey(name)] = v
-			}
+			add(name, v)
 		}
 	}
 	if len(out) == 0 {

@@ -111,10 +111,8 @@ func (m sqlTwoPhase) complete(ctx context.Context, x *Execution, res Result) (ke
 	stored, err := m.e.store.Complete(ctx, keystore.SQLTx{Tx: tx}, x.ref, x.fence.Owner, res)
 	if err != nil {
 		_ = tx.Rollback()
-		if errors.Is(err, sql.ErrTxDone) {
-			m.e.log.Error("the handler ended the execution's database/sql transaction itself; its writes may have committed without the key",
-				"scope", x.ref.Scope, "key", x.ref.Key)
-			return keystate.Key{}, false, fmt.Errorf("%w: %w", ErrCommitByHandler, err)
+		if ended := m.e.endedByHandler(x.ref, err); ended != nil {
+			return keystate.Key{}, false, ended
 		}
 		return keystate.Key{}, false, fromStore(fmt.Errorf("complete: %w", err))
 	}
@@ -122,4 +120,17 @@ func (m sqlTwoPhase) complete(ctx context.Context, x *Execution, res Result) (ke
 		return keystate.Key{}, false, unavailable(fmt.Errorf("commit: %w", err))
 	}
 	return stored, true, nil
+}
+
+// endedByHandler returns ErrCommitByHandler, and logs it, when err, of the
+// key's completion in a database/sql transaction, says the handler ended
+// that transaction itself (a *sql.Tx cannot refuse Commit and Rollback);
+// nil otherwise.
+func (e *Engine) endedByHandler(ref keystate.Ref, err error) error {
+	if !errors.Is(err, sql.ErrTxDone) {
+		return nil
+	}
+	e.log.Error("the handler ended the execution's database/sql transaction itself; its writes may have committed without the key",
+		"scope", ref.Scope, "key", ref.Key)
+	return fmt.Errorf("%w: %w", ErrCommitByHandler, err)
 }

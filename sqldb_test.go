@@ -414,6 +414,16 @@ func TestSQLTxRules(t *testing.T) {
 		})
 		require.ErrorIs(t, err, onceonly.ErrTxKind)
 
+		// A *sql.Tx cannot refuse Commit: a handler that commits the
+		// caller's tx gets ErrCommitByHandler, not ErrUnavailable.
+		own, err := b.db.BeginTx(b.ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = own.Rollback() }()
+		_, err = b.engine.DoSQLTx(b.ctx, own, "m", "committed-by-handler", []byte("p"), func(_ context.Context, tx *sql.Tx) (onceonly.Result, error) {
+			return onceonly.Result{Status: 201}, tx.Commit()
+		})
+		require.ErrorIs(t, err, onceonly.ErrCommitByHandler)
+
 		plain := setup(t, setupOpts{})
 		_, err = plain.engine.DoSQL(b.ctx, "m", "k", []byte("p"), sqlPayment("k", 201, `{}`))
 		require.ErrorIs(t, err, onceonly.ErrNoSQLDB)

@@ -25,6 +25,13 @@ type SQLHandler func(ctx context.Context, tx *sql.Tx) (Result, error)
 // back to the savepoint and leaves tx usable. fn gets tx itself, and so
 // does SQLTx(ctx) inside it. Config.DB is not needed.
 //
+// Unlike DoTx's savepoint, tx cannot refuse Commit and Rollback (*sql.Tx
+// is a struct, not an interface to wrap): fn must call neither. A Commit
+// commits fn's writes and the claim with the key still in progress (a
+// later request takes it over and runs again); a Rollback undoes the
+// caller's work too. Either way the key's completion then fails, and
+// DoSQLTx returns ErrCommitByHandler (logged as an error).
+//
 // The engine's statements reach Postgres through database/sql: with pgx's
 // stdlib each is one round trip (prepared once per connection); lib/pq
 // sends a statement with arguments in two (prepare, then execute).

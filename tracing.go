@@ -113,7 +113,7 @@ func (e *Engine) enter(ctx context.Context, scope, key, handler string, inTx boo
 	if err := ValidateKey(key); err != nil {
 		return ctx, c, err
 	}
-	return ctx, c, validateScope(scope)
+	return ctx, c, ValidateScope(scope)
 }
 
 // leave ends a call: its outcome counted and recorded on its span.

@@ -560,7 +560,7 @@ func TestKeyListPagesThroughEveryKeyOnce(t *testing.T) {
 		require.Contains(t, k, "acct_2/key-01")
 	}
 	require.Len(t, walk("/console/keys?prefix=key-012"), 10, "a prefix across scopes: key-0120 … key-0129")
-	require.Empty(t, walk("/console/keys?prefix=%20"), "no key holds a space")
+	require.Equal(t, http.StatusBadRequest, b.get(t, "/console/keys?prefix=%20").status, "no key holds a space")
 	require.Equal(t, http.StatusBadRequest, b.get(t, "/console/keys?state=done").status)
 }
 
@@ -682,5 +682,80 @@ func TestNewChecksItsConfig(t *testing.T) {
 	} {
 		_, err := console.New(cfg)
 		require.Error(t, err, "%+v", cfg)
+	}
+}
+
+// TestPathsAndFiltersAreValidated: the scope and the key in a path, and the
+// key list's filters, are checked as the engine checks them, so a bad one
+// is a 400 (a well-formed absent key a 404), never a 500: a ':' in the
+// scope cannot reach another key's Redis value (acct_a%3Ax/y is not key
+// "x:y" of acct_a, whose value Repair would delete), nor can NUL or
+// invalid UTF-8 reach Postgres.
+func TestPathsAndFiltersAreValidated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.complete(t, "x:y", "{}")
+	token := b.token(t, keyPath(scope, "x:y")+"/purge")
+	for _, c := range []struct {
+		name, path string
+		want       int
+	}{
+		{"scope with ':'", "/console/keys/acct_a%3Ax/y", http.StatusBadRequest},
+		{"scope with NUL", "/console/keys/acct%00/k", http.StatusBadRequest},
+		{"scope not UTF-8", "/console/keys/acct%FF/k", http.StatusBadRequest},
+		{"key with NUL", "/console/keys/acct_a/k%00", http.StatusBadRequest},
+		{"key not UTF-8", "/console/keys/acct_a/k%FF", http.StatusBadRequest},
+		{"key with a space", "/console/keys/acct_a/a%20b", http.StatusBadRequest},
+		{"absent key", "/console/keys/acct_a/absent", http.StatusNotFound},
+		{"filter scope with ':'", "/console/keys?scope=acct_a%3Ax", http.StatusBadRequest},
+		{"filter scope with NUL", "/console/keys?scope=%00", http.StatusBadRequest},
+		{"filter scope not UTF-8", "/console/keys?scope=%FF", http.StatusBadRequest},
+		{"filter prefix with NUL", "/console/keys?prefix=%00", http.StatusBadRequest},
+		{"filter prefix not UTF-8", "/console/keys?prefix=%FF", http.StatusBadRequest},
+		{"cursor scope with NUL", "/console/keys?after_scope=%00&after_key=k", http.StatusBadRequest},
+		{"cursor key not UTF-8", "/console/keys?after_scope=acct_a&after_key=%FF", http.StatusBadRequest},
+	} {
+		require.Equal(t, c.want, b.get(t, c.path).status, "%s: %s", c.name, c.path)
+		if !strings.HasPrefix(c.path, "/console/keys/") {
+			continue
+		}
+		require.Equal(t, c.want, b.get(t, c.path+"/purge").status, "%s: %s/purge", c.name, c.path)
+		purge := b.post(t, c.path+"/purge", url.Values{"csrf": {token}, "confirm": {"yes"}, "force": {"yes"}})
+		require.Equal(t, c.want, purge.status, "%s: POST %s/purge", c.name, c.path)
+		if c.want == http.StatusBadRequest { // an absent key's repair changes nothing: 303 to its page
+			repair := b.post(t, c.path+"/repair", url.Values{"csrf": {token}})
+			require.Equal(t, c.want, repair.status, "%s: POST %s/repair", c.name, c.path)
+		}
+	}
+	require.Equal(t, int64(1), b.rdb.Exists(b.ctx, b.redisKey("x:y")).Val(), "key x:y's Redis value is untouched")
+	require.Equal(t, 1, b.rows(t, "x:y"))
+}
+
+// TestDotKeysAreLinkedToTheirPages: keys (and scopes) "." and ".." are
+// valid; the key list links them escaped (%2E), and the links reach their
+// pages through the real handler, where ServeMux would otherwise clean
+// them away with a redirect.
+func TestDotKeysAreLinkedToTheirPages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for _, ref := range [][2]string{{scope, "."}, {scope, ".."}, {".", "k"}, {"..", ".."}} {
+		_, err := b.engine.Do(b.ctx, ref[0], ref[1], []byte("p"), func(context.Context, pgx.Tx) (onceonly.Result, error) {
+			return onceonly.Result{Status: 201, Body: []byte("{}")}, nil
+		})
+		require.NoError(t, err)
+		list := b.get(t, "/console/keys?"+url.Values{"scope": {ref[0]}}.Encode())
+		require.Equal(t, http.StatusOK, list.status, list.body)
+		links := regexp.MustCompile(`<td class="key"><a href="([^"]+)">([^<]+)</a>`).FindAllStringSubmatch(list.body, -1)
+		var link string
+		for _, l := range links {
+			if l[2] == ref[1] {
+				link = l[1]
+			}
+		}
+		require.NotEmpty(t, link, "%q/%q is listed with a link", ref[0], ref[1])
+		page := b.get(t, link)
+		require.Equal(t, http.StatusOK, page.status, "%q/%q: %s (Location %q)", ref[0], ref[1], link, page.header.Get("Location"))
+		require.Contains(t, page.body, `data-sync="`, "the key page of %q/%q", ref[0], ref[1])
+		require.Equal(t, http.StatusOK, b.get(t, link+"/purge").status, "the purge confirmation of %q/%q", ref[0], ref[1])
 	}
 }

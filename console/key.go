@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -130,7 +131,10 @@ type keyDetail struct {
 // serveKey serves one key: its Postgres row and its Redis value side by
 // side.
 func (c *Console) serveKey(w http.ResponseWriter, r *http.Request) {
-	scope, key := r.PathValue("scope"), r.PathValue("key")
+	scope, key, ok := c.refOf(w, r)
+	if !ok {
+		return
+	}
 	v, found, err := c.readKey(r.Context(), scope, key)
 	if err != nil {
 		c.fail(w, r, err)
@@ -419,9 +423,38 @@ func blobOf(b []byte) *blob {
 }
 
 // keyURL returns the key page's path: the scope and the key one path
-// segment each, percent-encoded.
+// segment each, percent-encoded (pathSegment).
 func (c *Console) keyURL(scope, key string) string {
-	return c.prefix + "/keys/" + url.PathEscape(scope) + "/" + url.PathEscape(key)
+	return c.prefix + "/keys/" + pathSegment(scope) + "/" + pathSegment(key)
+}
+
+// pathSegment percent-encodes s as one path segment. A scope or a key "."
+// or ".." would be a dot segment, which clients resolve and ServeMux
+// cleans away (redirecting to the parent path): it is encoded whole
+// (%2E), which Go's clients and ServeMux (it matches on the escaped path)
+// leave alone. Browsers resolve %2E too (the WHATWG URL standard).
+func pathSegment(s string) string {
+	if s == "." || s == ".." {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
+}
+
+// refOf returns the scope and the key of a key's path, checked as the
+// engine checks them (onceonly.ValidateScope, onceonly.ValidateKey): a
+// scope with ':' would name another key's Redis value, NUL or invalid
+// UTF-8 would fail in Postgres. ok is false once it has answered 400.
+func (c *Console) refOf(w http.ResponseWriter, r *http.Request) (scope, key string, ok bool) {
+	scope, key = r.PathValue("scope"), r.PathValue("key")
+	if err := onceonly.ValidateScope(scope); err != nil {
+		c.badRequest(w, r, fmt.Sprintf("Scope %q: %v.", scope, err))
+		return "", "", false
+	}
+	if err := onceonly.ValidateKey(key); err != nil {
+		c.badRequest(w, r, fmt.Sprintf("Key %q: %v.", key, err))
+		return "", "", false
+	}
+	return scope, key, true
 }
 
 // purgePage is what the purge confirmation shows.
@@ -437,7 +470,10 @@ func (c *Console) servePurgeConfirm(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "403 forbidden: the console is read-only (CONSOLE_READONLY)", http.StatusForbidden)
 		return
 	}
-	scope, key := r.PathValue("scope"), r.PathValue("key")
+	scope, key, ok := c.refOf(w, r)
+	if !ok {
+		return
+	}
 	in, err := c.cfg.Engine.Inspect(r.Context(), scope, key)
 	if err != nil {
 		c.fail(w, r, fmt.Errorf("inspect key: %w", err))
@@ -455,7 +491,10 @@ func (c *Console) servePurgeConfirm(w http.ResponseWriter, r *http.Request) {
 // servePurge purges a key (Engine.Delete): its row is deleted and its Redis
 // value with it, once confirmed.
 func (c *Console) servePurge(w http.ResponseWriter, r *http.Request) {
-	scope, key := r.PathValue("scope"), r.PathValue("key")
+	scope, key, ok := c.refOf(w, r)
+	if !ok {
+		return
+	}
 	page := purgePage{Scope: scope, Key: key, URL: c.keyURL(scope, key), InProgress: r.PostFormValue("force") != ""}
 	if r.PostFormValue("confirm") != "yes" {
 		page.Problem = "Confirm the purge first."
@@ -482,7 +521,10 @@ func (c *Console) servePurge(w http.ResponseWriter, r *http.Request) {
 // serveRepair writes the key's Postgres state into Redis
 // (Engine.RepairCache).
 func (c *Console) serveRepair(w http.ResponseWriter, r *http.Request) {
-	scope, key := r.PathValue("scope"), r.PathValue("key")
+	scope, key, ok := c.refOf(w, r)
+	if !ok {
+		return
+	}
 	changed, err := c.cfg.Engine.RepairCache(r.Context(), scope, key)
 	if err != nil {
 		c.fail(w, r, err)
@@ -493,7 +535,7 @@ func (c *Console) serveRepair(w http.ResponseWriter, r *http.Request) {
 	if changed {
 		done = "1"
 	}
-	//nolint:gosec // G710: a path under the console's own prefix, scope and key escaped (url.PathEscape): it cannot leave the site
+	//nolint:gosec // G710: a path under the console's own prefix, scope and key escaped (pathSegment): it cannot leave the site
 	http.Redirect(w, r, c.keyURL(scope, key)+"?repaired="+done, http.StatusSeeOther)
 }
 

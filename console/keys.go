@@ -72,14 +72,8 @@ func (c *Console) serveKeys(w http.ResponseWriter, r *http.Request) {
 		First: !f.haveCursor, Purged: q.Get("purged"),
 		FirstURL: c.keysURL(f, "", ""),
 	}
-	if f.state != "" && !slices.Contains(keyStates, f.state) {
-		v.Problem = fmt.Sprintf("state %q is none of in_progress, completed, failed", f.state)
+	if v.Problem = f.problem(); v.Problem != "" {
 		c.render(w, r, http.StatusBadRequest, "keys", "Keys", v)
-		return
-	}
-	if f.prefix != "" && onceonly.ValidateKey(f.prefix) != nil {
-		v.Problem = "no key starts with this prefix: keys hold 1 to 255 printable ASCII characters (0x21–0x7E)"
-		c.render(w, r, http.StatusOK, "keys", "Keys", v)
 		return
 	}
 	err := c.read(r.Context(), func(ctx context.Context, rd reader) error {
@@ -95,6 +89,25 @@ func (c *Console) serveKeys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, http.StatusOK, "keys", "Keys", v)
+}
+
+// problem says why no key can match f ("" when one can): a state that is
+// none of the three, or a scope, a key prefix or a cursor the engine would
+// refuse as a scope or a key (NUL or invalid UTF-8 would also fail in
+// Postgres).
+func (f keyFilter) problem() string {
+	switch {
+	case f.state != "" && !slices.Contains(keyStates, f.state):
+		return fmt.Sprintf("state %q is none of in_progress, completed, failed", f.state)
+	case f.scope != "" && onceonly.ValidateScope(f.scope) != nil:
+		return fmt.Sprintf("no key has scope %q: %v", f.scope, onceonly.ErrInvalidScope)
+	case f.prefix != "" && onceonly.ValidateKey(f.prefix) != nil:
+		return "no key starts with this prefix: keys hold 1 to 255 printable ASCII characters (0x21–0x7E)"
+	case f.haveCursor && onceonly.ValidateScope(f.afterScope) != nil,
+		f.afterKey != "" && onceonly.ValidateKey(f.afterKey) != nil:
+		return "the page cursor (after_scope, after_key) names no key"
+	}
+	return ""
 }
 
 // keysSortByCodePoint reports, once per console, whether the key column

@@ -88,7 +88,18 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // notFound answers 404 with text.
 func (c *Console) notFound(w http.ResponseWriter, r *http.Request, text string) {
-	c.render(w, r, http.StatusNotFound, "message", "Not found", message{Heading: "Not found", Text: text})
+	c.say(w, r, http.StatusNotFound, "Not found", text)
+}
+
+// badRequest answers 400 with text.
+func (c *Console) badRequest(w http.ResponseWriter, r *http.Request, text string) {
+	c.say(w, r, http.StatusBadRequest, "Bad request", text)
+}
+
+// say answers status with the message page: heading (its title too) and
+// text.
+func (c *Console) say(w http.ResponseWriter, r *http.Request, status int, heading, text string) {
+	c.render(w, r, status, "message", heading, message{Heading: heading, Text: text})
 }
 
 // serveStylesheet serves the stylesheet.

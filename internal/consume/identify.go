@@ -12,7 +12,6 @@ package consume
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/onceonly/onceonly"
 )
@@ -46,7 +45,7 @@ type Identifier[M any] struct {
 // fixed scope (no ScopeOf) would make every message invalid; a broker
 // package calls it at construction.
 func (i Identifier[M]) CheckScope() error {
-	if i.ScopeOf == nil && (len(i.Scope) > 255 || strings.Contains(i.Scope, ":")) {
+	if i.ScopeOf == nil && i.Scope != "" && onceonly.ValidateScope(i.Scope) != nil {
 		return fmt.Errorf("Options.Scope %q: %w", i.Scope, onceonly.ErrInvalidScope)
 	}
 	return nil
