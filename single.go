@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceonly/onceonly/internal/exectx"
 	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
@@ -207,14 +208,19 @@ func (m singleCommit) promote(ctx context.Context, x *Execution) (err error) {
 // and the lease keeper renews the key's row instead.
 func (x *Execution) keepAlive(ctx context.Context) error {
 	if !x.mu.TryLock() {
-		return nil // a step or the handler's first Tx under way: the execution is live
+		return lease.ErrKeepLater // a step (a promotion) or the handler's first Tx under way
 	}
+	_, single := x.mode.(singleCommit)
 	tx := x.tx
 	x.mu.Unlock()
-	if tx == nil {
+	if !single || tx == nil {
 		return lease.ErrKeptOtherwise
 	}
-	return tx.KeepAlive(ctx)
+	err := tx.KeepAlive(ctx)
+	if errors.Is(err, exectx.ErrRowsOpen) {
+		return lease.ErrKeepLater
+	}
+	return err
 }
 
 // keepsRow is false: the execution's transaction ended with Postgres, and

@@ -27,7 +27,7 @@ variant() { # NAME SED-EXPRESSION: single.sql with the expression applied, which
 	sed "$2" "$s" >"$dir/$1.sql"
 	! cmp -s "$s" "$dir/$1.sql" || { echo "onecommit-ladder: $1 changed nothing" >&2; exit 1; }
 }
-variant no_lock 's/pg_try_advisory_xact_lock(hashtextextended(:scope || '"'"':'"'"' || :key, 0))/true/'
+variant no_lock 's/pg_try_advisory_xact_lock(1330529093, :lock_id::integer)/true/'
 variant no_set_config 's/, *set_config('"'"'statement_timeout'"'"', :lease_ms, true), *set_config('"'"'idle_in_transaction_session_timeout'"'"', :lease_ms, true)//'
 variant no_exists 's/EXISTS (SELECT FROM idempotency_keys WHERE scope = :scope AND key = :key)/false/'
 variant no_floor 's/coalesce((SELECT version FROM idempotency_version_floor), 0) + 1/1/'

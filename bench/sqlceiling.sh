@@ -7,7 +7,8 @@
 #   bare         the bare handler's INSERT, autocommit (variant (b))
 #   default      TwoPhase: claim_insert (its own commit, without waiting for the flush);
 #                BEGIN with the payment's INSERT; finish with COMMIT
-#   single       the default (one commit until a step): BEGIN with single_begin; the INSERT;
+#   single       the default (one commit until a step): BEGIN with single_begin,
+#                single_probe and the savepoint; the INSERT;
 #                single_finish with COMMIT
 #   floor_2phase any design that commits a claim before the handler runs: a
 #                one-index key table, the claim inserted (commit not waited
@@ -45,7 +46,7 @@ declare -A value=(
 	[lease]='30 seconds' [lease_ms]=30000 [ttl]='24 hours' [channel]=$channel
 	[notify]=false [async_commit]=true [fail_when_lost]=true [count_failure]=false
 	[status]=completed [response_status]=201 [response_content_type]=application/json
-	[response_body]='\x7b7d' [response_headers]=-
+	[response_body]='\x7b7d' [response_headers]=- [take_lock]=false
 )
 defines=()
 for name in "${!value[@]}"; do defines+=(-D "$name=${value[$name]}"); done
@@ -60,7 +61,7 @@ for name in "${!value[@]}"; do defines+=(-D "$name=${value[$name]}"); done
 # a $N, an unknown marker or a comment inside a line is an error.
 statement() {
 	local file=internal/keystore/sql/$1.sql
-	awk -v file="$file" -v columns_file=internal/keystore/sql/key_columns.sql -v names="key ${!value[*]}" '
+	awk -v file="$file" -v columns_file=internal/keystore/sql/key_columns.sql -v names="key lock_id ${!value[*]}" '
 		function fail(msg) { print "sqlceiling: " file ": " msg > "/dev/stderr"; failed = 1; exit 1 }
 		BEGIN {
 			split(names, n, " ")
@@ -93,11 +94,16 @@ statement() {
 			while (match(text, /\{\{[^{}]*\}\}/)) {
 				marker = substr(text, RSTART, RLENGTH)
 				k = split(substr(text, RSTART + 2, RLENGTH - 4), f, " ")
-				if (k == 1 && f[1] == "key_columns") arg = "NULL"
-				else if (k == 2 && f[1] == "key_columns" && f[2] ~ /^@./) arg = f[2]
-				else fail("unknown marker " marker)
-				cols = columns; gsub(/@max_body/, arg, cols)
-				out = out substr(text, 1, RSTART - 1) cols
+				# The key lock markers as sql.go expands them on one Postgres.
+				if (k == 1 && f[1] == "key_locked") expansion = "CASE WHEN pg_try_advisory_xact_lock(1330529093, @lock_id::integer) THEN true ELSE onceonly_key_busy(@scope, @key) END"
+				else if (k == 2 && f[1] == "try_key_lock") expansion = "pg_try_advisory_xact_lock(1330529093, " f[2] ")"
+				else {
+					if (k == 1 && f[1] == "key_columns") arg = "NULL"
+					else if (k == 2 && f[1] == "key_columns" && f[2] ~ /^@./) arg = f[2]
+					else fail("unknown marker " marker)
+					expansion = columns; gsub(/@max_body/, arg, expansion)
+				}
+				out = out substr(text, 1, RSTART - 1) expansion
 				text = substr(text, RSTART + RLENGTH)
 			}
 			text = out text
@@ -133,9 +139,13 @@ statement() {
 claim_insert=$(statement claim_insert)
 finish=$(statement finish)
 single_begin=$(statement single_begin)
+single_probe=$(statement single_probe)
 single_finish=$(statement single_finish)
 
-new_key='\set key random(1, 9000000000000)'
+# A key, and its lock id (the engine derives it from the key and the
+# database's secret; any 32 bits do here).
+new_key='\set key random(1, 9000000000000)
+\set lock_id random(-2147483648, 2147483647)'
 payment="INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status) VALUES ('pay_' || :key, 'acct_bench', :key, 1000, 'usd', 'cus_bench', 'succeeded');"
 printf '%s\n' "$new_key" "$payment" >"$dir/bare.sql"
 printf '%s\n' "$new_key" \
@@ -144,7 +154,7 @@ printf '%s\n' "$new_key" \
 	'\startpipeline' "$finish" 'COMMIT;' '\endpipeline' \
 	>"$dir/default.sql"
 printf '%s\n' "$new_key" \
-	'\startpipeline' 'BEGIN;' "$single_begin" '\endpipeline' \
+	'\startpipeline' 'BEGIN;' "$single_begin" "$single_probe" 'SAVEPOINT onceonly_execution;' '\endpipeline' \
 	"$payment" \
 	'\startpipeline' "$single_finish" 'COMMIT;' '\endpipeline' \
 	>"$dir/single.sql"

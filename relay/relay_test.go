@@ -73,6 +73,9 @@ func (b *bundle) churn(ctx context.Context, scope, key string) error {
 	}
 	if !found || k.Status == keystate.Failed {
 		_, err = b.Store.Claim(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, "v1:fp", owner, time.Minute)
+		if errors.Is(err, keystore.ErrKeyBusy) {
+			return nil // another writer's claim holds the key's lock
+		}
 		return err
 	}
 	if k.Status == keystate.InProgress {

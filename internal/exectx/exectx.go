@@ -299,12 +299,17 @@ func (t *Tx) Conn() *pgx.Conn {
 // begun or has ended.
 var ErrNotOpen = errors.New("onceonly: the execution's transaction is not open")
 
+// ErrRowsOpen is returned by KeepAlive while rows or batch results the
+// handler has not closed hold the connection: the session may be idle, its
+// timeout running, but nothing can be sent to restart it.
+var ErrRowsOpen = errors.New("onceonly: the execution's transaction has rows open")
+
 // KeepAlive proves the transaction's client alive to Postgres while the
 // handler leaves it idle: a statement that restarts the session's
-// idle_in_transaction_session_timeout. While the handler uses the
-// transaction (a call under way, rows not yet read) it is not idle, and
-// KeepAlive sends nothing and returns nil. It fails with ErrNotOpen once
-// the transaction ended, and with Postgres's error when it ended it.
+// idle_in_transaction_session_timeout. While a call of the handler's is
+// under way the session is active, not idle: KeepAlive sends nothing and
+// returns nil. It returns ErrRowsOpen while rows are open, ErrNotOpen once
+// the transaction ended, and Postgres's error when it ended it.
 func (t *Tx) KeepAlive(ctx context.Context) error {
 	if !t.mu.TryLock() {
 		return nil // a call of the handler's is under way
@@ -314,7 +319,7 @@ func (t *Tx) KeepAlive(ctx context.Context) error {
 		return ErrNotOpen
 	}
 	if t.open.Load() > 0 {
-		return nil // rows or batch results the handler reads
+		return ErrRowsOpen
 	}
 	if err := t.conn.Conn().PgConn().Exec(ctx, "SELECT 1").Close(); err != nil {
 		return fmt.Errorf("keep the transaction alive: %w", err)

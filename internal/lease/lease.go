@@ -167,6 +167,11 @@ func (k *Keeper) Fixed(ref keystate.Ref, owner keystate.Owner, start time.Time, 
 // quietly.
 var ErrKeptOtherwise = errors.New("lease: the key is held otherwise now")
 
+// ErrKeepLater is what a Kept lease's keep returns when it can neither
+// prove nor disprove the execution alive now: the lease is not extended,
+// and keep runs again a third of the lease later.
+var ErrKeepLater = errors.New("lease: nothing to keep alive with now")
+
 // Kept returns a Fixed lease that keep extends, for an execution whose
 // key is held by its own open transaction (a single-commit execution):
 // once a third of the lease has passed since start, and a third of it after
@@ -203,8 +208,12 @@ func (k *Keeper) keep(l *Lease, start time.Time, keep func(context.Context) erro
 		ctx, cancel := context.WithDeadline(context.Background(), until)
 		err := keep(ctx)
 		cancel()
-		if errors.Is(err, ErrKeptOtherwise) {
+		switch {
+		case errors.Is(err, ErrKeptOtherwise):
 			return
+		case errors.Is(err, ErrKeepLater):
+			timer.Reset(period)
+			continue
 		}
 		if err != nil {
 			k.log("keeping an execution's transaction alive failed; its lease runs out",
