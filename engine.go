@@ -466,6 +466,12 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, o
 	defer cancel(nil)
 	x.lease = x.mode.hold(ctx, x, func() { cancel(ErrLeaseLost) })
 	defer e.leases.Release(x.lease)
+	if !x.lease.Valid() {
+		// Claimed more than a lease ago (a resumption whose batch was slow
+		// to start it): the handler never starts.
+		x.discard(ctx)
+		return Outcome{}, outcomeLeaseLost, e.releaseLost(ctx, x)
+	}
 	hctx = context.WithValue(hctx, executionKey{}, x)
 
 	sctx, span := e.startSpan(hctx, spanHandler)

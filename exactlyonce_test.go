@@ -271,14 +271,14 @@ func TestModesExcludeEachOther(t *testing.T) {
 		},
 	}
 	// Rounds of a few keys, every mode calling each key at once.
-	var keys []string
+	keys := make([]string, 0, 30*6)
 	for round := range 30 {
 		start := make(chan struct{})
 		var wg sync.WaitGroup
 		for i := range 6 {
 			key := fmt.Sprintf("r%d-k%d", round, i)
 			keys = append(keys, key)
-			for c := range len(modes) {
+			for c := range modes {
 				do := modes[(i+c)%len(modes)]
 				wg.Go(func() {
 					<-start

@@ -63,6 +63,50 @@ func TestFirstStepPromotes(t *testing.T) {
 	require.Equal(t, 1, b.payments(t))
 }
 
+// TestLatePromotionHoldsAWholeLease: an execution that ran longer than its
+// lease as one commit (carried on) before its first step holds a whole
+// lease from the promotion: a duplicate just after the step is turned
+// away, not handed a row whose lease counted from the transaction's start
+// and ran out already.
+func TestLatePromotionHoldsAWholeLease(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	b := setup(t, setupOpts{noRedis: true})
+	e := b.singleEngine(t, lease)
+	stepped, release := make(chan struct{}), make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
+	require.NoError(t, e.Register("late", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
+		time.Sleep(6 * lease / 5) // one commit, past the lease, before its first step
+		if _, err := onceonly.Step(ctx, "gateway", func(context.Context, string) (int, error) { return 1, nil }); err != nil {
+			return onceonly.Result{}, err
+		}
+		close(stepped)
+		<-release
+		tx, err := onceonly.Tx(ctx)
+		if err != nil {
+			return onceonly.Result{}, err
+		}
+		return payment(201, `{}`)(ctx, tx)
+	}))
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Run(b.ctx, "late", "s", "k", []byte("p"))
+		done <- err
+	}()
+	select {
+	case <-stepped:
+	case err := <-done:
+		t.Fatalf("the execution ended before its step: %v", err)
+	}
+	twoPhase := b.engine // claims the key's row, as a consumer or an older engine would
+	_, err := twoPhase.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{"duplicate":true}`))
+	require.True(t, isInFlight(err), "a duplicate after the late promotion: %v", err)
+	releaseOnce()
+	require.NoError(t, <-done)
+	require.Equal(t, 1, b.payments(t))
+}
+
 // TestPromotionTurnsDuplicatesAway hammers one key, with no Redis in front,
 // with a handler that steps and then writes: whether a duplicate comes
 // while the first execution holds only the advisory lock, while its claim

@@ -122,7 +122,6 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 	}
 	var wg sync.WaitGroup
 	for _, r := range due {
-		e.applyCache(ctx, r.Key)
 		fn, _ := e.registered(r.Handler)
 		request := r.Request
 		x := e.newExecution(twoPhase{e}, r.Key.Ref, r.Key.Owner, r.Handler, func() []byte { return request })
@@ -130,7 +129,10 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		if err := x.loadSteps(r.Steps); err != nil {
 			e.log.Error("resume from recorded steps: calling them again", "scope", r.Key.Scope, "key", r.Key.Key, "err", err)
 		}
-		wg.Go(func() { e.resume(ctx, x, fn) })
+		wg.Go(func() {
+			e.applyCache(ctx, r.Key) // in its goroutine: a slow Redis delays no other resumption
+			e.resume(ctx, x, fn)
+		})
 	}
 	wg.Wait()
 	return len(due), nil

@@ -73,8 +73,8 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 // execution is carried on to its one commit, and the transaction of a
 // process that died or hangs ends within the lease (I5), its lock with it.
 // One statement still ends at the lease (statement_timeout).
-func (m singleCommit) hold(_ context.Context, x *Execution, onLost func()) *lease.Lease {
-	return m.e.leases.Kept(x.ref, x.fence.Owner, x.claimedAt, onLost, x.keepAlive)
+func (m singleCommit) hold(ctx context.Context, x *Execution, onLost func()) *lease.Lease {
+	return m.e.leases.Kept(ctx, x.ref, x.fence.Owner, x.claimedAt, onLost, x.keepAlive)
 }
 
 func (singleCommit) tx(x *Execution) (pgx.Tx, error) { return x.transaction(), nil }
@@ -107,10 +107,9 @@ func (m singleCommit) settleUnknown(ctx context.Context, x *Execution, err error
 	e := m.e
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	k, written, ferr := m.failLate(ctx, x, false)
+	_, written, ferr := m.failLate(ctx, x, false)
 	if ferr == nil && !written {
-		var found bool
-		k, found, ferr = e.store.Get(ctx, e.cfg.Pool, x.ref)
+		k, found, ferr := e.store.Get(ctx, e.cfg.Pool, x.ref)
 		if ferr == nil && found && k.Status == keystate.Completed && k.Fingerprint == x.fingerprint {
 			e.log.Info("a commit whose outcome was unknown had landed", "scope", x.ref.Scope, "key", x.ref.Key)
 			return k, true, nil

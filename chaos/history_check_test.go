@@ -157,7 +157,7 @@ func (c *checker) effectiveEnd(r *histRun) time.Time {
 	return end
 }
 
-func (c *checker) add(kind, bug, format string, args ...any) {
+func (c *checker) addf(kind, bug, format string, args ...any) {
 	c.violations = append(c.violations, violation{Kind: kind, Bug: bug, Text: fmt.Sprintf(format, args...)})
 }
 
@@ -208,15 +208,15 @@ func (c *checker) checkEffects() {
 	for _, ref := range slices.Sorted(maps.Keys(refs)) {
 		effects, k := c.h.Effects[ref], c.h.Keys[ref]
 		if k.Status == "in_progress" {
-			c.add(vUnsettled, bugOther, "%s: in progress after every caller stopped and the leases ended", ref)
+			c.addf(vUnsettled, bugOther, "%s: in progress after every caller stopped and the leases ended", ref)
 		}
 		switch {
 		case k.Status == "completed" && len(effects) != 1:
-			c.add(vEffects, bugOther, "%s: completed (answer of %s) with %d business rows %v", ref, k.RunID, len(effects), effects)
+			c.addf(vEffects, bugOther, "%s: completed (answer of %s) with %d business rows %v", ref, k.RunID, len(effects), effects)
 		case k.Status == "completed" && effects[0] != k.RunID:
-			c.add(vEffects, bugOther, "%s: completed with the answer of %s but the business row of %s", ref, k.RunID, effects[0])
+			c.addf(vEffects, bugOther, "%s: completed with the answer of %s but the business row of %s", ref, k.RunID, effects[0])
 		case k.Status != "completed" && len(effects) > 0:
-			c.add(vEffects, bugOther, "%s: %q (not completed) with business rows %v", ref, k.Status, effects)
+			c.addf(vEffects, bugOther, "%s: %q (not completed) with business rows %v", ref, k.Status, effects)
 		}
 		for _, id := range effects {
 			for _, r := range c.byKey[ref] {
@@ -243,7 +243,7 @@ func (c *checker) checkOverlaps(ref string) {
 			// Two holders of the lock at once: the first must have given it
 			// up at its step's promotion (the claim row holds the key from
 			// then on), which the second's probe did not see: bug1.
-			c.add(vOverlap, crossMode(a, b, bug1), "%s: %s overlaps %s", ref, c.describe(a), c.describe(b))
+			c.addf(vOverlap, crossMode(a, b, bug1), "%s: %s overlaps %s", ref, c.describe(a), c.describe(b))
 		}
 	}
 }
@@ -258,7 +258,7 @@ func (c *checker) checkAfterCommit(ref string) {
 	}
 	for _, b := range c.byKey[ref] {
 		if b != a && b.Start.After(c.end[a]) {
-			c.add(vAfterCommit, crossMode(a, b, bug1), "%s: %s started after committed %s", ref, c.describe(b), c.describe(a))
+			c.addf(vAfterCommit, crossMode(a, b, bug1), "%s: %s started after committed %s", ref, c.describe(b), c.describe(a))
 		}
 	}
 }
@@ -283,12 +283,12 @@ func (c *checker) checkPayloads(ref string) {
 				// row was written (it is, before owner's call returns).
 				bug = bug2
 			}
-			c.add(vOtherPayload, bug, "%s: %s ran after %s had left its row", ref, c.describe(b), c.describe(owner))
+			c.addf(vOtherPayload, bug, "%s: %s ran after %s had left its row", ref, c.describe(b), c.describe(owner))
 			if c.leftRow(b) {
 				owner = b // the key's row may be b's from now on: no cascade
 			}
 		case owner == nil && overrun != nil && b.Payload != overrun.Payload && b.Start.After(c.end[overrun]):
-			c.add(vOtherPayload, bug5, "%s: %s ran after the overrun %s left no row", ref, c.describe(b), c.describe(overrun))
+			c.addf(vOtherPayload, bug5, "%s: %s ran after the overrun %s left no row", ref, c.describe(b), c.describe(overrun))
 			overrun = nil
 		}
 		switch {
@@ -337,16 +337,16 @@ func (c *checker) checkCalls() {
 			if call.Told == toldLost {
 				bug = bugLostAfterCommit
 			}
-			c.add(vCommittedTold, bug, "%s: %s committed, its caller (%s, %s–%s) was told %s %s", ref, c.describe(own), call.Entry,
+			c.addf(vCommittedTold, bug, "%s: %s committed, its caller (%s, %s–%s) was told %s %s", ref, c.describe(own), call.Entry,
 				call.Start.Format("15:04:05.000"), call.End.Format("15:04:05.000"), call.Told, call.Detail)
 		}
 		switch call.Told {
 		case toldOK, toldReplayed:
 			switch {
 			case committed == nil:
-				c.add(vWrongResult, bugOther, "%s: %s caller told %s of %s, which did not commit (nothing did)", ref, call.Entry, call.Told, call.RunID)
+				c.addf(vWrongResult, bugOther, "%s: %s caller told %s of %s, which did not commit (nothing did)", ref, call.Entry, call.Told, call.RunID)
 			case call.RunID != committed.ID:
-				c.add(vWrongResult, bugOther, "%s: %s caller told %s of %s, but %s committed", ref, call.Entry, call.Told, call.RunID, committed.ID)
+				c.addf(vWrongResult, bugOther, "%s: %s caller told %s of %s, but %s committed", ref, call.Entry, call.Told, call.RunID, committed.ID)
 			}
 		case toldLost:
 			c.checkLost(ref, call, own)
@@ -377,7 +377,7 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	expired := took >= c.h.Lease*5/6
 	if r == nil {
 		if !expired {
-			c.add(vLostNoTakeover, bugOther, "%s: %s caller told lost after %s, but no run of its call is recorded", ref, call.Entry, took.Round(time.Millisecond))
+			c.addf(vLostNoTakeover, bugOther, "%s: %s caller told lost after %s, but no run of its call is recorded", ref, call.Entry, took.Round(time.Millisecond))
 		}
 		return
 	}
@@ -415,23 +415,23 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 	switch {
 	case oneCommit(r) && (c.overran(r) || took >= c.h.Lease):
 		if ranBeside(r.Start.Add(c.h.Lease)) == nil {
-			c.add(vLostNoTakeover, bug5, "%s: %s overran (call %s), its caller (%s) told %s; %s", ref, c.describe(r), took.Round(time.Millisecond), call.Entry, call.Told, before)
+			c.addf(vLostNoTakeover, bug5, "%s: %s overran (call %s), its caller (%s) told %s; %s", ref, c.describe(r), took.Round(time.Millisecond), call.Entry, call.Told, before)
 		}
 		return
 	case oneCommit(r) && prev != nil && oneCommit(prev) && prev.Result != "ok" && !c.end[prev].After(r.Start):
-		c.add(vLostNoTakeover, bug2, "%s: %s caller (%s) told %s right %s", ref, c.describe(r), call.Entry, call.Told, before)
+		c.addf(vLostNoTakeover, bug2, "%s: %s caller (%s) told %s right %s", ref, c.describe(r), call.Entry, call.Told, before)
 		return
 	}
 	b := ranBeside(call.End)
 	switch {
 	case b == nil && !expired && oneCommit(r) && c.claimedBeside(ref, r, call) != nil:
 		o := c.claimedBeside(ref, r, call)
-		c.add(vHeldCommit, bug3, "%s: a %s call (%s–%s, told %s, its handler never ran) claimed the key beside %s (its caller told lost)",
+		c.addf(vHeldCommit, bug3, "%s: a %s call (%s–%s, told %s, its handler never ran) claimed the key beside %s (its caller told lost)",
 			ref, o.Entry, o.Start.Format("15:04:05.000"), o.End.Format("15:04:05.000"), o.Told, c.describe(r))
 	case b == nil && !expired:
-		c.add(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s after %s; %s", ref, c.describe(r), call.Entry, call.Told, took.Round(time.Millisecond), before)
+		c.addf(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s after %s; %s", ref, c.describe(r), call.Entry, call.Told, took.Round(time.Millisecond), before)
 	case b != nil && oneCommit(r) && !oneCommit(b) && b.Start.After(r.End):
-		c.add(vHeldCommit, bug3, "%s: %s claimed the key while %s was committing (its caller told lost)", ref, c.describe(b), c.describe(r))
+		c.addf(vHeldCommit, bug3, "%s: %s claimed the key while %s was committing (its caller told lost)", ref, c.describe(b), c.describe(r))
 	}
 }
 

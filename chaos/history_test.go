@@ -401,7 +401,6 @@ type historyWorker struct {
 	done        chan struct{}
 	incarnation int
 	tag         string
-	errs        int
 }
 
 func newHistoryWorker(t *testing.T, cfg harnessConfig) *historyWorker {
@@ -415,7 +414,7 @@ func (w *historyWorker) start() error {
 	w.incarnation++
 	cfg := w.cfg
 	cfg.Worker = fmt.Sprintf("%s.%d", w.cfg.Worker, w.incarnation)
-	cfg.Stream = w.cfg.Stream<<8 | uint64(w.incarnation)
+	cfg.Stream = w.cfg.Stream<<8 | uint64(w.incarnation) //nolint:gosec // a count of restarts, never negative
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return err
@@ -521,5 +520,5 @@ func TestHistoryWorker(t *testing.T) {
 	defer h.close()
 	h.load(ctx)
 	n, first := h.recordErrors()
-	fmt.Printf("record errors: %d %v\n", n, first)
+	fmt.Fprintf(os.Stdout, "record errors: %d %v\n", n, first)
 }

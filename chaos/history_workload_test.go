@@ -478,7 +478,7 @@ func (h *harness) handle(ctx context.Context, a *attempt, mode string, step func
 	if len(runID)%5 == 0 { // a stored answer that is not a 2xx now and then
 		status = http.StatusPaymentRequired
 	}
-	body, _ := json.Marshal(runBody{Run: runID})
+	body, _ := json.Marshal(runBody{Run: runID}) //nolint:errchkjson // a struct of one string field always encodes
 	return onceonly.Result{Status: status, ContentType: "application/json", Body: body}, nil
 }
 
@@ -674,7 +674,7 @@ func (h *harness) callDoSQLTx(ctx context.Context, a *attempt) told {
 func (h *harness) callHTTP(ctx context.Context, a *attempt) told {
 	h.attempts.Store(a.id, a)
 	defer h.attempts.Delete(a.id)
-	body, _ := json.Marshal(map[string]string{"payload": a.payload})
+	body, _ := json.Marshal(map[string]string{"payload": a.payload}) //nolint:errchkjson // a map of strings always encodes
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/ops", strings.NewReader(string(body)))
 	if err != nil {
 		return told{kind: toldOther, detail: err.Error()}
@@ -791,7 +791,7 @@ func (h *harness) runClient(ctx context.Context, rng *rand.Rand, scope, key, ent
 	}
 }
 
-// slotKey returns the key slot slot holds at now: slots change
+// slotKey returns the key that slot holds at now: slots change
 // generation every keyPeriod, each at its own offset, counted from the
 // run's start, so every process of the run agrees on the keys.
 func (h *harness) slotKey(slot int, now time.Time) string {

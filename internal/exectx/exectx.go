@@ -201,7 +201,7 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 	case t.closed:
 		return nil, pgx.ErrTxClosed
 	case t.tx != nil:
-		return t.track(t.tx.Query(ctx, sql, args...))
+		return t.track(t.tx.Query(ctx, sql, args...)) //nolint:sqlclosecheck // the caller closes the rows it asked for
 	}
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
@@ -211,7 +211,7 @@ func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, erro
 		_ = br.Close()
 		return nil, err
 	}
-	return t.track(&batchRows{Rows: rows, results: br}, nil)
+	return t.track(&batchRows{Rows: rows, results: br}, nil) //nolint:sqlclosecheck // the caller closes the rows it asked for
 }
 
 // QueryRow runs sql in the transaction; the row is read by its Scan.
@@ -435,7 +435,7 @@ func (s savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 func (s savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	s.t.mu.Lock()
 	defer s.t.mu.Unlock()
-	return s.t.track(s.Tx.Query(ctx, sql, args...))
+	return s.t.track(s.Tx.Query(ctx, sql, args...)) //nolint:sqlclosecheck // the caller closes the rows it asked for
 }
 
 // QueryRow runs sql in the savepoint; the row is read by its Scan.

@@ -172,7 +172,8 @@ var ErrKeptOtherwise = errors.New("lease: the key is held otherwise now")
 // and keep runs again a third of the lease later.
 var ErrKeepLater = errors.New("lease: nothing to keep alive with now")
 
-// Kept returns a Fixed lease that keep extends, for an execution whose
+// Kept returns a Fixed lease that keep extends (with ctx's values, not its
+// end), for an execution whose
 // key is held by its own open transaction (a single-commit execution):
 // once a third of the lease has passed since start, and a third of it after
 // each keep that succeeded, keep runs; one that succeeds moves the lease's
@@ -181,16 +182,16 @@ var ErrKeepLater = errors.New("lease: nothing to keep alive with now")
 // the lease), so an execution whose process lives is never ended for being
 // slow, and one whose process died or hangs keeps nothing alive. A keep
 // that fails ends the keeping: the lease runs out at its end.
-func (k *Keeper) Kept(ref keystate.Ref, owner keystate.Owner, start time.Time, onLost func(), keep func(context.Context) error) *Lease {
+func (k *Keeper) Kept(ctx context.Context, ref keystate.Ref, owner keystate.Owner, start time.Time, onLost func(), keep func(context.Context) error) *Lease {
 	l := k.Fixed(ref, owner, start, onLost)
 	l.kept = make(chan struct{})
-	go k.keep(l, start, keep)
+	go k.keep(context.WithoutCancel(ctx), l, start, keep) // the keeping ends with the lease, not with ctx
 	return l
 }
 
 // keep runs keep for l every third of the lease from start, until l is
-// released or a keep fails.
-func (k *Keeper) keep(l *Lease, start time.Time, keep func(context.Context) error) {
+// released or a keep fails; each keep gets ctx's values.
+func (k *Keeper) keep(ctx context.Context, l *Lease, start time.Time, keep func(context.Context) error) {
 	period := k.lease / 3
 	timer := time.NewTimer(time.Until(start.Add(period)))
 	defer timer.Stop()
@@ -205,8 +206,8 @@ func (k *Keeper) keep(l *Lease, start time.Time, keep func(context.Context) erro
 		// transaction it keeps (a canceled statement's connection may be
 		// closed), and one that lands later is too late anyway.
 		until, _ := l.state()
-		ctx, cancel := context.WithDeadline(context.Background(), until)
-		err := keep(ctx)
+		kctx, cancel := context.WithDeadline(ctx, until)
+		err := keep(kctx)
 		cancel()
 		switch {
 		case errors.Is(err, ErrKeptOtherwise):

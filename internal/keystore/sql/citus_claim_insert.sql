@@ -20,7 +20,7 @@
 INSERT INTO idempotency_keys AS k
 	(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
 VALUES (@scope, @key, 'in_progress', @floor::bigint + 1, @fingerprint, @owner::uuid,
-	now() + @lease::interval, now() + @ttl::interval)
+	statement_timestamp() + @lease::interval, now() + @ttl::interval)
 RETURNING k.scope, k.key, k.status, k.version, k.fingerprint,
 	coalesce(k.owner, '00000000-0000-0000-0000-000000000000'::uuid) AS owner, @lease_ms::bigint AS lease_ms,
 	coalesce(k.response_status, 0) AS response_status, coalesce(k.response_content_type, '') AS response_content_type,

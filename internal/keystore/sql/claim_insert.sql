@@ -7,6 +7,11 @@
 -- another transaction holds it, an execution of the key is under way, and
 -- the statement fails with SQLSTATE OO002 (onceonly_key_busy).
 --
+-- The lease runs from the statement, not from its transaction's start
+-- (now()): a one-commit execution's promotion (QueueSinglePromote) sends
+-- this in a transaction that may have begun leases ago, and its holder
+-- counts its lease from the promotion.
+--
 -- @scope   @key   @lock_id (integer)   @fingerprint   @owner (uuid)   @lease (interval)
 -- @ttl: how long the row lives (interval)
 -- @notify: notify the relays (on @channel) in this statement's transaction
@@ -18,7 +23,7 @@ WITH claimed AS (
 	INSERT INTO idempotency_keys AS k
 		(scope, key, status, version, fingerprint, owner, lease_expires_at, expires_at)
 	SELECT @scope, @key, 'in_progress', coalesce((SELECT version FROM idempotency_version_floor), 0) + 1,
-		@fingerprint, @owner::uuid, now() + @lease::interval, now() + @ttl::interval
+		@fingerprint, @owner::uuid, statement_timestamp() + @lease::interval, now() + @ttl::interval
 	WHERE {{key_locked}}
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING k.*
