@@ -70,7 +70,7 @@ func setup(t testing.TB, configure ...func(*onceonly.Config)) *testBundle {
 // ends.
 func (b *testBundle) declare(t testing.TB, q onceamqp.Queue) {
 	t.Helper()
-	require.NoError(t, onceamqp.DeclareQueue(b.channel(t), q))
+	require.NoError(t, onceamqp.DeclareQueue(b.conn, q))
 	t.Cleanup(func() {
 		// On a channel of its own: the test's may be closed by then.
 		ch, err := b.conn.Channel()
