@@ -113,15 +113,7 @@ func TestNoDeliveryLimitByDefault(t *testing.T) {
 	ch := b.channel(t)
 	b.publish(t, ch, "order-1", `{"amount":100}`)
 	for i := range 25 {
-		var d amqp.Delivery
-		testenv.Eventually(t, 10*time.Second, "the message back", func() bool {
-			var ok bool
-			var err error
-			d, ok, err = ch.Get(b.queue.Name, false)
-			require.NoError(t, err)
-			return ok
-		})
-		require.NoError(t, d.Nack(false, true), "return %d", i+1)
+		require.NoError(t, next(t, ch, b.queue.Name, false).Nack(false, true), "return %d", i+1)
 	}
 	testenv.Eventually(t, 10*time.Second, "the message ready", func() bool { return b.ready(t, b.queue.Name) == 1 })
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
