@@ -192,36 +192,36 @@ func (q Queue) arguments(server amqp.Table) (queueArgs, error) {
 	// No limit on the dead-letter queue either: on RabbitMQ 4 a dead
 	// letter requeued 20 times would be dropped (that queue has no
 	// dead-letter exchange of its own).
-	unlimited, err := noDeliveryLimit(server)
+	unlimited, declared, err := noDeliveryLimit(server)
 	switch {
 	case q.DeliveryLimit > 0:
 		args.work[argDeliveryLimit] = q.DeliveryLimit
 	case err != nil:
 		return queueArgs{}, err
-	case unlimited != nil:
+	case declared:
 		args.work[argDeliveryLimit] = unlimited
 	}
-	if unlimited != nil {
+	if declared {
 		args.dead[argDeliveryLimit] = unlimited
 	}
 	return args, nil
 }
 
 // noDeliveryLimit returns the x-delivery-limit that means no limit on the
-// broker whose server properties are server, nil for no argument: -1 from
-// RabbitMQ 4.0 on, whose quorum queues have a limit of 20 by default;
-// before 4.0 none is the default, and -1 a limit that dead-letters every
-// message at its first return.
-func noDeliveryLimit(server amqp.Table) (any, error) {
+// broker whose server properties are server, and whether to declare it at
+// all: -1 from RabbitMQ 4.0 on, whose quorum queues have a limit of 20 by
+// default; before 4.0 no argument, the default there, as -1 is a limit
+// that dead-letters every message at its first return.
+func noDeliveryLimit(server amqp.Table) (limit int, declared bool, err error) {
 	version, _ := server["version"].(string)
 	majorText, _, _ := strings.Cut(version, ".")
 	major, err := strconv.Atoi(majorText)
 	if err != nil {
-		return nil, fmt.Errorf("onceamqp: the broker's version %q has no major version, on which "+
+		return 0, false, fmt.Errorf("onceamqp: the broker's version %q has no major version, on which "+
 			"the x-delivery-limit that means no limit depends: set Queue.DeliveryLimit to a limit or DeliveryLimitUnset", version)
 	}
 	if major >= 4 {
-		return -1, nil
+		return -1, true, nil
 	}
-	return nil, nil
+	return 0, false, nil
 }
