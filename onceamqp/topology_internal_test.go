@@ -1,6 +1,7 @@
 package onceamqp
 
 import (
+	"maps"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -16,10 +17,8 @@ func TestQueueArguments(t *testing.T) {
 	atLeastOnce := amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": "x",
 		"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
 	with := func(args amqp.Table, key string, v any) amqp.Table {
-		out := amqp.Table{key: v}
-		for k, a := range args {
-			out[k] = a
-		}
+		out := maps.Clone(args)
+		out[key] = v
 		return out
 	}
 	quorum := amqp.Table{"x-queue-type": "quorum"}

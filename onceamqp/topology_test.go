@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"strings"
 	"testing"
@@ -45,10 +46,7 @@ func unlimited(conn *amqp.Connection) any {
 
 // with returns args and key set to v (nil: without key).
 func with(args amqp.Table, key string, v any) amqp.Table {
-	out := amqp.Table{}
-	for k, a := range args {
-		out[k] = a
-	}
+	out := maps.Clone(args)
 	if v == nil {
 		delete(out, key)
 	} else {
