@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,10 +165,16 @@ func TestQueueDeclaredBefore(t *testing.T) {
 // the broker, starts a consumer that rejects every one (invalid), and
 // starts the broker again, so the rejections come while its queues
 // recover. With AtMostOnce dead letters go out without confirms, and
-// those sent before the dead-letter queue's leader is back are lost.
+// those sent before the dead-letter queue is ready are lost: run it with
+// TEST_AMQP_DEAD_LETTERS=at-most-once to see it fail (on RabbitMQ 3.10
+// it lost 233 to 618 of the 900 in each of four runs).
 func TestDeadLettersSurviveRestarts(t *testing.T) {
 	t.Parallel()
-	deadLettersAcrossRestarts(t, onceamqp.AtLeastOnce)
+	strategy := onceamqp.AtLeastOnce
+	if os.Getenv("TEST_AMQP_DEAD_LETTERS") == "at-most-once" {
+		strategy = onceamqp.AtMostOnce
+	}
+	deadLettersAcrossRestarts(t, strategy)
 }
 
 // deadLettersAcrossRestarts runs TestDeadLettersSurviveRestarts's rounds
@@ -219,6 +227,11 @@ func deadLettersAcrossRestarts(t *testing.T, strategy onceamqp.DeadLetterStrateg
 				testenv.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "error"}),
 				lastLines(logs.String(), "dead-lettering the message", 20))
 		}
+		// The count includes a rejection sent on a connection lost before
+		// the broker took it, whose redelivery is rejected again: the
+		// round ends when the work queue holds none of its messages,
+		// ready or delivered.
+		testenv.Eventually(t, 4*time.Minute, "the work queue empty", func() bool { return inQueue(srv, name) == 0 })
 		c.Stop()
 	}
 
@@ -248,8 +261,22 @@ func deadLettersAcrossRestarts(t *testing.T, strategy onceamqp.DeadLetterStrateg
 				}
 			}
 		}
-		t.Fatalf("%d of %d dead letters lost: %s", len(missing), rounds*perRound, strings.Join(missing[:min(len(missing), 20)], " "))
+		t.Fatalf("%d of %d dead letters lost (%d messages in the work queue): %s",
+			len(missing), rounds*perRound, inQueue(srv, name), strings.Join(missing[:min(len(missing), 20)], " "))
 	}
+}
+
+// inQueue returns how many messages queue holds on srv, ready or
+// delivered and not settled.
+func inQueue(srv *testenv.RabbitMQServer, queue string) int {
+	for line := range strings.Lines(srv.Ctl("-s", "list_queues", "name", "messages")) {
+		if name, n, ok := strings.Cut(strings.TrimSpace(line), "\t"); ok && name == queue {
+			if v, err := strconv.Atoi(n); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
 }
 
 func messageID(round, i int) string { return fmt.Sprintf("round-%d-%d", round, i) }
