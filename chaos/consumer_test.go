@@ -614,10 +614,10 @@ func (r *ccRun) requireDead(m *ccMessage, ds []deadLetter, reason string, least,
 	}
 }
 
-// allowDuplicates returns the most dead letters a message may have when
-// it has n of at most most copies: on RabbitMQ, whose dead letters move
-// at least once, every one past most is counted as a duplicate and
-// allowed.
+// allowDuplicates returns how many dead letters a message may have when
+// it has n and its copies allow up to most: on RabbitMQ, whose dead
+// letters move at least once, every one past most is counted as a
+// duplicate and allowed.
 func (r *ccRun) allowDuplicates(n, most int) int {
 	if _, ok := r.broker.(*amqpChaos); ok && n > most {
 		r.s.DuplicateDeadLetters += n - most
