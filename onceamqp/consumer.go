@@ -76,11 +76,10 @@ type Options struct {
 	AMQP amqp.Config
 	// Queue is the queue consumed.
 	Queue string
-	// Declare, when set, runs on the channel of every new connection
-	// before consuming starts: declare the topology there (DeclareQueue),
-	// idempotently. An error closes the connection and is retried as a
-	// failed connection.
-	Declare func(ch *amqp.Channel) error
+	// Declare, when set, runs on every new connection before consuming
+	// starts: declare the topology there (DeclareQueue), idempotently. An
+	// error closes the connection and is retried as a failed connection.
+	Declare func(conn *amqp.Connection) error
 
 	// Scope is the scope of every message's key (the tenant, or the
 	// message type). ScopeOf, when set, takes it from each delivery

@@ -398,20 +398,6 @@ func TestStopIsBounded(t *testing.T) {
 	require.Empty(t, b.effects(t, "order-1"))
 }
 
-// DeclareQueue declares the same topology twice without complaint, and
-// refuses a delivery limit on a classic queue.
-func TestDeclareQueue(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	require.NoError(t, onceamqp.DeclareQueue(b.channel(t), b.queue))
-	require.Error(t, onceamqp.DeclareQueue(b.channel(t), onceamqp.Queue{Name: "x", DeadLetterExchange: "y", Classic: true, DeliveryLimit: 3}))
-	require.Error(t, onceamqp.DeclareQueue(b.channel(t), onceamqp.Queue{Name: "x"}))
-	// The same name with other arguments: the broker refuses it.
-	other := b.queue
-	other.DeliveryLimit = 5
-	require.Error(t, onceamqp.DeclareQueue(b.channel(t), other))
-}
-
 // The message reaches the handler as the engine stored it: scope, key and
 // payload from the options' functions, and the delivery.
 func TestHandlerSeesTheMessage(t *testing.T) {

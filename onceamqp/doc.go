@@ -54,7 +54,11 @@
 //
 // The reason is logged and counted (onceonly_amqp_deliveries_total). A
 // queue without a dead-letter exchange drops what is rejected: declare one
-// (DeclareQueue does).
+// (DeclareQueue does). RabbitMQ moves a quorum queue's dead letters at most
+// once by default, without confirms, and loses those it sends while the
+// dead-letter queue is not ready (a broker restarting); DeclareQueue
+// declares at-least-once dead-lettering instead (Queue.DeadLetters): none
+// is lost, and one may arrive twice.
 //
 // # Why the delivery is held, not sent through a delay queue
 //
@@ -68,11 +72,16 @@
 // the limit that counts executions, not deliveries; with one, set it well
 // above MaxFailures plus the requeues of keys in flight or handed off, or
 // a message would be dead-lettered by the broker without its reason.
+// DeclareQueue declares none by default, as the broker's version
+// understands it: RabbitMQ 4's quorum queues have a limit of 20 unless
+// x-delivery-limit is -1, which before 4.0 would dead-letter a message at
+// its first return.
 //
 // # Connections and shutdown
 //
-// Run (or Start) dials the broker, opens a channel with Qos Prefetch,
-// runs Options.Declare and consumes with Workers goroutines. A lost
+// Run (or Start) dials the broker, runs Options.Declare on the
+// connection, opens a channel with Qos Prefetch and consumes with Workers
+// goroutines. A lost
 // connection or channel (a broker restart, a network cut, a channel
 // closed by consumer_timeout, the consumer cancelled because the queue
 // went away) is redialled with backoff, forever; deliveries of the lost

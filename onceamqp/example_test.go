@@ -53,7 +53,7 @@ func Example() {
 	}, onceamqp.Options{
 		URL:     amqpURL,
 		Queue:   topology.Name,
-		Declare: func(ch *amqp.Channel) error { return onceamqp.DeclareQueue(ch, topology) },
+		Declare: func(conn *amqp.Connection) error { return onceamqp.DeclareQueue(conn, topology) },
 		Scope:   "orders",
 		Workers: 1, // one at a time, so the example prints in order
 		Settled: func(d *amqp.Delivery, s onceonly.Settlement) {
@@ -126,11 +126,11 @@ func examplePublisher(ctx context.Context, amqpURL string, topology onceamqp.Que
 		panic(err)
 	}
 	context.AfterFunc(ctx, func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
+	if err := onceamqp.DeclareQueue(conn, topology); err != nil {
 		panic(err)
 	}
-	if err := onceamqp.DeclareQueue(ch, topology); err != nil {
+	ch, err := conn.Channel()
+	if err != nil {
 		panic(err)
 	}
 	if err := ch.Confirm(false); err != nil {

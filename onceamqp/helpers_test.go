@@ -70,7 +70,7 @@ func setup(t testing.TB, configure ...func(*onceonly.Config)) *testBundle {
 // ends.
 func (b *testBundle) declare(t testing.TB, q onceamqp.Queue) {
 	t.Helper()
-	require.NoError(t, onceamqp.DeclareQueue(b.channel(t), q))
+	require.NoError(t, onceamqp.DeclareQueue(b.conn, q))
 	t.Cleanup(func() {
 		// On a channel of its own: the test's may be closed by then.
 		ch, err := b.conn.Channel()
@@ -193,12 +193,18 @@ func (b *testBundle) ready(t testing.TB, queue string) int {
 // returns it (acknowledged).
 func (b *testBundle) deadLetter(t *testing.T) amqp.Delivery {
 	t.Helper()
-	ch := b.channel(t)
+	return next(t, b.channel(t), b.queue.DeadLetterQueue, true)
+}
+
+// next waits for the next message of queue on ch and returns it,
+// acknowledged when autoAck.
+func next(t *testing.T, ch *amqp.Channel, queue string, autoAck bool) amqp.Delivery {
+	t.Helper()
 	var d amqp.Delivery
-	testenv.Eventually(t, 10*time.Second, "a dead letter", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a message in "+queue, func() bool {
 		var ok bool
 		var err error
-		d, ok, err = ch.Get(b.queue.DeadLetterQueue, true)
+		d, ok, err = ch.Get(queue, autoAck)
 		require.NoError(t, err)
 		return ok
 	})

@@ -89,14 +89,14 @@ func (c *Consumer) open(ctx context.Context) (_ *session, err error) {
 			_ = conn.Close()
 		}
 	}()
+	if c.opts.Declare != nil {
+		if err := c.opts.Declare(conn); err != nil {
+			return nil, fmt.Errorf("declare: %w", err)
+		}
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open a channel: %w", err)
-	}
-	if c.opts.Declare != nil {
-		if err := c.opts.Declare(ch); err != nil {
-			return nil, fmt.Errorf("declare: %w", err)
-		}
 	}
 	if err := ch.Qos(c.opts.Prefetch, 0, false); err != nil {
 		return nil, fmt.Errorf("set prefetch: %w", err)

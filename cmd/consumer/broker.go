@@ -27,8 +27,11 @@ const (
 	natsJetStream
 )
 
-// The demo's topology on RabbitMQ (DESIGN §4, Consumer): publishers send on
-// the default exchange with routing key payments.charge.
+// The demo's topology on RabbitMQ: durable quorum queue payments.charge,
+// which publishers reach through the default exchange with routing key
+// payments.charge, with no delivery limit and at-least-once dead-lettering
+// (DeclareQueue's defaults) to durable fanout exchange payments.dead, bound
+// to durable quorum queue payments.charge.dead.
 var demoQueue = onceamqp.Queue{
 	Name:               "payments.charge",
 	DeadLetterExchange: "payments.dead",
@@ -117,7 +120,7 @@ func newAMQPConsumer(c consumerConfig) (consumer, func(), error) {
 		URL:             c.url,
 		AMQP:            amqp.Config{Properties: amqp.Table{"connection_name": "onceonly consumer"}},
 		Queue:           demoQueue.Name,
-		Declare:         func(ch *amqp.Channel) error { return onceamqp.DeclareQueue(ch, demoQueue) },
+		Declare:         func(conn *amqp.Connection) error { return onceamqp.DeclareQueue(conn, demoQueue) },
 		ScopeOf:         func(d *amqp.Delivery) (string, error) { return merchantOf(d.Body) },
 		Payload:         func(d *amqp.Delivery) ([]byte, error) { return payloadOf(d.Body) },
 		Name:            handlerName,

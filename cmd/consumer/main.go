@@ -8,8 +8,9 @@
 //	consumer publish KEY MESSAGE     publish a payment message (the tour, scripts)
 //
 // BROKER_URL picks the broker: amqp://user:pass@host:port/vhost (RabbitMQ,
-// package onceamqp: quorum queue payments.charge, dead letters through
-// exchange payments.dead into queue payments.charge.dead) or
+// package onceamqp: quorum queue payments.charge, dead letters moved at
+// least once through exchange payments.dead into quorum queue
+// payments.charge.dead) or
 // nats://host:port (NATS JetStream, package oncenats: stream PAYMENTS on
 // payments.charge and payments.dead, durable pull consumer payments).
 // The consumer declares that topology at start and whenever it connects

@@ -75,12 +75,12 @@ func publishAMQP(ctx context.Context, url, key string, body []byte, copies int) 
 		return fmt.Errorf("dial rabbitmq: %w", err)
 	}
 	defer conn.Close()
+	if err := onceamqp.DeclareQueue(conn, demoQueue); err != nil {
+		return err
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open a channel: %w", err)
-	}
-	if err := onceamqp.DeclareQueue(ch, demoQueue); err != nil {
-		return err
 	}
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("confirm mode: %w", err)

@@ -37,7 +37,13 @@ func AMQPURL(tb testing.TB) string {
 // command fails.
 func RabbitMQCtl(tb testing.TB, args ...string) string {
 	tb.Helper()
-	ctl := Env(tb, "TEST_RABBITMQCTL", "this test runs rabbitmqctl", howToStartRabbitMQ)
+	return runRabbitMQCtl(tb, Env(tb, "TEST_RABBITMQCTL", "this test runs rabbitmqctl", howToStartRabbitMQ), args...)
+}
+
+// runRabbitMQCtl runs the rabbitmqctl ctl with args and returns its
+// standard output; it fails the test when the command fails.
+func runRabbitMQCtl(tb testing.TB, ctl string, args ...string) string {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer

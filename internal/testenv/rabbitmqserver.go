@@ -60,6 +60,14 @@ func (s *RabbitMQServer) Start() {
 // does not stop in 30 s is killed.
 func (s *RabbitMQServer) Stop() { s.run("stop-brokers", s.dir) }
 
+// Ctl runs rabbitmqctl against the node (the wrapper scripts/services.sh
+// writes beside it) and returns its standard output; it fails the test
+// when the command fails. Each run boots an Erlang VM: a second or more.
+func (s *RabbitMQServer) Ctl(args ...string) string {
+	s.tb.Helper()
+	return runRabbitMQCtl(s.tb, filepath.Join(s.dir, "rabbitmq", "rabbitmqctl"), args...)
+}
+
 // Restart stops the node and starts it again on the same port and data.
 func (s *RabbitMQServer) Restart() {
 	s.tb.Helper()
