@@ -167,7 +167,7 @@ func TestQueueDeclaredBefore(t *testing.T) {
 // recover. With AtMostOnce dead letters go out without confirms, and
 // those sent before the dead-letter queue is ready are lost: run it with
 // TEST_AMQP_DEAD_LETTERS=at-most-once to see it fail (on RabbitMQ 3.10
-// it lost 233 to 618 of the 900 in each of four runs).
+// it lost 233 to 618 of the 900 in each of five runs).
 func TestDeadLettersSurviveRestarts(t *testing.T) {
 	t.Parallel()
 	strategy := onceamqp.AtLeastOnce
