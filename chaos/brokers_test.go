@@ -18,7 +18,7 @@ import (
 	"github.com/onceonly/onceonly/internal/testenv"
 )
 
-// The demo consumer's topology (DESIGN §4, Consumer), as publishers and
+// The demo consumer's topology (docs/consumers.md), as publishers and
 // operators see it.
 const (
 	natsStream       = "PAYMENTS"

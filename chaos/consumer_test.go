@@ -36,7 +36,7 @@ import (
 const (
 	ccMaxFailures = 3
 	// ccSettleLimit bounds the wait, after the load, for every message to
-	// settle: DESIGN §4 says LEASE_TIMEOUT + 30 s of its last publication,
+	// settle: docs/consumers.md says LEASE_TIMEOUT + 30 s of its last publication,
 	// plus the broker's redelivery delay after a restart.
 	ccSettleLimit = leaseTimeout + 60*time.Second
 	// ccGatewayFaults are the gateway's faults, rarer than TestChaos's: a

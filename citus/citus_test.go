@@ -1,4 +1,4 @@
-// Package citus runs onceonly on Citus (distributed PostgreSQL, DESIGN §5):
+// Package citus runs onceonly on Citus (distributed PostgreSQL, docs/citus.md):
 // the commands as real processes with DATABASE_URL at the coordinator of
 // the cluster TEST_CITUS_URL names. It checks that `api migrate up`
 // distributes the tables, that the tour passes, that a short chaos run
