@@ -16,7 +16,7 @@ type citusTable struct {
 	ColocationID int    `db:"colocation_id"`
 }
 
-// TestMigrateDistributes checks DESIGN §5's layout after `api migrate up`
+// TestMigrateDistributes checks the Citus layout (docs/citus.md) after `api migrate up`
 // and the gateway's own migration: the engine's keys and outbox by scope
 // and the demo's payments by merchant_id, in one co-location group; the
 // version floor and the gateway's tables as reference tables. A second

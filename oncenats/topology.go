@@ -33,8 +33,8 @@ type Topology struct {
 	AckWait time.Duration
 }
 
-// DemoTopology is the topology of the demo's consumer (DESIGN §4,
-// Consumer): stream PAYMENTS on payments.charge and payments.dead, durable
+// DemoTopology is the topology of the demo's consumer (docs/consumers.md):
+// stream PAYMENTS on payments.charge and payments.dead, durable
 // pull consumer payments on payments.charge, AckWait 30s.
 func DemoTopology() Topology {
 	return Topology{

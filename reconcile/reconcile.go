@@ -201,7 +201,7 @@ func (r *Reconciler) Pass(ctx context.Context, dryRun bool) (_ Report, err error
 	// any connection, a PgBouncer's in transaction mode included. On Citus
 	// it is the coordinator's advisory lock (try_lock reads no table): it
 	// admits one pass at a time as long as every reconciler's DATABASE_URL
-	// is the coordinator, as DESIGN §5 has it (a reconciler pointed at a
+	// is the coordinator, as docs/citus.md has it (a reconciler pointed at a
 	// worker would take that worker's lock instead).
 	lockTx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {

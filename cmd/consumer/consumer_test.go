@@ -25,7 +25,7 @@ const (
 )
 
 // TestConsumer runs the consumer binary on each broker through every
-// outcome of DESIGN §4 (Consumer). The binary is built once; the subtests
+// outcome docs/consumers.md describes. The binary is built once; the subtests
 // run one after the other (the topology's names are fixed).
 func TestConsumer(t *testing.T) {
 	bin := testenv.BuildBinary(t, ".")

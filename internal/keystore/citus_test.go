@@ -1,6 +1,6 @@
 //go:build citus
 
-// The store's tests on Citus (DESIGN §5), run by `make test-citus` (go test
+// The store's tests on Citus (docs/citus.md), run by `make test-citus` (go test
 // -tags citus) against the cluster whose coordinator TEST_CITUS_URL names:
 // each test gets a database of its own on every node, migrated as `api
 // migrate up` does, so the engine's tables are distributed by scope. The

@@ -16,7 +16,7 @@ import (
 
 // Distribution is how the engine's tables are laid out.
 //
-// On a distributed database (Citus, DESIGN §5), idempotency_keys and outbox
+// On a distributed database (Citus, docs/citus.md), idempotency_keys and outbox
 // are distributed by scope and co-located (migration 00009), so the rows of
 // one scope, keys and events, are on one shard. A statement that names its
 // scope (scope = @scope) runs on that shard's worker, as one Postgres would
