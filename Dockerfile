@@ -9,6 +9,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 COPY oncenats/go.mod oncenats/go.sum ./oncenats/
 COPY onceamqp/go.mod onceamqp/go.sum ./onceamqp/
+COPY demo/go.mod demo/go.sum ./demo/
 COPY cmd/go.mod cmd/go.sum ./cmd/
 RUN cd cmd && GOWORK=off go mod download
 COPY . .

@@ -94,7 +94,7 @@ docs:
 # ports and URLs, and the same BROKER; the crash step starts and kills a
 # second api, the message step publishes through bin/consumer publish).
 tour:
-	mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/gateway ./cmd/consumer ./examples/tour
+	mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/gateway ./cmd/consumer ./demo/tour
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:$${PG_PORT:-5432}/onceonly?sslmode=disable}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:$${REDIS_PORT:-6379}/0}" \
 	BROKER_URL="$${BROKER_URL:-$$(if [ "$(BROKER)" = rabbitmq ]; then echo amqp://guest:guest@127.0.0.1:$${AMQP_PORT:-5672}/; else echo nats://127.0.0.1:$${NATS_PORT:-4222}; fi)}" \

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // Inspection is a key's Postgres row and Redis value side by side.
@@ -94,7 +94,7 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 	if found {
 		in.Postgres = &StoredKey{
 			Status: KeyStatus(k.Status), Version: k.Version, Fingerprint: k.Fingerprint,
-			LeaseRemaining: k.LeaseRemaining, Response: k.Response, ExpiresIn: k.ExpiresIn, Failures: k.Failures,
+			LeaseRemaining: k.LeaseRemaining, Response: Result(k.Response), ExpiresIn: k.ExpiresIn, Failures: k.Failures,
 		}
 		if k.Status == keystate.InProgress {
 			in.Postgres.Owner = k.Owner.String()
@@ -109,7 +109,7 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 	if err == nil && inRedis {
 		in.Redis = &CachedKey{
 			Status: KeyStatus(entry.State), Version: entry.Version, Provisional: entry.Provisional,
-			Response: entry.Response, BodyInPostgres: entry.BodyInPostgres,
+			Response: Result(entry.Response), BodyInPostgres: entry.BodyInPostgres,
 		}
 		if entry.State == keystate.InProgress {
 			in.Redis.Owner = entry.Owner.String()

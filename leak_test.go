@@ -5,11 +5,11 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestMain fails the package's tests when a goroutine outlives them, and
 // gives the runnable examples DATABASE_URL and REDIS_URL of their own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "onceonly"))
+	goleak.VerifyTestMain(oncetest.WithExampleEnv(m, "onceonly"))
 }

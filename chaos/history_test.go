@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestChaosHistory is a history checker for exactly-once, in the spirit of
@@ -104,17 +104,17 @@ type HistorySummary struct {
 // runHistory runs one variant: the load and its faults for duration, the
 // wait until every key settled, then the checker.
 func runHistory(t *testing.T, variant string, seed uint64, duration time.Duration) *HistorySummary {
-	ctx := testenv.ContextFor(t, duration+10*time.Minute)
-	dbURL := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, dbURL)
+	ctx := oncetest.ContextFor(t, duration+10*time.Minute)
+	dbURL := oncetest.DatabaseURL(t)
+	pool := oncetest.Pool(t, dbURL)
 	if _, err := pool.Exec(ctx, historySchema); err != nil {
 		t.Fatalf("create the history tables: %v", err)
 	}
-	redisSrv := testenv.NewRedisServer(t)
-	proxy, redisURL := testenv.NewFaultProxyFor(t, redisSrv.URL())
+	redisSrv := oncetest.NewRedisServer(t)
+	proxy, redisURL := oncetest.NewFaultProxyFor(t, redisSrv.URL())
 	start := time.Now()
 	cfg := harnessConfig{
-		DatabaseURL: dbURL, RedisURL: redisURL, RedisPrefix: "h" + testenv.RandomSuffix(8) + ":",
+		DatabaseURL: dbURL, RedisURL: redisURL, RedisPrefix: "h" + oncetest.RandomSuffix(8) + ":",
 		Worker: "p0", Seed: seed, Lease: historyLease, Start: start, Until: start.Add(duration),
 		Bursts: 6, Slots: 20, PoolConns: 12,
 	}
@@ -148,7 +148,7 @@ func runHistory(t *testing.T, variant string, seed uint64, duration time.Duratio
 	}
 	h.load(ctx)
 	wg.Wait()
-	proxy.SetMode(testenv.Pass)
+	proxy.SetMode(oncetest.Pass)
 	for _, w := range workers {
 		if err := w.wait(cfg.Until.Add(2 * time.Minute)); err != nil {
 			t.Error(err)
@@ -158,7 +158,7 @@ func runHistory(t *testing.T, variant string, seed uint64, duration time.Duratio
 
 	// Every caller stopped: the key must settle within the leases, the
 	// reaper's grace and a few reconcile and resume intervals.
-	settled := testenv.Poll(3*historyLease+30*time.Second, func() bool {
+	settled := oncetest.Poll(3*historyLease+30*time.Second, func() bool {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'`).Scan(&n)
 		return err == nil && n == 0
@@ -315,8 +315,8 @@ func (f *faultLog) count(kind string, n int) {
 // (each chunk delayed past the engines' RedisTimeout), in phases of 1-4
 // s, until ctx ends. Redis is down or flapping about half of the time: the
 // engine's known bugs need Postgres alone to answer.
-func redisFaults(ctx context.Context, rng *rand.Rand, proxy *testenv.FaultProxy, faults *faultLog) {
-	defer proxy.SetMode(testenv.Pass)
+func redisFaults(ctx context.Context, rng *rand.Rand, proxy *oncetest.FaultProxy, faults *faultLog) {
+	defer proxy.SetMode(oncetest.Pass)
 	for ctx.Err() == nil {
 		d := time.Duration(1000+rng.IntN(3000)) * time.Millisecond
 		phaseEnd := time.Now().Add(d)
@@ -324,17 +324,17 @@ func redisFaults(ctx context.Context, rng *rand.Rand, proxy *testenv.FaultProxy,
 		switch p := rng.IntN(100); {
 		case p < 15:
 			phase = "redis_up"
-			proxy.SetMode(testenv.Pass)
+			proxy.SetMode(oncetest.Pass)
 		case p < 65:
 			phase = "redis_down"
-			proxy.SetMode(testenv.Reset)
+			proxy.SetMode(oncetest.Reset)
 		case p < 85:
 			phase = "redis_flapping"
 			for ctx.Err() == nil && time.Now().Before(phaseEnd) {
-				if proxy.Mode() == testenv.Reset {
-					proxy.SetMode(testenv.Pass)
+				if proxy.Mode() == oncetest.Reset {
+					proxy.SetMode(oncetest.Pass)
 				} else {
-					proxy.SetMode(testenv.Reset)
+					proxy.SetMode(oncetest.Reset)
 				}
 				sleepCtx(ctx, time.Duration(50+rng.IntN(250))*time.Millisecond)
 			}

@@ -22,7 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The history test's workload: the callers, the handlers they run and
@@ -249,7 +249,7 @@ func newHarness(ctx context.Context, cfg harnessConfig) (*harness, error) {
 		e, err := onceonly.New(onceonly.Config{
 			Pool: pool, DB: db, Redis: h.rdb, RedisPrefix: cfg.RedisPrefix, TwoPhase: twoPhase,
 			LeaseTimeout: cfg.Lease, FailedTTL: time.Hour, ResumeInterval: 300 * time.Millisecond,
-			Logger: testenv.QuietLogger(),
+			Logger: oncetest.QuietLogger(),
 			Daemons: onceonly.Daemons{ReconcileSchedule: "@every 1s", ReapGrace: 100 * time.Millisecond,
 				PollInterval: 200 * time.Millisecond},
 		})

@@ -22,6 +22,7 @@ require (
 
 require (
 	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/lib/pq v1.12.3 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
@@ -47,6 +48,7 @@ require (
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nats.go v1.55.0
+	github.com/onceonly/onceonly/demo v0.0.0-00010101000000-000000000000
 	github.com/onceonly/onceonly/onceamqp v0.0.0-00010101000000-000000000000
 	github.com/onceonly/onceonly/oncenats v0.0.0-00010101000000-000000000000
 	github.com/opencontainers/go-digest v1.0.0 // indirect
@@ -80,3 +82,5 @@ replace github.com/onceonly/onceonly => ../
 replace github.com/onceonly/onceonly/oncenats => ../oncenats
 
 replace github.com/onceonly/onceonly/onceamqp => ../onceamqp
+
+replace github.com/onceonly/onceonly/demo => ../demo

@@ -45,7 +45,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // DefaultPrefix is the path the console is served under unless

@@ -22,7 +22,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/console"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 const (
@@ -48,17 +48,17 @@ type setupOpts struct {
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t)}
-	b.rdb, b.prefix = testenv.Redis(t)
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t)}
+	b.rdb, b.prefix = oncetest.Redis(t)
 	var err error
 	b.engine, err = onceonly.New(onceonly.Config{
-		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, Logger: testenv.QuietLogger(), LeaseTimeout: 10 * time.Second,
+		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, Logger: oncetest.QuietLogger(), LeaseTimeout: 10 * time.Second,
 	})
 	require.NoError(t, err)
 	t.Cleanup(b.engine.Close)
 	b.console, err = console.New(console.Config{
 		Engine: b.engine, Pool: b.pool, Auth: user + ":" + password,
-		ReadOnly: opts.readOnly, Redact: opts.redact, Logger: testenv.QuietLogger(),
+		ReadOnly: opts.readOnly, Redact: opts.redact, Logger: oncetest.QuietLogger(),
 	})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
@@ -178,7 +178,7 @@ func (b *testBundle) holdInStep(t *testing.T, key, request, outcome string) {
 		}
 		<-done
 	})
-	testenv.Eventually(t, 10*time.Second, "the step's outcome recorded", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the step's outcome recorded", func() bool {
 		var n int
 		_ = b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND steps->'charge' ? 'outcome'`, key).Scan(&n)
 		return n == 1

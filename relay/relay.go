@@ -31,12 +31,12 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceonly/onceonly/internal/backoff"
-	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/backoff"
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Defaults of Config.
@@ -113,7 +113,7 @@ type Config struct {
 type Relay struct {
 	life    startstop.Base
 	cfg     Config
-	store   *keystore.Store
+	store   *outbox.Store
 	cache   *cache.Cache
 	log     *slog.Logger
 	metrics *metrics
@@ -125,7 +125,7 @@ type Relay struct {
 	// at that point would.
 	afterPush func() error
 	// delivered, when set (benchmarks), sees every committed batch.
-	delivered func(events []keystore.Event, failed []keystore.FailedEvent, at batchTimes)
+	delivered func(events []outbox.Event, failed []outbox.FailedEvent, at batchTimes)
 }
 
 // New returns a Relay.
@@ -152,7 +152,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	return &Relay{
 		cfg:     cfg,
-		store:   keystore.New(keystore.Config{}),
+		store:   outbox.New(outbox.Config{}),
 		cache:   c,
 		log:     cfg.Logger,
 		metrics: m,
@@ -341,8 +341,8 @@ func (r *Relay) deliverBatch(ctx context.Context, full func()) (batchResult, err
 
 	var (
 		res            batchResult
-		batch          keystore.Batch
-		failed         []keystore.FailedEvent
+		batch          outbox.Batch
+		failed         []outbox.FailedEvent
 		taken, ackedAt time.Time
 		span           = noSpan
 	)
@@ -402,7 +402,7 @@ type batchTimes struct{ began, taken, acked time.Time }
 // the deletion of the events; on a failure it rolls tx back, which puts
 // every event back. It returns the refused events and when Redis
 // acknowledged the batch.
-func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch keystore.Batch, res *batchResult) (failed []keystore.FailedEvent, ackedAt time.Time, err error) {
+func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch outbox.Batch, res *batchResult) (failed []outbox.FailedEvent, ackedAt time.Time, err error) {
 	committed := false
 	defer func() {
 		if !committed {
@@ -439,7 +439,7 @@ func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch keystore.Batch, res *
 
 // firstUnavailable returns the error of the first event deferred for want
 // of Redis.
-func firstUnavailable(failed []keystore.FailedEvent) error {
+func firstUnavailable(failed []outbox.FailedEvent) error {
 	for _, f := range failed {
 		if f.Unavailable {
 			return f.Err
@@ -450,7 +450,7 @@ func firstUnavailable(failed []keystore.FailedEvent) error {
 
 // failedEvents returns the events whose key's update Redis refused, and
 // logs each.
-func (r *Relay) failedEvents(batch keystore.Batch, results []cache.ApplyResult) []keystore.FailedEvent {
+func (r *Relay) failedEvents(batch outbox.Batch, results []cache.ApplyResult) []outbox.FailedEvent {
 	var refused map[keystate.Ref]error
 	for i, res := range results {
 		if res.Err != nil {
@@ -463,14 +463,14 @@ func (r *Relay) failedEvents(batch keystore.Batch, results []cache.ApplyResult) 
 	if len(refused) == 0 {
 		return nil
 	}
-	var failed []keystore.FailedEvent
+	var failed []outbox.FailedEvent
 	for _, e := range batch.Events {
 		err, ok := refused[e.Ref()]
 		if !ok {
 			continue
 		}
 		unavailable := errors.Is(err, cache.ErrUnavailable)
-		failed = append(failed, keystore.FailedEvent{Event: e, Err: err, Unavailable: unavailable})
+		failed = append(failed, outbox.FailedEvent{Event: e, Err: err, Unavailable: unavailable})
 		if unavailable {
 			continue // counted and logged once for the batch
 		}
@@ -489,7 +489,7 @@ func (r *Relay) failedEvents(batch keystore.Batch, results []cache.ApplyResult) 
 // observe records a committed batch in the metrics. The lag of an event runs
 // from its write in Postgres (the Postgres clock) to Redis acknowledging it
 // (this process's clock).
-func (r *Relay) observe(res batchResult, events []keystore.Event, failed []keystore.FailedEvent, ackedAt time.Time) {
+func (r *Relay) observe(res batchResult, events []outbox.Event, failed []outbox.FailedEvent, ackedAt time.Time) {
 	if res.taken == 0 {
 		return
 	}
@@ -535,7 +535,7 @@ func (r *Relay) listenOnce(ctx context.Context, connected func()) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+keystore.NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	connected()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestConsoleIsServedOnlyWithItsCredentials: the console answers under
@@ -20,16 +20,16 @@ import (
 // /console/ path answers 404 when it is not, with or without credentials,
 // and CONSOLE_READONLY refuses every POST.
 func TestConsoleIsServedOnlyWithItsCredentials(t *testing.T) {
-	bin := testenv.BuildBinary(t, ".")
-	dbURL := testenv.DatabaseURL(t)
+	bin := oncetest.BuildBinary(t, ".")
+	dbURL := oncetest.DatabaseURL(t)
 	start := func(env ...string) string {
-		addr := testenv.FreeAddr(t)
+		addr := oncetest.FreeAddr(t)
 		cmd := exec.CommandContext(t.Context(), bin)
-		cmd.Env = append(os.Environ(), append(env, "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
-			"REDIS_PREFIX=console"+testenv.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "LOG_LEVEL=error")...)
+		cmd.Env = append(os.Environ(), append(env, "DATABASE_URL="+dbURL, "REDIS_URL="+oncetest.RedisURL(t),
+			"REDIS_PREFIX=console"+oncetest.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "LOG_LEVEL=error")...)
 		require.NoError(t, cmd.Start())
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		testenv.WaitReady(t, addr)
+		oncetest.WaitReady(t, addr)
 		return "http://" + addr
 	}
 	send := func(method, rawURL string, creds bool, form url.Values) (int, http.Header, string) {

@@ -19,16 +19,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/paygateway"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
 	"github.com/onceonly/onceonly/console"
-	"github.com/onceonly/onceonly/internal/config"
-	"github.com/onceonly/onceonly/internal/redisconn"
-	"github.com/onceonly/onceonly/payments"
-	"github.com/onceonly/onceonly/payments/schema"
+	"github.com/onceonly/onceonly/demo/payments"
+	"github.com/onceonly/onceonly/demo/payments/schema"
 )
 
 const demoAPIKeys = "sk_test_demo=acct_demo" //nolint:gosec // G101: the public demo key, accepted only while API_KEYS is unset, with a warning
@@ -131,7 +131,7 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	// degraded, never unready.
 	var optional map[string]ops.Check
 	if rdb != nil {
-		optional = map[string]ops.Check{"redis": redisconn.Check(rdb)}
+		optional = map[string]ops.Check{"redis": cache.ReadyCheck(rdb)}
 	}
 	mux := http.NewServeMux()
 	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping}, optional)
