@@ -39,7 +39,9 @@ func slowAPI(t *testing.T) (http.Handler, <-chan struct{}) {
 	t.Cleanup(engine.Close)
 	var charges atomic.Int64
 	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req struct{ Source string }
+		var req struct {
+			Source string `json:"source"`
+		}
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
