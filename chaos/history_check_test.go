@@ -95,10 +95,12 @@ const (
 	// handler). A resumption after a committed resumption, in the history.
 	bug6 = "bug6 handler started on a claim older than its lease"
 	// bugLostAfterCommit: a committed run's caller told its lease was
-	// lost (its writes rolled back): the lease ended, or was given up,
-	// while the commit was in flight, and the commit landed (not one of
-	// the known bugs; seen on a starved machine, calls about a lease long).
-	bugLostAfterCommit = "new: committed, but its caller told lost"
+	// lost (its writes rolled back): once the commit landed the key was no
+	// longer in progress, so the lease keeper's next renewal gave the
+	// lease up (or the lease ran out, no renewal extending it any more),
+	// and the lease's end canceled the commit's answer on its way back
+	// (fixed since: the completion goes with the caller's context).
+	bugLostAfterCommit = "bug7 committed, but its caller told lost"
 )
 
 // violation is one breach of an invariant, with the bug it is put down to.
@@ -163,9 +165,6 @@ func check(h *history) []violation {
 // run that found its lease lost before its first action, its start (it
 // did nothing; its start's record may have waited past the lease).
 func (c *checker) effectiveEnd(r *histRun) time.Time {
-	if r.Result == "lost" {
-		return r.Start
-	}
 	end := r.End
 	if end.IsZero() {
 		end = r.Start.Add(c.h.Lease)
@@ -177,6 +176,9 @@ func (c *checker) effectiveEnd(r *histRun) time.Time {
 		if p.Worker == r.Worker && p.From.After(r.Start) && p.From.Before(end) {
 			end, c.paused[r] = p.From, true
 		}
+	}
+	if r.Result == "lost" {
+		return r.Start // paused or not before it found out
 	}
 	return end
 }

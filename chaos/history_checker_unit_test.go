@@ -118,6 +118,23 @@ func TestHistoryChecker(t *testing.T) {
 			}
 		}(),
 	}, {
+		// Its process paused (its transaction ended by Postgres, no row
+		// left) before it found its lease lost: another payload may run.
+		name: "another payload after a lost one-commit run whose process paused: nothing",
+		h: history{
+			Runs: []histRun{withWorker(run("r1", entryConsumer, 0, 2600, "lost"), "w1.1"),
+				withPayload(withWorker(run("r2", entryConsumer, 2300, 2320, "failed"), "w1.1"), "p2")},
+			Pauses: []histPause{{Worker: "w1.1", From: at(50), To: at(2250)}},
+			Keys:   map[string]histKey{"s/k": {Status: "failed"}},
+		},
+	}, {
+		name: "another payload after a lost one-commit run: bug5",
+		h: history{
+			Runs: []histRun{run("r1", entryConsumer, 0, 2600, "lost"), withPayload(run("r2", entryConsumer, 2300, 2320, "failed"), "p2")},
+			Keys: map[string]histKey{"s/k": {Status: "failed"}},
+		},
+		want: []want{{vOtherPayload, bug5}},
+	}, {
 		name: "a lost one-commit run after a commit: I13, bug1",
 		h: func() history {
 			keys, effects := completed("r1")
