@@ -20,10 +20,13 @@ type histRun struct {
 	// Version is the version of the claim the run holds its key by (0: a
 	// one-commit execution's lock, or a claim in the caller's transaction
 	// that may roll back and be claimed again at the same version).
-	Version  int64
-	Start    time.Time // the handler was entered
-	Recorded time.Time // its start reached Postgres (zero in made-up histories)
-	End      time.Time // zero: none recorded (its process died)
+	Version int64
+	// EndVersion is the claim's version when the run ended: above 0 for a
+	// one-commit run whose step promoted it (it held a row from then on).
+	EndVersion int64
+	Start      time.Time // the handler was entered
+	Recorded   time.Time // its start reached Postgres (zero in made-up histories)
+	End        time.Time // zero: none recorded (its process died)
 	// Result is ok, failed, canceled (its sleep stopped by its context),
 	// panic, lost (it found its lease lost before its first action: it did
 	// nothing), or "" without an end.
@@ -205,6 +208,11 @@ func (c *checker) describe(r *histRun) string {
 
 func oneCommit(r *histRun) bool { return oneCommitModes[r.Mode] }
 
+// lockHeld reports whether r held its key by a one-commit transaction's
+// lock to its end: a run of a one-commit mode that no step promoted to a
+// row (a promoted one is taken over, and told so, as a two-phase one is).
+func lockHeld(r *histRun) bool { return oneCommit(r) && r.EndVersion == 0 }
+
 // rowClaimed reports whether r holds its key by a row claimed in a
 // transaction of its own, whose version orders it among the key's claims:
 // two-phase, Config.DB, a resumption, a one-commit entry point on a key
@@ -378,7 +386,7 @@ func (c *checker) checkPayloads(ref string) {
 			overrun = nil
 		}
 		switch {
-		case oneCommit(b) && c.overran(b) && !c.paused[b]:
+		case lockHeld(b) && c.overran(b) && !c.paused[b]:
 			if overrun == nil {
 				overrun = b
 			}
@@ -400,7 +408,7 @@ func (c *checker) leftRow(r *histRun) bool {
 	switch {
 	case r.End.IsZero() || c.paused[r] || callerTxModes[r.Mode]:
 		return false
-	case !oneCommit(r):
+	case !lockHeld(r):
 		return true
 	}
 	call, ok := c.calls[r.Attempt]
@@ -499,24 +507,24 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 		before += ", before " + c.describe(next)
 	}
 	switch {
-	case oneCommit(r) && (c.overran(r) || took >= c.h.Lease):
+	case lockHeld(r) && (c.overran(r) || took >= c.h.Lease):
 		if ranBeside(r.Start.Add(c.h.Lease)) == nil {
 			c.addf(vLostNoTakeover, bug5, "%s: %s overran (call %s), its caller (%s) told %s; %s", ref, c.describe(r), took.Round(time.Millisecond), call.Entry, call.Told, before)
 		}
 		return
-	case oneCommit(r) && prev != nil && oneCommit(prev) && prev.Result != "ok" && !c.end[prev].After(r.Start):
+	case lockHeld(r) && prev != nil && oneCommit(prev) && prev.Result != "ok" && !c.end[prev].After(r.Start):
 		c.addf(vLostNoTakeover, bug2, "%s: %s caller (%s) told %s right %s", ref, c.describe(r), call.Entry, call.Told, before)
 		return
 	}
 	b := ranBeside(call.End)
 	switch {
-	case b == nil && !expired && oneCommit(r) && c.claimedBeside(ref, r, call) != nil:
+	case b == nil && !expired && lockHeld(r) && c.claimedBeside(ref, r, call) != nil:
 		o := c.claimedBeside(ref, r, call)
 		c.addf(vHeldCommit, bug3, "%s: a %s call (%s–%s, told %s, its handler never ran) claimed the key beside %s (its caller told lost)",
 			ref, o.Entry, o.Start.Format("15:04:05.000"), o.End.Format("15:04:05.000"), o.Told, c.describe(r))
 	case b == nil && !expired:
 		c.addf(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s after %s; %s", ref, c.describe(r), call.Entry, call.Told, took.Round(time.Millisecond), before)
-	case b != nil && oneCommit(r) && !oneCommit(b) && b.Start.After(r.End):
+	case b != nil && lockHeld(r) && !oneCommit(b) && b.Start.After(r.End):
 		c.addf(vHeldCommit, bug3, "%s: %s claimed the key while %s was committing (its caller told lost)", ref, c.describe(b), c.describe(r))
 	}
 }

@@ -169,6 +169,20 @@ func TestHistoryChecker(t *testing.T) {
 		}(),
 		want: []want{{vLostNoTakeover, bug5}, {vOtherPayload, bug5}},
 	}, {
+		// Its step promoted it (a row from then on): when its lease ran
+		// out, a resumption took it over, after the lease, and committed.
+		name: "a promoted run-step that overran, told lost, resumed after its lease: nothing",
+		h: func() history {
+			keys, effects := completed("r2")
+			r1 := run("r1", entryRunStep, 0, 2050, "ok")
+			r1.EndVersion = 2
+			return history{
+				Runs:  []histRun{r1, claimed(run("r2", modeResume, 2650, 2840, "ok"), 3)},
+				Calls: []histCall{call("r1", entryRunStep, 0, 3880, toldLost, "")},
+				Keys:  keys, Effects: effects,
+			}
+		}(),
+	}, {
 		name: "another payload after a failed two-phase run",
 		h: history{
 			Runs: []histRun{run("r1", entryDo2, 0, 10, "failed"), withPayload(run("r2", entryDoSQL, 20, 30, "failed"), "p2")},

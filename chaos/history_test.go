@@ -216,15 +216,15 @@ func runHistory(t *testing.T, variant string, seed uint64, duration time.Duratio
 func readHistory(t *testing.T, ctx context.Context, pool *pgxpool.Pool) *history {
 	t.Helper()
 	h := &history{Effects: map[string][]string{}, Keys: map[string]histKey{}}
-	rows, err := pool.Query(ctx, `SELECT run_id, attempt_id, worker, scope, key, mode, payload, version, started_at,
-		recorded_at, coalesce(ended_at, 'epoch'), coalesce(result, '') FROM history_runs`)
+	rows, err := pool.Query(ctx, `SELECT run_id, attempt_id, worker, scope, key, mode, payload, version, coalesce(end_version, 0),
+		started_at, recorded_at, coalesce(ended_at, 'epoch'), coalesce(result, '') FROM history_runs`)
 	if err != nil {
 		t.Fatalf("read runs: %v", err)
 	}
 	for rows.Next() {
 		var r histRun
-		if err := rows.Scan(&r.ID, &r.Attempt, &r.Worker, &r.Scope, &r.Key, &r.Mode, &r.Payload, &r.Version, &r.Start,
-			&r.Recorded, &r.End, &r.Result); err != nil {
+		if err := rows.Scan(&r.ID, &r.Attempt, &r.Worker, &r.Scope, &r.Key, &r.Mode, &r.Payload, &r.Version, &r.EndVersion,
+			&r.Start, &r.Recorded, &r.End, &r.Result); err != nil {
 			t.Fatalf("read runs: %v", err)
 		}
 		if r.End.Equal(time.Unix(0, 0)) {

@@ -34,8 +34,8 @@ import (
 // historySchema holds the history: one row per handler run (its start
 // taken as the handler is entered, before its record waits for a
 // connection, and when the record was written; the version of the claim
-// it runs under, 0 for a one-commit execution's lock; its end written when
-// the handler returns), one
+// it runs under, 0 for a one-commit execution's lock, at its start and at
+// its end; its end written when the handler returns), one
 // business row per handler that got as far as its write, through the
 // execution's transaction (deliberately not unique on (scope, key): a
 // second row is what the checker counts), and one row per call a caller
@@ -54,6 +54,7 @@ CREATE TABLE history_runs (
 	started_at timestamptz NOT NULL,
 	recorded_at timestamptz NOT NULL,
 	ended_at   timestamptz,
+	end_version bigint,
 	result     text
 );
 CREATE TABLE history_effects (
@@ -443,8 +444,12 @@ func (h *harness) handle(ctx context.Context, a *attempt, mode string, step func
 		return onceonly.Result{}, err
 	}
 	end := func(result string) {
+		ended, endVersion := time.Now(), int64(0)
+		if isExecution {
+			endVersion = x.Fence().Version // above 0 once a step promoted a one-commit execution
+		}
 		if _, err := h.history.Exec(context.WithoutCancel(ctx),
-			`UPDATE history_runs SET ended_at = $2, result = $3 WHERE run_id = $1`, runID, time.Now(), result); err != nil {
+			`UPDATE history_runs SET ended_at = $2, result = $3, end_version = $4 WHERE run_id = $1`, runID, ended, result, endVersion); err != nil {
 			h.recordErr(fmt.Errorf("record run end: %w", err))
 		}
 	}
