@@ -47,23 +47,18 @@ import (
 // It found, per minute of load, each of the engine's known bugs of the
 // release before the key lock (a handler run after a commit, a failed
 // execution discarding the next, two modes at once, an overrun leaving no
-// row). Since, it still finds, about once in two 20-second runs on a
-// loaded machine, a run that overlaps a run canceled tens of milliseconds
-// before it returned, or a resumption after a committed resumption; until
-// those are explained it runs only when asked: HISTORY_CHECK=1 (`make
-// chaos-history`, `make chaos`). HISTORY_DURATION (default 20s) is each
-// variant's load, HISTORY_SEED the seed of every
-// random choice (printed; timings still differ between runs),
+// row), then three since (a late promotion's row whose lease had run out,
+// a resumption started on a claim older than its lease, a commit that
+// landed reported as a lost lease). `make test` runs
+// it short: HISTORY_DURATION (default 10s) is each variant's load;
+// `make chaos-history` runs it at length. HISTORY_SEED is the seed of
+// every random choice (printed; timings still differ between runs),
 // HISTORY_VARIANT "inprocess" or "processes" one variant only,
-// HISTORY_VERBOSE=1 logs every violation, not a few of each kind. `make
-// chaos-history` runs it at length.
+// HISTORY_VERBOSE=1 logs every violation, not a few of each kind.
 func TestChaosHistory(t *testing.T) {
-	if os.Getenv("HISTORY_CHECK") != "1" {
-		t.Skip("HISTORY_CHECK=1 runs the history checker (make chaos-history)")
-	}
 	duration, err := time.ParseDuration(os.Getenv("HISTORY_DURATION"))
 	if err != nil || duration <= 0 {
-		duration = 20 * time.Second
+		duration = 10 * time.Second
 	}
 	seed, err := strconv.ParseUint(os.Getenv("HISTORY_SEED"), 10, 64)
 	if err != nil {
