@@ -2,8 +2,6 @@ package onceonly_test
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
@@ -34,10 +32,8 @@ func TestCommitThatLandedIsNotLost(t *testing.T) {
 	)
 	ctx := testenv.Context(t)
 	url := testenv.DatabaseURL(t)
-	proxy := testenv.NewFaultProxy(t, mustHostPort(t, url))
-	host, port, err := net.SplitHostPort(proxy.Addr)
-	require.NoError(t, err)
-	portN, err := strconv.ParseUint(port, 10, 16)
+	proxy, proxied := testenv.NewFaultProxyFor(t, url)
+	via, err := pgx.ParseConfig(proxied)
 	require.NoError(t, err)
 	pc, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -46,7 +42,7 @@ func TestCommitThatLandedIsNotLost(t *testing.T) {
 	// so the statements the warm-up prepared are prepared for the COMMIT's
 	// round trip too (one round trip, not a prepare first).
 	pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
-		cc.Host, cc.Port, cc.Fallbacks = host, uint16(portN), nil
+		cc.Host, cc.Port, cc.Fallbacks = via.Host, via.Port, nil
 		return nil
 	}
 	pc.MaxConns = 1
@@ -74,12 +70,4 @@ func TestCommitThatLandedIsNotLost(t *testing.T) {
 	require.NoError(t, err, "the commit landed")
 	require.False(t, out.Replayed)
 	require.Equal(t, 201, out.Status)
-}
-
-// mustHostPort returns the host:port of a postgres:// URL.
-func mustHostPort(t *testing.T, url string) string {
-	t.Helper()
-	cc, err := pgx.ParseConfig(url)
-	require.NoError(t, err)
-	return net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
 }
