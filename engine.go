@@ -491,7 +491,21 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, o
 		res.Status = http.StatusOK
 	}
 	if handleErr == nil && e.cfg.ShouldStore(res.Status) {
-		stored, committed, err := e.complete(hctx, x, res)
+		// The completion goes with ctx, bounded by a lease as a claim is,
+		// not with hctx, which ends with the lease: Postgres fences the
+		// completion (the owner; the one-commit transaction's lock), and
+		// once it landed the key is no longer held, so no renewal extends
+		// the lease any more and the next one gives it up — a lease that
+		// ended while the answer was on its way must not cut it off and
+		// tell the caller ErrLeaseLost of a committed execution. (In the
+		// caller's transaction, which no lease holds, the caller's ctx alone
+		// bounds it, as before.)
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if x.lease != nil {
+			cctx, cancel = context.WithTimeout(ctx, e.cfg.LeaseTimeout)
+		}
+		stored, committed, err := e.complete(cctx, x, res)
+		cancel()
 		switch {
 		case err == nil:
 			if committed {
