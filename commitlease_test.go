@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestCommitThatLandedIsNotLost: a two-phase execution whose commit has
@@ -30,9 +30,9 @@ func TestCommitThatLandedIsNotLost(t *testing.T) {
 		// is shorter than a lease.
 		delay = 1200 * time.Millisecond
 	)
-	ctx := testenv.Context(t)
-	url := testenv.DatabaseURL(t)
-	proxy, proxied := testenv.NewFaultProxyFor(t, url)
+	ctx := oncetest.Context(t)
+	url := oncetest.DatabaseURL(t)
+	proxy, proxied := oncetest.NewFaultProxyFor(t, url)
 	via, err := pgx.ParseConfig(proxied)
 	require.NoError(t, err)
 	pc, err := pgxpool.ParseConfig(url)
@@ -52,7 +52,7 @@ func TestCommitThatLandedIsNotLost(t *testing.T) {
 	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, TwoPhase: true})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
-	t.Cleanup(func() { proxy.SetMode(testenv.Pass) })
+	t.Cleanup(func() { proxy.SetMode(oncetest.Pass) })
 
 	_, err = e.Do(ctx, "m", "warm-up", []byte("p"), payment(201, `{"id":0}`))
 	require.NoError(t, err)
@@ -61,7 +61,7 @@ func TestCommitThatLandedIsNotLost(t *testing.T) {
 		proxy.SetLatency(delay)
 		return res, err
 	})
-	proxy.SetMode(testenv.Pass)
+	proxy.SetMode(oncetest.Pass)
 	var status string
 	var payments int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status, (SELECT count(*) FROM payments) FROM idempotency_keys WHERE key = 'k'`).Scan(&status, &payments))
