@@ -50,7 +50,11 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t)}
 	b.rdb, b.prefix = oncetest.Redis(t)
-	var err error
+	// The application's table the handlers write (the engine's migrations
+	// create none since the demo's schema moved to the demo).
+	_, err := b.pool.Exec(b.ctx, `CREATE TABLE payments (id text PRIMARY KEY, merchant_id text NOT NULL,
+		idempotency_key text NOT NULL, amount bigint NOT NULL, currency text NOT NULL, customer text NOT NULL, status text NOT NULL)`)
+	require.NoError(t, err)
 	b.engine, err = onceonly.New(onceonly.Config{
 		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, Logger: oncetest.QuietLogger(), LeaseTimeout: 10 * time.Second,
 	})
