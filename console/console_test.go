@@ -44,6 +44,7 @@ type testBundle struct {
 
 type setupOpts struct {
 	readOnly, redact bool
+	thresholds       console.Thresholds
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
@@ -62,7 +63,7 @@ func setup(t *testing.T, opts setupOpts) *testBundle {
 	t.Cleanup(b.engine.Close)
 	b.console, err = console.New(console.Config{
 		Engine: b.engine, Pool: b.pool, Auth: user + ":" + password,
-		ReadOnly: opts.readOnly, Redact: opts.redact, Logger: oncetest.QuietLogger(),
+		ReadOnly: opts.readOnly, Redact: opts.redact, Thresholds: opts.thresholds, Logger: oncetest.QuietLogger(),
 	})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
@@ -608,13 +609,69 @@ func TestOverviewAnswersTheOnCallQuestions(t *testing.T) {
 	require.Equal(t, http.StatusOK, page.status, page.body)
 	require.Contains(t, page.body, `data-figure="last-pass">failed, 59s ago`)
 	require.Regexp(t, `data-figure="pending">\d+<`, page.body)
-	require.Regexp(t, `oldest waiting</dt><dd>\d+m?s`, page.body)
+	require.Regexp(t, `oldest waiting</dt><dd[^>]*>\d+m?s`, page.body)
 	require.Regexp(t, `<tr data-state="completed"><td><a [^>]*>completed</a></td><td>1</td>`, page.body)
 	require.Regexp(t, `<tr data-state="failed"><td><a [^>]*>failed</a></td><td>1</td>`, page.body)
 	require.Contains(t, page.body, `class="mark"`, "the failed pass in the drift chart")
 	require.Contains(t, page.body, "<svg", "charts drawn on the server")
 	require.Contains(t, page.body, "replayed_cache <b>1</b>")
 	require.Contains(t, page.body, "executed <b>1</b>")
+}
+
+// TestOverviewColoursByThresholds: the oldest waiting event and the stuck
+// executions are coloured as the shipped alert rules would fire, or by the
+// thresholds the console is given.
+func TestOverviewColoursByThresholds(t *testing.T) {
+	t.Parallel()
+	seed := func(t *testing.T, b *testBundle) {
+		t.Helper()
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version, created_at) VALUES
+			('acct_a', 'k9', 1, now() - interval '90 seconds'), ('acct_a', 'k8', 1, now() - interval '3 seconds')`)
+		require.NoError(t, err)
+		// An execution that started a step, its lease over 11 minutes ago.
+		_, err = b.pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, owner,
+				lease_expires_at, handler, steps, expires_at)
+			VALUES ('acct_a', 'k-stuck', 'in_progress', 1, 'v1:x', gen_random_uuid(), now() - interval '11 minutes',
+				'gone', '{}', now() + interval '1 hour')`)
+		require.NoError(t, err)
+	}
+	levels := func(t *testing.T, b *testBundle) (backlog, oldest, stuck string, body string) {
+		t.Helper()
+		page := b.get(t, "/console/")
+		require.Equal(t, http.StatusOK, page.status, page.body)
+		find := func(figure string) string {
+			m := regexp.MustCompile(`data-figure="` + figure + `"[^>]*data-level="([a-z]*)"`).FindStringSubmatch(page.body)
+			require.NotNil(t, m, figure)
+			return m[1]
+		}
+		return find("backlog"), find("oldest-pending"), find("awaiting-resumption"), page.body
+	}
+
+	b := setup(t, setupOpts{})
+	seed(t, b)
+	backlog, oldest, stuck, body := levels(t, b)
+	require.Contains(t, body, `data-figure="backlog" data-level="alert">2 waiting, oldest 1m30s</p>`)
+	require.Equal(t, "alert", backlog, "over a minute: OnceonlyRelayBehind")
+	require.Equal(t, "alert", oldest)
+	require.Equal(t, "alert", stuck, "over 10 minutes: OnceonlyStuckExecutions")
+	require.Regexp(t, `<tr class="over alert"><td><a [^>]*>acct_a / k-stuck</a>`, body)
+
+	b = setup(t, setupOpts{thresholds: console.Thresholds{PendingWarn: time.Minute, PendingAlert: time.Hour, StuckWarn: time.Minute, StuckAlert: time.Hour}})
+	seed(t, b)
+	backlog, _, stuck, body = levels(t, b)
+	require.Equal(t, "warn", backlog)
+	require.Equal(t, "warn", stuck)
+	require.Regexp(t, `<tr class="over warn"><td><a [^>]*>acct_a / k-stuck</a>`, body)
+
+	b = setup(t, setupOpts{thresholds: console.Thresholds{PendingWarn: time.Hour, PendingAlert: 2 * time.Hour, StuckWarn: time.Hour, StuckAlert: 2 * time.Hour}})
+	seed(t, b)
+	backlog, _, stuck, body = levels(t, b)
+	require.Empty(t, backlog)
+	require.Empty(t, stuck)
+	require.Regexp(t, `<tr class="over"><td><a [^>]*>acct_a / k-stuck</a>`, body)
+
+	b = setup(t, setupOpts{})
+	require.Contains(t, b.get(t, "/console/").body, `data-figure="backlog" data-level="">none waiting</p>`)
 }
 
 func TestAGetNeverWrites(t *testing.T) {
