@@ -20,7 +20,7 @@
 // markup shows as text. Every page is behind HTTP Basic authentication
 // compared in constant time (or the host's own, Config.Authorize); every
 // action is a POST form carrying a CSRF token. A GET never writes: its reads
-// run in a read-only transaction, and Redis is only read (GET, PTTL). Stored
+// run in a read-only transaction, and Redis is only read (GET, PTTL, TIME). Stored
 // bodies and requests sit behind a toggle (details/summary) and are never
 // shown with Config.Redact.
 //

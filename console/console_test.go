@@ -674,6 +674,21 @@ func TestOverviewColoursByThresholds(t *testing.T) {
 	require.Contains(t, b.get(t, "/console/").body, `data-figure="backlog" data-level="">none waiting</p>`)
 }
 
+// TestKeyPageShowsTheRedisLease: an in-progress value holds its lease
+// deadline, and the key page shows it beside Postgres's.
+func TestKeyPageShowsTheRedisLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.holdInStep(t, "k-held", "req", "ch_1")
+	oncetest.Eventually(t, 10*time.Second, "an in-progress value in Redis", func() bool {
+		v, err := b.rdb.Get(b.ctx, b.redisKey("k-held")).Result()
+		return err == nil && strings.HasPrefix(v, "in_progress:")
+	})
+	page := b.get(t, keyPath(scope, "k-held"))
+	require.Equal(t, http.StatusOK, page.status, page.body)
+	require.Regexp(t, `data-field="lease"><th>lease</th><td class="pg">in \d+m?s</td><td class="redis">in \d+m?s</td>`, page.body)
+}
+
 func TestAGetNeverWrites(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})

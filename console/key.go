@@ -239,13 +239,16 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	field("version", pVersion, rVersion)
 	field("owner", pOwner, rOwner)
 	field("stored status", pStatus, rStatus)
-	var pFingerprint, pLease, pExpiry, rTTL, pFailures string
+	var pFingerprint, pLease, rLease, pExpiry, rTTL, pFailures string
 	if pg != nil {
 		pFingerprint, pFailures = pg.Fingerprint, strconv.Itoa(pg.Failures)
 		if pg.Status == onceonly.StatusInProgress {
 			pLease = relative(pg.LeaseRemaining.Milliseconds())
 		}
 		pExpiry = relative(pg.ExpiresIn.Milliseconds())
+	}
+	if rd != nil && rd.LeaseRead {
+		rLease = relative(rd.LeaseRemaining.Milliseconds())
 	}
 	if in.RedisFound && in.RedisTTL > 0 {
 		rTTL = "in " + span(in.RedisTTL.Milliseconds())
@@ -255,7 +258,7 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	}
 	v.Fields = append(v.Fields,
 		fieldRow{Name: "fingerprint", Postgres: pFingerprint, Redis: digestNote(rd)},
-		fieldRow{Name: "lease", Postgres: pLease},
+		fieldRow{Name: "lease", Postgres: pLease, Redis: rLease},
 		fieldRow{Name: "failed executions", Postgres: pFailures},
 		fieldRow{Name: "expiry", Postgres: pExpiry, Redis: rTTL,
 			Differs: pg != nil && rd != nil && !closeDurations(pg.ExpiresIn, in.RedisTTL)})
