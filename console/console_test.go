@@ -258,14 +258,22 @@ func TestKeyPageShowsBothSides(t *testing.T) {
 	// A value that does not decode: differs, and repairable.
 	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("pay/1?x#y"), "garbage", time.Minute).Err())
 	page = b.get(t, path)
-	require.Contains(t, page.body, `data-sync="differs"`)
+	require.Contains(t, page.body, `data-sync="differs" data-drift="corrupt">Differs (corrupt)`)
 	require.Contains(t, page.body, "Repair Redis from Postgres")
+
+	// Another version: stale; another state at the same version: wrong state.
+	version, err := strconv.Atoi(regexp.MustCompile(`data-field="version"><th>version</th><td class="pg">(\d+)<`).FindStringSubmatch(page.body)[1])
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("pay/1?x#y"), fmt.Sprintf("failed:%d:c12345678", version-1), time.Minute).Err())
+	require.Contains(t, b.get(t, path).body, fmt.Sprintf(`data-sync="differs" data-drift="stale">Differs (stale): Redis holds version %d, Postgres version %d.`, version-1, version))
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("pay/1?x#y"), fmt.Sprintf("failed:%d:c12345678", version), time.Minute).Err())
+	require.Contains(t, b.get(t, path).body, `data-sync="differs" data-drift="wrong_state">Differs (wrong state): Redis holds failed, Postgres completed, at the same version.`)
 
 	// A Redis value for a key Postgres does not have: differs (orphaned).
 	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("ghost"), "failed:3:", time.Minute).Err())
 	page = b.get(t, keyPath("acct_a", "ghost"))
 	require.Equal(t, http.StatusOK, page.status)
-	require.Contains(t, page.body, `data-sync="differs"`)
+	require.Contains(t, page.body, `data-sync="differs" data-drift="orphaned"`)
 
 	// Neither side: 404.
 	require.Equal(t, http.StatusNotFound, b.get(t, keyPath("acct_a", "never")).status)
