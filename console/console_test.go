@@ -697,6 +697,28 @@ func TestKeyPageShowsTheRedisLease(t *testing.T) {
 	require.Regexp(t, `data-field="lease"><th>lease</th><td class="pg">in \d+m?s</td><td class="redis">in \d+m?s</td>`, page.body)
 }
 
+// TestAFailedPassCountsInTheChartAsInTheTable: a failed pass's report holds
+// what it found before it failed; the table of the last pass shows it, and
+// the chart's legend counts it too.
+func TestAFailedPassCountsInTheChartAsInTheTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO reconcile_passes (started_at, finished_at, result, report, error)
+		VALUES (now() - interval '2 minutes', now() - interval '119 seconds', 'ok', '{"scanned":2,"missing":1,"stale":2}', ''),
+		       (now() - interval '1 minute', now() - interval '59 seconds', 'failed', '{"scanned":9,"missing":1,"corrupt":3}', 'reconcile: Redis went away')`)
+	require.NoError(t, err)
+	page := b.get(t, "/console/")
+	require.Equal(t, http.StatusOK, page.status, page.body)
+	require.Contains(t, page.body, `data-figure="last-pass">failed, 59s ago`)
+	require.Contains(t, page.body, `<caption>Found by the last pass before it failed</caption>`)
+	require.Regexp(t, `<tr><td>1</td><td>0</td><td>0</td><td>3</td><td>0</td>`, page.body, "the table: the failed pass's missing 1, corrupt 3")
+	for kind, total := range map[string]int{"missing": 2, "stale": 2, "wrong state": 0, "corrupt": 3, "orphaned": 0} {
+		require.Contains(t, page.body, fmt.Sprintf(`</span>%s <b>%d</b></span>`, kind, total), "the legend's %s", kind)
+	}
+	require.Regexp(t, `class="d-corrupt"><title>[^<]*failed: reconcile: Redis went away — corrupt: 3</title>`, page.body)
+	require.Contains(t, page.body, `class="mark"`)
+}
+
 func TestAGetNeverWrites(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})

@@ -356,8 +356,9 @@ func readPasses(ctx context.Context, rd reader) (passesView, error) {
 		c.title = p.Ago + " ago, " + p.Result
 		c.label = "-" + p.Ago
 		if p.Result == passFailed {
+			// What it found before it failed, as the table shows for the
+			// last pass: the legend counts it too.
 			c.mark, c.title = true, c.title+": "+p.Error
-			continue
 		}
 		c.values = driftOf(p.Report)
 	}
