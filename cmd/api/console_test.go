@@ -114,8 +114,8 @@ func TestConsoleIsServedOnlyWithItsCredentials(t *testing.T) {
 	consoleAddr := oncetest.FreeAddr(t)
 	apart := start("CONSOLE_AUTH=ops:pa55:word", "CONSOLE_ADDR="+consoleAddr)
 	oncetest.Eventually(t, 10*time.Second, "the console listening on CONSOLE_ADDR", func() bool {
-		code, _, _ := send(http.MethodGet, "http://"+consoleAddr+"/console/", false, nil)
-		return code == http.StatusUnauthorized
+		status, _, _ := send(http.MethodGet, "http://"+consoleAddr+"/console/", false, nil)
+		return status == http.StatusUnauthorized
 	})
 	code, _, page = send(http.MethodGet, "http://"+consoleAddr+"/console/", true, nil)
 	require.Equal(t, http.StatusOK, code)

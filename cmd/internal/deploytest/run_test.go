@@ -30,7 +30,7 @@ func TestMakeStopStopsTheRun(t *testing.T) {
 	run := func(t *testing.T) (*exec.Cmd, string, string) {
 		state := filepath.Join(t.TempDir(), "run")
 		api := oncetest.FreeAddr(t)
-		cmd := exec.Command(filepath.Join(root, "scripts", "run.sh"))
+		cmd := exec.CommandContext(t.Context(), filepath.Join(root, "scripts", "run.sh"))
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+oncetest.RedisURL(t),
 			"REDIS_PREFIX=run"+oncetest.RandomSuffix(6)+":", "BROKER_URL="+nats.URL(), "RUN_STATE="+state,
 			"HTTP_ADDR="+api, "RELAY_HTTP_ADDR="+oncetest.FreeAddr(t), "RECONCILER_HTTP_ADDR="+oncetest.FreeAddr(t),
@@ -74,7 +74,7 @@ func TestMakeStopStopsTheRun(t *testing.T) {
 	}
 	stop := func(t *testing.T, state string) string {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(root, "scripts", "run.sh"), "stop")
+		cmd := exec.CommandContext(t.Context(), filepath.Join(root, "scripts", "run.sh"), "stop")
 		cmd.Env = append(os.Environ(), "RUN_STATE="+state)
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)
@@ -97,7 +97,8 @@ func TestMakeStopStopsTheRun(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
 		select {
-		case <-done:
+		case err := <-done:
+			t.Logf("run.sh ended: %v", err)
 		case <-time.After(30 * time.Second):
 			t.Fatal("run.sh still going 30s after make stop")
 		}
