@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test test-citus lint run services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale bench-citus docs tour chaos chaos-history console-screenshots
+.PHONY: test test-citus lint run stop services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale bench-citus docs tour chaos chaos-history console-screenshots
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -26,6 +26,11 @@ test-citus:
 BROKER ?= nats
 run:
 	BROKER=$(BROKER) scripts/run.sh
+
+# Stops what `make run` started, from another terminal: its daemons, then the
+# servers it started (as Ctrl-C does); also after a run killed outright.
+stop:
+	scripts/run.sh stop
 
 # Starts the local development servers only (Postgres :5432, Redis :6379).
 services:

@@ -118,6 +118,9 @@ type Relay struct {
 	log     *slog.Logger
 	metrics *metrics
 	wake    chan struct{}
+	// outage counts the failed batches since the last delivered one, across
+	// the workers, so that recovery is logged once.
+	outage outage
 	// replicas, when set, holds every batch until Redis replicas have it.
 	replicas *replicaWait
 	// afterPush, when set (tests), runs after Redis acknowledged a batch
@@ -243,18 +246,59 @@ func (r *Relay) work(ctx context.Context) {
 		for {
 			err := r.drain(ctx)
 			if err == nil || ctx.Err() != nil {
+				if err == nil {
+					r.recovered()
+				}
 				retry.Reset()
 				break
 			}
 			if errors.Is(err, ErrReplicasBehind) {
 				retry.Reset() // the batch has waited already: try again soon
 			}
+			r.outage.fail(time.Now())
 			d := retry.Next()
 			r.log.Warn("relay batch failed, retrying", "err", err, "retry_in", d.String())
 			if backoff.Sleep(ctx, d) != nil {
 				return
 			}
 		}
+	}
+}
+
+// outage is a run of failed batches: how many, and since when.
+type outage struct {
+	mu    sync.Mutex
+	n     int
+	since time.Time
+}
+
+// fail counts a failed batch at now.
+func (o *outage) fail(now time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == 0 {
+		o.since = now
+	}
+	o.n++
+}
+
+// end ends the run: it returns how many batches failed and since when,
+// n 0 when none did.
+func (o *outage) end() (n int, since time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n, since = o.n, o.since
+	o.n = 0
+	return n, since
+}
+
+// recovered logs, once, that batches are delivered again after failures:
+// the warnings said each retry, this says the outage is over.
+func (r *Relay) recovered() {
+	if n, since := r.outage.end(); n > 0 {
+		d := time.Since(since).Round(time.Millisecond)
+		r.log.Info(fmt.Sprintf("relay delivering again: recovered after %d failures for %s", n, d),
+			"failures", n, "outage", d.String())
 	}
 }
 
@@ -515,11 +559,26 @@ func (r *Relay) observe(res batchResult, events []outbox.Event, failed []outbox.
 // it was away are lost.
 func (r *Relay) listen(ctx context.Context) {
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	failures := 0
+	var since time.Time
+	connected := func() {
+		if failures > 0 {
+			d := time.Since(since).Round(time.Millisecond)
+			r.log.Info(fmt.Sprintf("relay listening again: recovered after %d failures for %s", failures, d),
+				"failures", failures, "outage", d.String())
+		}
+		failures = 0
+		retry.Reset()
+	}
 	for {
-		err := r.listenOnce(ctx, retry.Reset)
+		err := r.listenOnce(ctx, connected)
 		if ctx.Err() != nil {
 			return
 		}
+		if failures == 0 {
+			since = time.Now()
+		}
+		failures++
 		r.metrics.errors.WithLabelValues(stageListen).Inc()
 		d := retry.Next()
 		r.log.Warn("relay lost its LISTEN connection, reconnecting", "err", err, "retry_in", d.String())

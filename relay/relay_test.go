@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -613,4 +614,33 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 	})
 	oncetest.RequireConverged(t, b.Ctx, writer, b.Cache, "%")
 	require.Positive(t, testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageListen)))
+}
+
+// TestRecoveryIsLoggedOnce: while Redis is down every retry warns; once it is
+// back, one info line says the relay recovered, after how many failures.
+func TestRecoveryIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	proxy, redisURL := oncetest.NewFaultProxyFor(t, oncetest.RedisURL(t))
+	b := setup(t, oncetest.OnRedis(oncetest.RedisClient(t, redisURL)))
+	var logs oncetest.LogBuffer
+	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	run(t, b.Ctx, r)
+
+	proxy.SetMode(oncetest.Reset)
+	b.Complete(t, "s", "during", "{}")
+	oncetest.Eventually(t, 10*time.Second, "retries warned", func() bool {
+		return strings.Count(logs.String(), "relay batch failed, retrying") >= 2
+	})
+	require.NotContains(t, logs.String(), "recovered")
+
+	proxy.SetMode(oncetest.Pass)
+	oncetest.Eventually(t, 15*time.Second, "backlog drained after Redis returned", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 5*time.Second, "recovery logged", func() bool {
+		return strings.Contains(logs.String(), "recovered after")
+	})
+	b.Complete(t, "s", "after", "{}")
+	oncetest.Eventually(t, 10*time.Second, "next event delivered", func() bool { return b.outboxLen(t) == 0 })
+	out := logs.String()
+	require.Equal(t, 1, strings.Count(out, "relay delivering again: recovered after"), out)
+	require.Regexp(t, `level=INFO msg="relay delivering again: recovered after \d+ failures for [0-9.]+m?s" failures=\d+`, out)
 }

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -107,4 +108,22 @@ func TestConsoleIsServedOnlyWithItsCredentials(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, code)
 	code, _, _ = send(http.MethodPost, on+"/console/keys/acct_demo/k1/purge", true, url.Values{"confirm": {"yes"}, "csrf": {token}})
 	require.Equal(t, http.StatusSeeOther, code, "the token works where actions are allowed")
+
+	// CONSOLE_ADDR: the console on a listener of its own (loopback), none
+	// on the API's address.
+	consoleAddr := oncetest.FreeAddr(t)
+	apart := start("CONSOLE_AUTH=ops:pa55:word", "CONSOLE_ADDR="+consoleAddr)
+	oncetest.Eventually(t, 10*time.Second, "the console listening on CONSOLE_ADDR", func() bool {
+		status, _, _ := send(http.MethodGet, "http://"+consoleAddr+"/console/", false, nil)
+		return status == http.StatusUnauthorized
+	})
+	code, _, page = send(http.MethodGet, "http://"+consoleAddr+"/console/", true, nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, page, "Relay backlog")
+	for _, creds := range []bool{false, true} {
+		code, _, _ = send(http.MethodGet, apart+"/console/", creds, nil)
+		require.Equal(t, http.StatusNotFound, code, "no console on the API's address, credentials %v", creds)
+	}
+	code, _, _ = send(http.MethodGet, "http://"+consoleAddr+"/v1/payments", true, nil)
+	require.Equal(t, http.StatusNotFound, code, "no API on the console's address")
 }

@@ -60,6 +60,7 @@ func TestBadConfiguration(t *testing.T) {
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_AUTH": "nocolon"}, Want: "CONSOLE_AUTH must be user:password"},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_AUTH": "ops:"}, Want: "CONSOLE_AUTH must be user:password"},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_READONLY": "maybe"}, Want: `CONSOLE_READONLY="maybe": use true or false`},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_ADDR": "127.0.0.1:8081"}, Want: "CONSOLE_ADDR needs CONSOLE_AUTH"},
 	})
 }
 

@@ -60,7 +60,7 @@ func run() error {
 	consumerBin := flag.String("consumer-bin", "bin/consumer", "consumer binary, whose publish command the message step publishes with")
 	consumer := flag.String("consumer", envOr("TOUR_CONSUMER", "http://localhost:8084"), "ops base URL of the running consumer")
 	brokerURL := flag.String("broker-url", envOr("BROKER_URL", "nats://127.0.0.1:4222"), "the broker the running consumer reads")
-	databaseURL := flag.String("database-url", envOr("DATABASE_URL", ""), "the stack's Postgres (the message step reads the payment there)")
+	databaseURL := flag.String("database-url", envOr("DATABASE_URL", ""), "the stack's Postgres (the crash and message steps count the payment there)")
 	flag.Parse()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	t := &tour{
@@ -239,7 +239,12 @@ func (t *tour) crashMidRequest(ctx context.Context, apiBin string) error {
 	}
 	show("retry on the main api", r)
 	fmt.Printf("   recovered in %s: 409 while the dead request's lease lasted, then one execution\n", time.Since(began).Round(100*time.Millisecond))
-	return nil
+	if t.databaseURL == "" {
+		fmt.Println("   (not counted: DATABASE_URL is unset; make tour sets it)")
+		return nil
+	}
+	_, err = t.countPayment(ctx, key)
+	return err
 }
 
 // start starts bin with HTTP_ADDR=addr and env on top of the tour's

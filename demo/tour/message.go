@@ -58,24 +58,10 @@ func (t *tour) messagePublishedTwice(ctx context.Context, consumerBin string) er
 	fmt.Printf("   the consumer acked both copies in %s: executed +%d, replayed +%d\n",
 		time.Since(began).Round(10*time.Millisecond), now["executed"]-acked["executed"], now["replayed"]-acked["replayed"])
 
-	conn, err := pgx.Connect(ctx, t.databaseURL)
+	id, err := t.countPayment(ctx, key)
 	if err != nil {
-		return fmt.Errorf("connect to Postgres: %w", err)
+		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var rows, charges int
-	var id, status, charge string
-	err = conn.QueryRow(ctx, `SELECT count(*) OVER (), id, status, coalesce(charge_id, '') FROM payments
-		WHERE merchant_id = 'acct_demo' AND idempotency_key = $1 LIMIT 1`, key).Scan(&rows, &id, &status, &charge)
-	if err != nil {
-		return fmt.Errorf("read the payment: %w", err)
-	}
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/' || $1 AND status <> 'processing'`,
-		key).Scan(&charges); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		fmt.Printf("   (the gateway's charges are not in this database: %v)\n", err)
-	}
-	fmt.Printf("   payments rows for the key: %d (%s, %s, charge %s); gateway charges: %d\n", rows, id, status, charge, charges)
-
 	if err := t.showPayment(ctx, id); err != nil {
 		return err
 	}
@@ -87,6 +73,33 @@ func (t *tour) messagePublishedTwice(ctx context.Context, consumerBin string) er
 	fmt.Println("   (one key space per merchant: an HTTP request is fingerprinted with its method and path,")
 	fmt.Println("    a message by its body alone, so the message's key is refused over HTTP even with this body)")
 	return nil
+}
+
+// countPayment prints the payments rows the demo merchant has for key and
+// the gateway's charges for it, and returns the payment's id; more than one
+// row is an error: the key was executed more than once.
+func (t *tour) countPayment(ctx context.Context, key string) (string, error) {
+	conn, err := pgx.Connect(ctx, t.databaseURL)
+	if err != nil {
+		return "", fmt.Errorf("connect to Postgres: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var rows, charges int
+	var id, status, charge string
+	err = conn.QueryRow(ctx, `SELECT count(*) OVER (), id, status, coalesce(charge_id, '') FROM payments
+		WHERE merchant_id = 'acct_demo' AND idempotency_key = $1 LIMIT 1`, key).Scan(&rows, &id, &status, &charge)
+	if err != nil {
+		return "", fmt.Errorf("read the payment: %w", err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/' || $1 AND status <> 'processing'`,
+		key).Scan(&charges); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		fmt.Printf("   (the gateway's charges are not in this database: %v)\n", err)
+	}
+	fmt.Printf("   payments rows for the key: %d (%s, %s, charge %s); gateway charges: %d\n", rows, id, status, charge, charges)
+	if rows != 1 {
+		return "", fmt.Errorf("%d payments rows for key %s: executed more than once", rows, key)
+	}
+	return id, nil
 }
 
 // showPayment prints GET /v1/payments/{id} as the demo merchant.
