@@ -230,7 +230,7 @@ func (f *Front) receive(r *http.Request, form url.Values, attrNames, sysNames []
 		Result struct {
 			Message []struct {
 				MessageId, ReceiptHandle, MD5OfBody, Body, MD5OfMessageAttributes string
-				MessageAttribute                                                 []struct {
+				MessageAttribute                                                  []struct {
 					Name  string
 					Value struct{ DataType, StringValue, BinaryValue string }
 				}

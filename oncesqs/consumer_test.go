@@ -1,0 +1,331 @@
+package oncesqs_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/oncesqs"
+	"github.com/onceonly/onceonly/oncetest"
+)
+
+func TestCopiesRunOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.run(t, effect, b.options())
+
+	// Three copies of one message, sent at once, and a message of another key.
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { b.publish(t, "order-1", `{"amount":100}`) })
+	}
+	wg.Wait()
+	b.publish(t, "order-2", `{"amount":200}`)
+
+	b.awaitSettled(t, 20*time.Second)
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Equal(t, 1, b.rows(t, "order-2"))
+	require.Equal(t, 2, b.count(t, "ack", "executed"))
+	require.Equal(t, 2, b.count(t, "ack", "replayed"))
+	require.Empty(t, b.deadLetters(t))
+	require.Positive(t, b.deleteBatches(t), "deletes go through DeleteMessageBatch")
+}
+
+func TestTxConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	c, err := oncesqs.NewTxConsumer(b.engine, func(ctx context.Context, tx pgx.Tx, msg oncesqs.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (scope, key, payload) VALUES ($1, $2, $3)`, msg.Scope, msg.Key, string(msg.Payload))
+		return err
+	}, b.options())
+	require.NoError(t, err)
+	b.runConsumer(t, c)
+
+	for range 3 {
+		b.publish(t, "order-1", `{"amount":100}`)
+	}
+	b.awaitSettled(t, 20*time.Second)
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Equal(t, 1, b.count(t, "ack", "executed"))
+	require.Equal(t, 2, b.count(t, "ack", "replayed"))
+}
+
+func TestReusedKeyIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.run(t, effect, b.options())
+
+	b.publish(t, "order-1", `{"amount":100}`)
+	b.awaitSettled(t, 10*time.Second)
+	b.publish(t, "order-1", `{"amount":999}`) // the same key, another payload
+
+	dead := b.awaitDeadLetters(t, 1)[0]
+	require.Equal(t, `{"amount":999}`, *dead.Body)
+	require.Equal(t, "order-1", attr(dead, oncesqs.DefaultKeyAttribute))
+	require.Equal(t, "t-1", attr(dead, "Trace"), "the original attributes go along")
+	require.Equal(t, onceonly.ReasonReused, attr(dead, oncesqs.AttributeReason))
+	require.NotEmpty(t, attr(dead, oncesqs.AttributeError))
+	b.awaitSettled(t, 10*time.Second) // deleted from the queue
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Equal(t, 1, b.count(t, "dead_letter", onceonly.ReasonReused))
+}
+
+func TestInvalidMessagesAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	opts := b.options()
+	opts.Payload = func(msg *types.Message) ([]byte, error) {
+		if *msg.Body == "panic" {
+			panic("a decoder bug")
+		}
+		var order struct {
+			Amount int `json:"amount"`
+		}
+		if err := json.Unmarshal([]byte(*msg.Body), &order); err != nil {
+			return nil, fmt.Errorf("an order is JSON: %w", err)
+		}
+		if order.Amount < 1 {
+			return nil, fmt.Errorf("%w: an order needs a positive amount", onceonly.ErrInvalidMessage)
+		}
+		return []byte(*msg.Body), nil
+	}
+	b.run(t, effect, opts)
+
+	b.publish(t, "", `{"amount":100}`)        // no key
+	b.publish(t, "order 1", `{"amount":100}`) // a key with a space
+	b.publish(t, "order-2", `not json`)       // a payload Options.Payload refuses
+	b.publish(t, "order-3", `{"amount":-1}`)  // likewise
+	b.publish(t, "order-5", `panic`)          // a payload Options.Payload panics on
+	b.publish(t, "order-4", `{"amount":100}`) // valid
+
+	dead := b.awaitDeadLetters(t, 5)
+	for _, msg := range dead {
+		require.Equal(t, onceonly.ReasonInvalid, attr(msg, oncesqs.AttributeReason), attr(msg, oncesqs.AttributeError))
+	}
+	b.awaitSettled(t, 10*time.Second)
+	require.Equal(t, 1, b.keyRows(t), "an invalid message leaves no key")
+	require.Equal(t, 1, b.rows(t, "order-4"))
+	require.Equal(t, 5, b.count(t, "dead_letter", onceonly.ReasonInvalid))
+}
+
+// A key that fails MaxFailures times is dead-lettered; a later copy of it
+// runs again, and succeeds.
+func TestRepeatedFailureIsDeadLetteredThenRunsAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var calls atomic.Int32
+	opts := b.options()
+	opts.Policy.MaxFailures = 2
+	b.run(t, func(ctx context.Context, msg oncesqs.Message) error {
+		n := calls.Add(1)
+		if err := effect(ctx, msg); err != nil {
+			return err
+		}
+		switch n {
+		case 1:
+			return errors.New("the gateway declined to answer")
+		case 2:
+			panic("a handler bug") // a failure too, and the process lives on
+		}
+		return nil
+	}, opts)
+
+	b.publish(t, "order-1", `{"amount":100}`)
+	dead := b.awaitDeadLetters(t, 1)[0]
+	require.Equal(t, onceonly.ReasonFailed, attr(dead, oncesqs.AttributeReason))
+	require.Contains(t, attr(dead, oncesqs.AttributeError), "handler panicked")
+	b.awaitSettled(t, 10*time.Second)
+	require.Equal(t, int32(2), calls.Load(), "dead-lettered after MaxFailures executions")
+	require.Zero(t, b.rows(t, "order-1"), "a failed execution's writes are rolled back")
+	require.Equal(t, 1, b.count(t, "retry", "failed"))
+
+	b.publish(t, "order-1", `{"amount":100}`) // sent again, after the fix
+	b.awaitSettled(t, 10*time.Second)
+	oncetest.Eventually(t, 10*time.Second, "the later copy executed", func() bool { return b.count(t, "ack", "executed") == 1 })
+	require.Equal(t, int32(3), calls.Load())
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Len(t, b.deadLetters(t), 1)
+}
+
+// A copy whose key is in flight comes back again and again while the
+// first runs, and is never dead-lettered: not by the consumer (in flight
+// is no failure), and not by SQS (the queue has no redrive policy).
+func TestCopyOfKeyInFlightIsNeverDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	held := effectAfter(release)
+	opts := b.options()
+	opts.Policy.MaxFailures = 1
+	b.run(t, func(ctx context.Context, msg oncesqs.Message) error {
+		once.Do(func() { close(started) })
+		return held(ctx, msg)
+	}, opts)
+
+	b.publish(t, "order-1", `{"amount":100}`)
+	<-started
+	b.publish(t, "order-1", `{"amount":100}`) // a copy while the first runs
+	oncetest.Eventually(t, 20*time.Second, "the copy turned away while the key is in flight, more than MaxFailures times", func() bool {
+		return b.count(t, "retry", "in_flight") >= 3
+	})
+	require.Zero(t, b.count(t, "ack", "replayed"))
+	require.Empty(t, b.deadLetters(t))
+	close(release)
+
+	b.awaitSettled(t, 15*time.Second)
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Equal(t, 1, b.count(t, "ack", "executed"))
+	require.Equal(t, 1, b.count(t, "ack", "replayed"))
+	require.Empty(t, b.deadLetters(t), "a key in flight is never dead-lettered")
+}
+
+// An execution that outlives its message's visibility timeout keeps the
+// message hidden (the heartbeat): it is never received twice, and its
+// effect happens once.
+func TestHeartbeatKeepsALongExecutionsMessage(t *testing.T) {
+	t.Parallel()
+	const visibility = 2 * time.Second
+	b := setup(t, setupOpts{visibility: int(visibility / time.Second)})
+	started, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	b.run(t, func(ctx context.Context, msg oncesqs.Message) error {
+		if runs.Add(1) == 1 {
+			close(started)
+		}
+		return effectAfter(release)(ctx, msg)
+	}, b.options())
+
+	b.publish(t, "order-1", `{"amount":100}`)
+	<-started
+	// The execution runs three visibility timeouts (and a lease's worth
+	// more); without the heartbeat goaws would make the message visible
+	// again after the first, and the consumer would receive it again.
+	deadline := time.After(3*visibility + leaseTimeout)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-deadline:
+			break wait
+		case <-tick.C:
+			require.Zero(t, b.count(t, "retry", "in_flight"), "the message was received again while its execution ran")
+		}
+	}
+	close(release)
+	b.awaitSettled(t, 10*time.Second)
+	require.Equal(t, int32(1), runs.Load())
+	require.Equal(t, 1, b.rows(t, "order-1"), "no double effect")
+	require.Equal(t, 1, b.count(t, "ack", "executed"))
+	require.Zero(t, b.count(t, "ack", "replayed"))
+	require.Zero(t, b.count(t, "retry", "in_flight"))
+}
+
+// Stop lets the execution under way finish and delete its message.
+func TestShutdown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	held := effectAfter(release)
+	c, err := oncesqs.NewConsumer(b.engine, func(ctx context.Context, msg oncesqs.Message) error {
+		once.Do(func() { close(started) })
+		return held(ctx, msg)
+	}, b.options())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(b.ctx))
+	<-c.Started()
+
+	b.publish(t, "order-1", `{"amount":100}`)
+	<-started
+	stopped := make(chan struct{})
+	go func() { c.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while an execution ran")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return after the execution ended")
+	}
+	require.False(t, c.Connected())
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Zero(t, b.queued(t, b.queue), "the message was deleted before Stop returned")
+	require.Equal(t, 1, b.settlements(onceonly.Ack))
+}
+
+// Past ShutdownTimeout the execution is canceled, and its message stays in
+// the queue for a later consumer.
+func TestShutdownBound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	opts := b.options()
+	opts.ShutdownTimeout = 300 * time.Millisecond
+	started := make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	held := effectAfter(make(chan struct{})) // never released, at first
+	c, err := oncesqs.NewConsumer(b.engine, func(ctx context.Context, msg oncesqs.Message) error {
+		once.Do(func() { close(started) })
+		mu.Lock()
+		run := held
+		mu.Unlock()
+		return run(ctx, msg)
+	}, opts)
+	require.NoError(t, err)
+	require.NoError(t, c.Start(b.ctx))
+	b.publish(t, "order-1", `{"amount":100}`)
+	<-started
+	begin := time.Now()
+	c.Stop()
+	require.Less(t, time.Since(begin), 5*time.Second)
+	require.Equal(t, 1, b.queued(t, b.queue), "the canceled execution's message stays")
+	require.Zero(t, b.rows(t, "order-1"))
+
+	// Started again, the consumer finishes it (the handler now lets go).
+	once2 := make(chan struct{})
+	close(once2)
+	mu.Lock()
+	held = effectAfter(once2)
+	mu.Unlock()
+	require.NoError(t, c.Start(b.ctx))
+	t.Cleanup(c.Stop)
+	b.awaitSettled(t, 20*time.Second)
+	require.Equal(t, 1, b.rows(t, "order-1"))
+}
+
+func TestNewConsumerChecksOptions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for what, broken := range map[string]func(o *oncesqs.Options){
+		"client":     func(o *oncesqs.Options) { o.Client = nil },
+		"queue":      func(o *oncesqs.Options) { o.QueueURL = "" },
+		"scope":      func(o *oncesqs.Options) { o.Scope = "" },
+		"bad scope":  func(o *oncesqs.Options) { o.Scope = "a:b" },
+		"wait":       func(o *oncesqs.Options) { o.WaitTime = 21 * time.Second },
+		"negative":   func(o *oncesqs.Options) { o.Workers = -1 },
+		"fifo mix":   func(o *oncesqs.Options) { o.DeadLetterQueueURL += ".fifo" },
+		"visibility": func(o *oncesqs.Options) { o.VisibilityTimeout = 13 * time.Hour },
+	} {
+		opts := b.options()
+		broken(&opts)
+		_, err := oncesqs.NewConsumer(b.engine, effect, opts)
+		require.Error(t, err, what)
+	}
+	_, err := oncesqs.NewConsumer(b.engine, nil, b.options())
+	require.Error(t, err)
+}
