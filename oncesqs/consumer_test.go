@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -329,3 +333,93 @@ func TestNewConsumerChecksOptions(t *testing.T) {
 	_, err := oncesqs.NewConsumer(b.engine, nil, b.options())
 	require.Error(t, err)
 }
+
+// Why the consumer dead-letters by itself: a redrive policy counts
+// receives, and moves a copy whose key is merely in flight elsewhere to
+// the dead-letter queue, with no reason, while the first execution is
+// about to succeed. (goaws counts a receive when a visibility timeout runs
+// out, as SQS counts the next receive.)
+func TestRedrivePolicyWouldDeadLetterACopyInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := b.client.SetQueueAttributes(b.ctx, &sqs.SetQueueAttributesInput{QueueUrl: aws.String(b.queue), Attributes: map[string]string{
+		"RedrivePolicy": `{"maxReceiveCount":"2","deadLetterTargetArn":"arn:aws:sqs:local:queue:` + queueNameOf(b.dlq) + `"}`,
+	}})
+	require.NoError(t, err)
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	held := effectAfter(release)
+	b.run(t, func(ctx context.Context, msg oncesqs.Message) error {
+		once.Do(func() { close(started) })
+		return held(ctx, msg)
+	}, b.options())
+
+	b.publish(t, "order-1", `{"amount":100}`)
+	<-started
+	b.publish(t, "order-1", `{"amount":100}`) // a copy while the first runs
+	dead := b.awaitDeadLetters(t, 1)[0]
+	require.Empty(t, attr(dead, oncesqs.AttributeReason), "SQS's redrive gives no reason")
+	require.Zero(t, b.count(t, "dead_letter", onceonly.ReasonFailed), "the consumer dead-lettered nothing")
+	close(release)
+	b.awaitSettled(t, 10*time.Second)
+	require.Equal(t, 1, b.rows(t, "order-1"))
+}
+
+// A dead letter keeps every original attribute; Onceonly-Reason and
+// Onceonly-Error take what room SQS's 10 attributes leave.
+func TestDeadLetterAttributesWithinTen(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.run(t, effect, b.options())
+	send := func(n int) {
+		attrs := map[string]types.MessageAttributeValue{}
+		for i := range n {
+			attrs["A"+strconv.Itoa(i)] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(strconv.Itoa(n))}
+		}
+		_, err := b.client.SendMessage(b.ctx, &sqs.SendMessageInput{QueueUrl: aws.String(b.queue), MessageBody: aws.String(strconv.Itoa(n)), MessageAttributes: attrs})
+		require.NoError(t, err) // no Idempotency-Key: invalid
+	}
+	send(8)
+	send(9)
+	send(10)
+	for _, dead := range b.awaitDeadLetters(t, 3) {
+		n, err := strconv.Atoi(*dead.Body)
+		require.NoError(t, err)
+		for i := range n {
+			require.Equal(t, *dead.Body, attr(dead, "A"+strconv.Itoa(i)), "original attribute kept")
+		}
+		switch n {
+		case 8:
+			require.Equal(t, onceonly.ReasonInvalid, attr(dead, oncesqs.AttributeReason))
+			require.NotEmpty(t, attr(dead, oncesqs.AttributeError))
+		case 9:
+			require.Equal(t, onceonly.ReasonInvalid, attr(dead, oncesqs.AttributeReason))
+			require.NotContains(t, dead.MessageAttributes, oncesqs.AttributeError)
+		case 10:
+			require.Len(t, dead.MessageAttributes, 10)
+		}
+	}
+	b.awaitSettled(t, 10*time.Second)
+	require.Equal(t, 3, b.count(t, "dead_letter", onceonly.ReasonInvalid))
+}
+
+// A queue that does not exist (yet): Run keeps trying, reports itself not
+// connected, and stops at once.
+func TestMissingQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	opts := b.options()
+	opts.QueueURL = b.queue + "-missing"
+	c, err := oncesqs.NewConsumer(b.engine, effect, opts)
+	require.NoError(t, err)
+	require.NoError(t, c.Start(b.ctx))
+	oncetest.Eventually(t, 10*time.Second, "failed attempts counted", func() bool {
+		return oncetest.Metric(t, b.reg, "onceonly_sqs_settle_errors_total", map[string]string{"op": "attributes"}) >= 2
+	})
+	require.False(t, c.Connected())
+	begin := time.Now()
+	c.Stop()
+	require.Less(t, time.Since(begin), 2*time.Second)
+}
+
+func queueNameOf(url string) string { return url[strings.LastIndex(url, "/")+1:] }
