@@ -423,3 +423,48 @@ func TestMissingQueue(t *testing.T) {
 }
 
 func queueNameOf(url string) string { return url[strings.LastIndex(url, "/")+1:] }
+
+// stallingClient is SQS whose first receive waits for the consumer to
+// stop, then receives anyway: messages that arrive while the consumer
+// stops.
+type stallingClient struct {
+	*sqs.Client
+	polling chan struct{}
+	once    sync.Once
+}
+
+func (s *stallingClient) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, opts ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
+	first := false
+	s.once.Do(func() { first = true })
+	if !first {
+		return s.Client.ReceiveMessage(ctx, in, opts...)
+	}
+	close(s.polling)
+	<-ctx.Done()
+	return s.Client.ReceiveMessage(context.WithoutCancel(ctx), in, opts...)
+}
+
+// Messages received while the consumer stops are made visible again at
+// once, unstarted (not after the queue's 10 s visibility timeout).
+func TestStopHandsBackWhatItReceived(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.publish(t, "order-1", `{"amount":100}`)
+	opts := b.options()
+	sc := &stallingClient{Client: b.client, polling: make(chan struct{})}
+	opts.Client = sc
+	var runs atomic.Int32
+	c, err := oncesqs.NewConsumer(b.engine, func(ctx context.Context, msg oncesqs.Message) error {
+		runs.Add(1)
+		return effect(ctx, msg)
+	}, opts)
+	require.NoError(t, err)
+	require.NoError(t, c.Start(b.ctx))
+	<-sc.polling
+	c.Stop()
+	require.Zero(t, runs.Load())
+	require.Equal(t, 1, b.count(t, "retry", "shutdown"))
+	out, err := b.client.ReceiveMessage(b.ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(b.queue), WaitTimeSeconds: 2})
+	require.NoError(t, err)
+	require.Len(t, out.Messages, 1, "visible again at once")
+}
