@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/oncesqs"
+	"github.com/onceonly/onceonly/oncesqs/internal/sqstest"
 	"github.com/onceonly/onceonly/oncetest"
 )
 
@@ -467,4 +468,40 @@ func TestStopHandsBackWhatItReceived(t *testing.T) {
 	out, err := b.client.ReceiveMessage(b.ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(b.queue), WaitTimeSeconds: 2})
 	require.NoError(t, err)
 	require.Len(t, out.Messages, 1, "visible again at once")
+}
+
+// A FIFO queue: copies with deduplication IDs of their own (sent apart,
+// or past SQS's five minutes) run once; a reused key goes to the FIFO
+// dead-letter queue.
+func TestFIFOQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	sfx := oncetest.RandomSuffix(10)
+	var err error
+	b.dlq, err = sqstest.CreateQueue(b.ctx, b.client, "dead-"+sfx+".fifo", nil)
+	require.NoError(t, err)
+	b.queue, err = sqstest.CreateQueue(b.ctx, b.client, "q-"+sfx+".fifo", map[string]string{"VisibilityTimeout": "10"})
+	require.NoError(t, err)
+	opts := b.options()
+	// One message a receive: goaws 0.4.5 hides the other messages of a
+	// locked group that a multi-message receive walks past, for a whole
+	// visibility timeout (SQS does not).
+	opts.Workers = 1
+	b.run(t, effect, opts)
+
+	for i, body := range []string{`{"amount":100}`, `{"amount":100}`, `{"amount":999}`} {
+		_, err := b.client.SendMessage(b.ctx, &sqs.SendMessageInput{QueueUrl: aws.String(b.queue), MessageBody: aws.String(body),
+			MessageGroupId: aws.String("merchant-1"), MessageDeduplicationId: aws.String("send-" + strconv.Itoa(i)),
+			MessageAttributes: map[string]types.MessageAttributeValue{
+				oncesqs.DefaultKeyAttribute: {DataType: aws.String("String"), StringValue: aws.String("order-1")},
+			}})
+		require.NoError(t, err)
+	}
+	dead := b.awaitDeadLetters(t, 1)[0]
+	require.Equal(t, `{"amount":999}`, *dead.Body)
+	require.Equal(t, onceonly.ReasonReused, attr(dead, oncesqs.AttributeReason))
+	b.awaitSettled(t, 15*time.Second)
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Equal(t, 1, b.count(t, "ack", "executed"))
+	require.Equal(t, 1, b.count(t, "ack", "replayed"))
 }
