@@ -505,3 +505,51 @@ func TestFIFOQueue(t *testing.T) {
 	require.Equal(t, 1, b.count(t, "ack", "executed"))
 	require.Equal(t, 1, b.count(t, "ack", "replayed"))
 }
+
+// A dead letter that cannot be sent leaves its message in the queue, to
+// be dead-lettered when it comes back: never lost.
+func TestDeadLetterSendFailsMessageStays(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	opts := b.options()
+	opts.DeadLetterQueueURL = b.dlq + "-missing"
+	b.run(t, effect, opts)
+	b.publish(t, "", `{"amount":100}`) // no key: invalid
+	oncetest.Eventually(t, 10*time.Second, "the dead letter's send failed, twice", func() bool {
+		return b.count(t, "retry", "dead_letter_failed") >= 2
+	})
+	require.Equal(t, 1, b.queued(t, b.queue), "the message stays")
+	require.Zero(t, b.count(t, "dead_letter", onceonly.ReasonInvalid))
+}
+
+// lossyClient is SQS whose first DeleteMessageBatch is lost after SQS did
+// nothing: the delete never happened.
+type lossyClient struct {
+	*sqs.Client
+	once sync.Once
+}
+
+func (l *lossyClient) DeleteMessageBatch(ctx context.Context, in *sqs.DeleteMessageBatchInput, opts ...func(*sqs.Options)) (*sqs.DeleteMessageBatchOutput, error) {
+	lost := false
+	l.once.Do(func() { lost = true })
+	if lost {
+		return nil, errors.New("connection reset by peer")
+	}
+	return l.Client.DeleteMessageBatch(ctx, in, opts...)
+}
+
+// A lost delete brings the message back after its visibility timeout,
+// and it is deleted then as a replay: one effect.
+func TestLostDeleteIsAReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{visibility: 1})
+	opts := b.options()
+	opts.Client = &lossyClient{Client: b.client}
+	b.run(t, effect, opts)
+	b.publish(t, "order-1", `{"amount":100}`)
+	b.awaitSettled(t, 15*time.Second)
+	require.Equal(t, 1, b.rows(t, "order-1"))
+	require.Equal(t, 1, b.count(t, "ack", "executed"))
+	require.Equal(t, 1, b.count(t, "ack", "replayed"))
+	require.Equal(t, 1, int(oncetest.Metric(t, b.reg, "onceonly_sqs_settle_errors_total", map[string]string{"op": "delete"})))
+}
