@@ -274,6 +274,7 @@ func MigrateUp(ctx context.Context, pool *pgxpool.Pool) error {
 func buildTemplate(admin string) (string, error) {
 	ctx := context.Background()
 	sum := sha256.New()
+	sum.Write([]byte(migrations.VersionTable)) // where the versions are recorded is part of the schema
 	for _, files := range []fs.FS{migrations.FS(), schema.FS()} {
 		err := fs.WalkDir(files, ".", func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() {
