@@ -1,0 +1,86 @@
+package onceonly_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/migrations"
+)
+
+// New refuses a database without the schema, or with one behind this
+// release, and names the fix; it reads the version once, so a current
+// schema costs one statement.
+func TestNewRefusesAMissingOrOldSchema(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	quiet := testenv.QuietLogger()
+
+	empty := testenv.Pool(t, testenv.EmptyDatabaseURL(t))
+	_, err := onceonly.New(onceonly.Config{Pool: empty, Logger: quiet})
+	require.ErrorIs(t, err, onceonly.ErrSchemaBehind)
+	require.ErrorIs(t, err, migrations.ErrSchemaBehind, "one error, whichever package names it")
+	require.ErrorContains(t, err, "run migrations.Up(ctx, pool) before onceonly.New, or `api migrate up`")
+	require.ErrorContains(t, err, "the database has no onceonly schema")
+
+	e, err := onceonly.New(onceonly.Config{Pool: empty, Logger: quiet, Tuning: onceonly.Tuning{NoSchemaCheck: true}})
+	require.NoError(t, err, "the check can be skipped")
+	e.Close()
+
+	pool := testenv.DB(t)
+	e, err = onceonly.New(onceonly.Config{Pool: pool, Logger: quiet})
+	require.NoError(t, err)
+	e.Close()
+	_, err = pool.Exec(ctx, `DELETE FROM `+migrations.VersionTable+` WHERE version_id = (SELECT max(version_id) FROM `+migrations.VersionTable+`)`)
+	require.NoError(t, err)
+	_, err = onceonly.New(onceonly.Config{Pool: pool, Logger: quiet})
+	require.ErrorIs(t, err, onceonly.ErrSchemaBehind)
+	require.ErrorContains(t, err, "database at version 9, this release needs 10")
+}
+
+// New on a Postgres that does not answer says so (ErrUnavailable), at once.
+func TestNewWithoutPostgres(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t, "postgres://postgres@127.0.0.1:1/x?connect_timeout=2")
+	_, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	require.ErrorIs(t, err, onceonly.ErrUnavailable)
+	require.NotErrorIs(t, err, onceonly.ErrSchemaBehind)
+}
+
+// The engine's schema gone after New (rolled back, dropped): an execution
+// returns ErrSchemaBehind, which names the fix, not ErrUnavailable; a
+// handler's own missing table is still the handler's error.
+func TestExecutionOnAMissingSchema(t *testing.T) {
+	t.Parallel()
+	for _, twoPhase := range []bool{false, true} {
+		ctx := testenv.Context(t)
+		pool := testenv.DB(t)
+		e, err := onceonly.New(onceonly.Config{Pool: pool, TwoPhase: twoPhase, Logger: testenv.QuietLogger()})
+		require.NoError(t, err)
+		t.Cleanup(e.Close)
+
+		_, err = e.Do(ctx, "s", "k0", nil, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO no_such_table VALUES (1)`)
+			return onceonly.Result{}, err
+		})
+		require.Error(t, err)
+		require.NotErrorIs(t, err, onceonly.ErrSchemaBehind, "the application's table, not the engine's")
+
+		_, err = pool.Exec(ctx, `DROP TABLE idempotency_keys CASCADE`)
+		require.NoError(t, err)
+		ran := false
+		_, err = e.Do(ctx, "s", "k1", nil, func(context.Context, pgx.Tx) (onceonly.Result, error) {
+			ran = true
+			return onceonly.Result{Status: 201}, nil
+		})
+		require.ErrorIs(t, err, onceonly.ErrSchemaBehind, "two-phase %v", twoPhase)
+		require.ErrorContains(t, err, "api migrate up")
+		require.False(t, ran)
+		s := onceonly.Settle(onceonly.Outcome{}, err)
+		require.Equal(t, onceonly.Retry, s.Disposition, "never dead-lettered: the message is fine")
+	}
+}
