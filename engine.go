@@ -293,6 +293,9 @@ func checkSchema(pool *pgxpool.Pool) error {
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
+	if e.made() != nil {
+		return
+	}
 	e.closeDaemons()
 	e.releasesMu.Lock()
 	if !e.closed {
@@ -328,6 +331,9 @@ func DefaultShouldStore(status int) bool {
 // Run. Settle turns any of these answers into a broker's ack, redelivery
 // or dead letter.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
+	if err := e.canDo(fn == nil); err != nil {
+		return Outcome{}, err
+	}
 	return e.execute(ctx, e.modeFor(), scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
 }
 
@@ -348,6 +354,7 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 	ctx, call, err := e.enter(ctx, scope, key, handler, m.callerCommits())
 	outcome := outcomeExecuted
 	defer func() { e.leave(call, outcome, out.Replayed, err) }()
+	defer func() { err = schemaError(err) }()
 	if err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err

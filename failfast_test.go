@@ -2,6 +2,8 @@ package onceonly_test
 
 import (
 	"context"
+	"database/sql"
+	"net/http"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -56,31 +58,101 @@ func TestNewWithoutPostgres(t *testing.T) {
 // handler's own missing table is still the handler's error.
 func TestExecutionOnAMissingSchema(t *testing.T) {
 	t.Parallel()
+	ctx := testenv.Context(t)
 	for _, twoPhase := range []bool{false, true} {
-		ctx := testenv.Context(t)
-		pool := testenv.DB(t)
-		e, err := onceonly.New(onceonly.Config{Pool: pool, TwoPhase: twoPhase, Logger: testenv.QuietLogger()})
-		require.NoError(t, err)
-		t.Cleanup(e.Close)
+		for _, ranBefore := range []bool{false, true} {
+			pool := testenv.DB(t)
+			e, err := onceonly.New(onceonly.Config{Pool: pool, TwoPhase: twoPhase, Logger: testenv.QuietLogger()})
+			require.NoError(t, err)
+			t.Cleanup(e.Close)
+			if ranBefore {
+				_, err = e.Do(ctx, "s", "k0", nil, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+					_, err := tx.Exec(ctx, `INSERT INTO no_such_table VALUES (1)`)
+					return onceonly.Result{}, err
+				})
+				require.Error(t, err)
+				require.NotErrorIs(t, err, onceonly.ErrSchemaBehind, "the application's table, not the engine's")
+			}
 
-		_, err = e.Do(ctx, "s", "k0", nil, func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
-			_, err := tx.Exec(ctx, `INSERT INTO no_such_table VALUES (1)`)
-			return onceonly.Result{}, err
-		})
-		require.Error(t, err)
-		require.NotErrorIs(t, err, onceonly.ErrSchemaBehind, "the application's table, not the engine's")
-
-		_, err = pool.Exec(ctx, `DROP TABLE idempotency_keys CASCADE`)
-		require.NoError(t, err)
-		ran := false
-		_, err = e.Do(ctx, "s", "k1", nil, func(context.Context, pgx.Tx) (onceonly.Result, error) {
-			ran = true
-			return onceonly.Result{Status: 201}, nil
-		})
-		require.ErrorIs(t, err, onceonly.ErrSchemaBehind, "two-phase %v", twoPhase)
-		require.ErrorContains(t, err, "api migrate up")
-		require.False(t, ran)
-		s := onceonly.Settle(onceonly.Outcome{}, err)
-		require.Equal(t, onceonly.Retry, s.Disposition, "never dead-lettered: the message is fine")
+			_, err = pool.Exec(ctx, `DROP TABLE idempotency_keys CASCADE`)
+			require.NoError(t, err)
+			ran := false
+			_, err = e.Do(ctx, "s", "k1", nil, func(context.Context, pgx.Tx) (onceonly.Result, error) {
+				ran = true
+				return onceonly.Result{Status: 201}, nil
+			})
+			require.ErrorIs(t, err, onceonly.ErrSchemaBehind, "two-phase %v, ran before %v", twoPhase, ranBefore)
+			require.ErrorContains(t, err, "api migrate up")
+			require.False(t, ran)
+			s := onceonly.Settle(onceonly.Outcome{}, err)
+			require.Equal(t, onceonly.Retry, s.Disposition, "never dead-lettered: the message is fine")
+		}
 	}
+}
+
+// Middleware without Scope panics when it is built, with the fix, not at
+// the first request (a nil func call inside net/http).
+func TestMiddlewareWithoutScopeRefusesAtConstruction(t *testing.T) {
+	t.Parallel()
+	e, err := onceonly.New(onceonly.Config{Pool: testenv.DB(t), Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	require.PanicsWithValue(t, "onceonly: MiddlewareOptions.Scope is required: a func(r *http.Request) (string, error) returning the request's tenant "+
+		"(merchant, user) whose keys must never meet another's, e.g. the account of its API key; a service with one tenant returns a constant",
+		func() { e.Middleware(onceonly.MiddlewareOptions{}) })
+	require.NotPanics(t, func() {
+		e.Middleware(onceonly.MiddlewareOptions{Scope: func(*http.Request) (string, error) { return "tenant", nil }})
+	})
+}
+
+// An Engine New did not make answers ErrNotMade (the middleware panics
+// with it), instead of a nil-pointer panic; Close and Stop do nothing.
+func TestZeroEngine(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	handler := func(context.Context, pgx.Tx) (onceonly.Result, error) { return onceonly.Result{}, nil }
+	for name, e := range map[string]*onceonly.Engine{"zero": {}, "nil": nil} {
+		_, err := e.Do(ctx, "s", "k", nil, handler)
+		require.ErrorIs(t, err, onceonly.ErrNotMade, name)
+		_, err = e.Run(ctx, "f", "s", "k", nil)
+		require.ErrorIs(t, err, onceonly.ErrNotMade, name)
+		_, err = e.DoSQL(ctx, "s", "k", nil, func(context.Context, *sql.Tx) (onceonly.Result, error) { return onceonly.Result{}, nil })
+		require.ErrorIs(t, err, onceonly.ErrNotMade, name)
+		require.ErrorIs(t, e.Register("f", func(context.Context, *onceonly.Execution) (onceonly.Result, error) { return onceonly.Result{}, nil }), onceonly.ErrNotMade, name)
+		require.ErrorIs(t, e.Start(ctx), onceonly.ErrNotMade, name)
+		require.ErrorIs(t, e.Resume(ctx), onceonly.ErrNotMade, name)
+		_, err = e.Inspect(ctx, "s", "k")
+		require.ErrorIs(t, err, onceonly.ErrNotMade, name)
+		require.ErrorIs(t, e.Purge(ctx, "s", "k", false), onceonly.ErrNotMade, name)
+		require.PanicsWithError(t, onceonly.ErrNotMade.Error(), func() {
+			e.Middleware(onceonly.MiddlewareOptions{Scope: func(*http.Request) (string, error) { return "tenant", nil }})
+		}, name)
+		require.NotPanics(t, e.Close, name)
+		require.NoError(t, e.Stop(ctx), name)
+	}
+}
+
+// Do, DoTx and the database/sql forms without a handler, or without the
+// caller's transaction, return an error and leave no key behind.
+func TestNilHandlerOrTx(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t)
+	pool := testenv.DB(t)
+	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	_, err = e.Do(ctx, "s", "k", nil, nil)
+	require.ErrorContains(t, err, "the handler is nil")
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // the test's transaction
+	_, err = e.DoTx(ctx, tx, "s", "k", nil, nil)
+	require.ErrorContains(t, err, "the handler is nil")
+	_, err = e.DoTx(ctx, nil, "s", "k", nil, func(context.Context, pgx.Tx) (onceonly.Result, error) { return onceonly.Result{}, nil })
+	require.ErrorContains(t, err, "need the caller's transaction")
+	_, err = e.DoSQLTx(ctx, nil, "s", "k", nil, func(context.Context, *sql.Tx) (onceonly.Result, error) { return onceonly.Result{}, nil })
+	require.ErrorContains(t, err, "need the caller's transaction")
+	var keys int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&keys))
+	require.Zero(t, keys)
 }
