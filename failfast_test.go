@@ -86,6 +86,14 @@ func TestExecutionOnAMissingSchema(t *testing.T) {
 			require.False(t, ran)
 			s := onceonly.Settle(onceonly.Outcome{}, err)
 			require.Equal(t, onceonly.Retry, s.Disposition, "never dead-lettered: the message is fine")
+
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = e.DoTx(ctx, tx, "s", "k2", nil, func(context.Context, pgx.Tx) (onceonly.Result, error) {
+				return onceonly.Result{Status: 201}, nil
+			})
+			require.ErrorIs(t, err, onceonly.ErrSchemaBehind, "DoTx")
+			require.NoError(t, tx.Rollback(ctx))
 		}
 	}
 }
