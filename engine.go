@@ -224,6 +224,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("onceonly: Config.Pool is required")
 	}
+	if nilInterface(cfg.Redis) {
+		return nil, errNilRedis
+	}
 	if !cfg.Tuning.NoSchemaCheck {
 		if err := checkSchema(cfg.Pool); err != nil {
 			return nil, err

@@ -6,6 +6,7 @@ package onceonly
 import (
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/onceonly/onceonly/internal/schemaver"
 )
@@ -52,6 +53,20 @@ func (e *Engine) canDo(fnNil bool) error {
 		return errNoHandler
 	}
 	return nil
+}
+
+// errNilRedis is New's error for a Config.Redis that holds a nil client.
+var errNilRedis = errors.New("onceonly: Config.Redis holds a nil client (a nil *redis.Client in the interface): " +
+	"leave Config.Redis unset to run without Redis")
+
+// nilInterface reports whether v is a non-nil interface holding a nil
+// pointer: the engine would call through it on the first request.
+func nilInterface(v any) bool {
+	if v == nil {
+		return false
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // errNoScope is the panic of Middleware without MiddlewareOptions.Scope.

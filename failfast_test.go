@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
@@ -163,4 +164,13 @@ func TestNilHandlerOrTx(t *testing.T) {
 	var keys int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys`).Scan(&keys))
 	require.Zero(t, keys)
+}
+
+// A Config.Redis that holds a nil client (var rdb *redis.Client left
+// unset) is refused by New, not met on the first request.
+func TestNewRefusesANilRedisClient(t *testing.T) {
+	t.Parallel()
+	var rdb *redis.Client
+	_, err := onceonly.New(onceonly.Config{Pool: testenv.DB(t), Redis: rdb, Logger: testenv.QuietLogger()})
+	require.ErrorContains(t, err, "leave Config.Redis unset to run without Redis")
 }
