@@ -112,8 +112,8 @@ func (e *Engine) Start(ctx context.Context) error {
 // canceled and its key resumed again later. It returns ctx's error if ctx
 // ends first; the daemons still stop.
 func (e *Engine) Stop(ctx context.Context) error {
-	if e.made() != nil {
-		return nil // nothing was started
+	if e == nil || e.store == nil {
+		return nil // not made by New: nothing was started
 	}
 	e.daemonsMu.Lock()
 	services := e.daemons

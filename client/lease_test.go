@@ -78,7 +78,7 @@ func TestDefaultsOutlastTheDefaultLease(t *testing.T) {
 	srv := guarded(t, pool, nil)
 	ctx := testenv.Context(t)
 	body := []byte(`{"amount":1}`)
-	fp, err := onceonly.RequestFingerprint(httptest.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader(string(body))), body)
+	fp, err := onceonly.RequestFingerprint(httptest.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay", strings.NewReader(string(body))), body)
 	require.NoError(t, err)
 	// The holder that died: its claim, with the default lease, and nothing
 	// after it.

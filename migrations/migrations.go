@@ -159,7 +159,7 @@ func EnsureCurrent(ctx context.Context, pool *pgxpool.Pool, opts ...Option) erro
 		return errors.New("migrations: the pool is nil")
 	}
 	if len(opts) == 0 {
-		return schemaver.Check(ctx, pool) //nolint:wrapcheck // its errors name the fix already
+		return schemaver.Check(ctx, pool)
 	}
 	m, err := NewMigrator(pool, opts...)
 	if err != nil {

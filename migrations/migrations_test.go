@@ -93,7 +93,7 @@ func TestLatestIsTheLastEmbeddedMigration(t *testing.T) {
 	require.NoError(t, err)
 	last, err := strconv.ParseInt(strings.SplitN(entries[len(entries)-1].Name(), "_", 2)[0], 10, 64)
 	require.NoError(t, err)
-	require.Equal(t, last, schemaver.Latest, "a new migration raises schemaver.Latest")
+	require.Equal(t, schemaver.Latest, last, "a new migration raises schemaver.Latest")
 }
 
 // An application's own goose migrations, in goose's default table, and

@@ -13,7 +13,10 @@ import (
 )
 
 // migrateVerbs are what `api migrate` takes.
-var migrateVerbs = verbs{"up", "down", "status", "version"}
+var migrateVerbs = verbs{"up", "down", "status", verbVersion}
+
+// verbVersion prints the engine's schema version alone, for scripts.
+const verbVersion = "version"
 
 // migrate runs `api migrate CMD` (one of migrateVerbs) on the database of
 // pgCfg, printing what it did on stdout. Two migration sets take part: the
@@ -45,7 +48,7 @@ func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.W
 	if err != nil {
 		return err
 	}
-	if len(adopted.Versions) > 0 && cmd != "version" {
+	if len(adopted.Versions) > 0 && cmd != verbVersion {
 		fmt.Fprintf(stdout, "took over versions %d-%d of the engine from goose_db_version into %s%s\n",
 			adopted.Versions[0], adopted.Versions[len(adopted.Versions)-1], migrations.VersionTable, leftOrRemoved(adopted.Removed))
 	}
@@ -89,7 +92,7 @@ func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.W
 				fmt.Fprintf(stdout, "%-8s %-7s %-40s %s\n", st.State, set.name, st.Source.Path, applied)
 			}
 		}
-	case "version":
+	case verbVersion:
 		v, err := p.GetDBVersion(ctx)
 		if err != nil {
 			return fmt.Errorf("read version: %w", err)

@@ -29,7 +29,7 @@ func Fatal(s onceonly.Settlement) error {
 func Cause(ctx context.Context) error {
 	cause := context.Cause(ctx)
 	if cause != nil && (errors.Is(cause, onceonly.ErrSchemaBehind) || errors.Is(cause, onceonly.ErrNotMade)) {
-		return cause
+		return cause //nolint:wrapcheck // the error a worker of the consumer stopped it with, as it was
 	}
 	return nil
 }
