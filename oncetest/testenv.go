@@ -303,6 +303,7 @@ func MigrateUp(ctx context.Context, pool *pgxpool.Pool) error {
 func buildTemplate(admin string) (string, error) {
 	ctx := context.Background()
 	sum := sha256.New()
+	sum.Write([]byte(migrations.VersionTable)) // where the versions are recorded is part of the schema
 	for _, set := range migrationSets() {
 		files := set.files
 		err := fs.WalkDir(files, ".", func(path string, d fs.DirEntry, err error) error {
