@@ -238,19 +238,22 @@ func TestCommittedOffsetNeverSkipsAnUnsettledRecord(t *testing.T) {
 func TestRebalance(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	var runs atomic.Int32
-	handler := func(ctx context.Context, msg oncekafka.Message) error {
-		runs.Add(1)
-		select {
-		case <-time.After(5 * time.Millisecond):
-		case <-ctx.Done():
-			return ctx.Err()
+	var runs, runs1, runs2 atomic.Int32
+	handler := func(mine *atomic.Int32) oncekafka.Handler {
+		return func(ctx context.Context, msg oncekafka.Message) error {
+			runs.Add(1)
+			mine.Add(1)
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return effect(ctx, msg)
 		}
-		return effect(ctx, msg)
 	}
 	opts1 := b.options()
 	opts1.Name = "kafka.member-1" // one engine here; one name per process
-	c1, stop1 := b.run(t, handler, opts1)
+	c1, stop1 := b.run(t, handler(&runs1), opts1)
 
 	const keys = 150
 	producing := make(chan struct{})
@@ -268,7 +271,7 @@ func TestRebalance(t *testing.T) {
 	oncetest.Eventually(t, 10*time.Second, "member 1 consuming", func() bool { return runs.Load() > 20 })
 	opts2 := b.options()
 	opts2.Name = "kafka.member-2"
-	c2, _ := b.run(t, handler, opts2)
+	c2, _ := b.run(t, handler(&runs2), opts2)
 	oncetest.Eventually(t, 15*time.Second, "member 2 joined", c2.Joined)
 	oncetest.Eventually(t, 10*time.Second, "member 2 consuming", func() bool { return runs.Load() > 60 })
 	stop1() // member 1 leaves: member 2 takes its partitions
@@ -283,6 +286,8 @@ func TestRebalance(t *testing.T) {
 	require.Equal(t, keys, n)
 	require.Equal(t, keys, b.count(t, "ack", "executed"))
 	require.Empty(t, b.deadLetters(t))
+	require.Positive(t, runs1.Load(), "member 1 ran records")
+	require.Positive(t, runs2.Load(), "member 2 ran records")
 }
 
 // Stop lets executions finish within the bound, then cancels them; what
@@ -362,4 +367,52 @@ func TestOptions(t *testing.T) {
 		_, err := oncekafka.NewConsumer(b.engine, effect, opts)
 		require.Error(t, err, name)
 	}
+}
+
+// A partition is revoked while its record runs on the first member: the
+// new owner's run of the record is turned away as in flight (the key's
+// lease fences it) until the first execution commits, then settles as a
+// replay; the first member's settlement of the revoked record is dropped.
+func TestRevokedExecutionIsFenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	release := make(chan struct{})
+	var running atomic.Int32
+	handler := func(ctx context.Context, msg oncekafka.Message) error {
+		running.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return effect(ctx, msg)
+	}
+	opts1 := b.options()
+	opts1.Name = "kafka.member-1"
+	b.run(t, handler, opts1)
+	for p := range int32(partitions) {
+		b.produce(t, p, fmt.Sprint("held-", p), `{}`)
+	}
+	oncetest.Eventually(t, 10*time.Second, "member 1 runs a record of each partition", func() bool { return running.Load() == partitions })
+
+	opts2 := b.options()
+	opts2.Name = "kafka.member-2"
+	c2, _ := b.run(t, handler, opts2)
+	oncetest.Eventually(t, 15*time.Second, "member 2 joined", c2.Joined)
+	oncetest.Eventually(t, 10*time.Second, "member 2's copy turned away while member 1 runs it", func() bool {
+		return b.count(t, "retry", "in_flight") >= 1
+	})
+	require.Equal(t, int32(partitions), running.Load(), "the copy never ran")
+	for p, off := range b.committed(t) {
+		require.Zero(t, off, "partition %d: nothing settled, nothing committed", p)
+	}
+
+	close(release)
+	b.awaitSettled(t, 15*time.Second)
+	for p := range partitions {
+		require.Equal(t, 1, b.rows(t, fmt.Sprint("held-", p)))
+	}
+	require.Equal(t, partitions, b.count(t, "ack", "executed"))
+	require.GreaterOrEqual(t, b.count(t, "ack", "replayed"), 1)
+	require.Empty(t, b.deadLetters(t))
 }
