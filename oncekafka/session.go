@@ -113,8 +113,9 @@ func (c *Consumer) consume(ctx context.Context) error {
 		})
 	}
 
+	nextCommit := time.Now().Add(c.opts.CommitInterval)
 	for ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, c.opts.CommitInterval)
+		pctx, cancel := context.WithDeadline(ctx, nextCommit)
 		fetches := cl.PollRecords(pctx, c.opts.MaxPoll)
 		cancel()
 		if fetches.IsClientClosed() {
@@ -128,9 +129,12 @@ func (c *Consumer) consume(ctx context.Context) error {
 			c.log.WarnContext(ctx, "oncekafka: fetch failed", "topic", topic, "partition", partition, "err", err)
 		})
 		s.take(fetches.Records())
-		// Between a poll and AllowRebalance the partitions are this
-		// member's: the commit names none it lost.
-		s.commit(ctx, nil)
+		if now := time.Now(); !now.Before(nextCommit) {
+			// Between a poll and AllowRebalance the partitions are this
+			// member's: the commit names none it lost.
+			s.commit(ctx, nil)
+			nextCommit = now.Add(c.opts.CommitInterval)
+		}
 		cl.AllowRebalance()
 	}
 
