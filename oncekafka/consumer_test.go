@@ -310,7 +310,9 @@ func TestShutdown(t *testing.T) {
 	}, opts)
 	b.produce(t, 0, "before", `{}`)
 	stuck := b.produce(t, 0, "stuck", `{}`)
+	b.produce(t, 0, "after", `{}`)
 	<-started
+	oncetest.Eventually(t, 10*time.Second, "the record behind the stuck one settled", func() bool { return b.rows(t, "after") == 1 })
 	begin := time.Now()
 	stop()
 	require.Less(t, time.Since(begin), 5*time.Second, "Stop returns soon after the shutdown bound")
@@ -322,6 +324,7 @@ func TestShutdown(t *testing.T) {
 	b.awaitSettled(t, 15*time.Second)
 	require.Equal(t, 1, b.rows(t, "stuck"))
 	require.Equal(t, 1, b.rows(t, "before"))
+	require.Equal(t, 1, b.rows(t, "after"))
 }
 
 // The broker stops and starts again (its data directory keeps records and
