@@ -298,8 +298,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 // Stop stops polling, lets the executions under way finish and settle for
 // up to ShutdownTimeout (then cancels their contexts), commits the settled
 // prefix of every partition and leaves the group: the records it held
-// unsettled go to the partitions' next owners. It is safe to call twice,
-// or without Start.
+// unsettled go to the partitions' next owners. The commit and the leave
+// are bounded by RequestTimeout each. It is safe to call twice, or
+// without Start.
 func (c *Consumer) Stop() { c.life.Stop() }
 
 // Started returns a channel closed once the consumer has started.

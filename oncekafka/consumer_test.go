@@ -419,3 +419,22 @@ func TestRevokedExecutionIsFenced(t *testing.T) {
 	require.GreaterOrEqual(t, b.count(t, "ack", "replayed"), 1)
 	require.Empty(t, b.deadLetters(t))
 }
+
+// With the broker gone, Stop still returns within its bounds.
+func TestStopWithoutBroker(t *testing.T) {
+	t.Parallel()
+	br := privateBroker(t)
+	b := setup(t, br)
+	opts := b.options()
+	opts.RequestTimeout = time.Second
+	opts.ShutdownTimeout = time.Second
+	_, stop := b.run(t, effect, opts)
+	b.produce(t, 0, "order-1", `{}`)
+	b.awaitSettled(t, 15*time.Second)
+
+	br.stop()
+	begin := time.Now()
+	stop()
+	require.Less(t, time.Since(begin), 6*time.Second, "ShutdownTimeout and two RequestTimeouts, and some slack")
+	require.Equal(t, 1, b.rows(t, "order-1"))
+}

@@ -153,7 +153,14 @@ func (c *Consumer) consume(ctx context.Context) error {
 		<-idle
 	}
 	s.commit(ctx, nil)
-	cl.Close() // leaves the group: revoked() commits again, with nothing new
+	// Leave the group (revoked commits again, with nothing new) within a
+	// bound: a broker out of reach must not hold Stop.
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.RequestTimeout)
+	if err := cl.LeaveGroupContext(lctx); err != nil {
+		c.log.WarnContext(ctx, "oncekafka: leaving the group failed; the group's session timeout will end the membership", "err", err)
+	}
+	cancel()
+	cl.Close()
 	return nil
 }
 
