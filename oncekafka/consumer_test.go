@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -74,7 +75,7 @@ func TestReusedKeyIsDeadLettered(t *testing.T) {
 	require.Equal(t, onceonly.ReasonReused, header(dead, oncekafka.HeaderReason))
 	require.Equal(t, b.topic, header(dead, oncekafka.HeaderTopic))
 	require.Equal(t, "2", header(dead, oncekafka.HeaderPartition))
-	require.Equal(t, fmt.Sprint(off), header(dead, oncekafka.HeaderOffset))
+	require.Equal(t, strconv.FormatInt(off, 10), header(dead, oncekafka.HeaderOffset))
 	b.awaitSettled(t, 10*time.Second) // dead-lettered counts as settled
 	require.Equal(t, 1, b.rows(t, "order-1"))
 	require.Equal(t, 1, b.count(t, "dead_letter", onceonly.ReasonReused))
@@ -256,16 +257,17 @@ func TestRebalance(t *testing.T) {
 	c1, stop1 := b.run(t, handler(&runs1), opts1)
 
 	const keys = 150
-	producing := make(chan struct{})
+	producing := make(chan error, 1)
 	go func() {
-		defer close(producing)
-		for i := range keys {
+		var err error
+		for i := 0; i < keys && err == nil; i++ {
 			key := fmt.Sprint("order-", i)
-			b.produce(t, int32(i%partitions), key, `{}`)
-			if i%5 == 0 { // and a copy on another partition
-				b.produce(t, int32((i+1)%partitions), key, `{}`)
+			err = b.produceErr(int32(i%partitions), key, `{}`)
+			if i%5 == 0 && err == nil { // and a copy on another partition
+				err = b.produceErr(int32((i+1)%partitions), key, `{}`)
 			}
 		}
+		producing <- err
 	}()
 	oncetest.Eventually(t, 10*time.Second, "member 1 joined", c1.Joined)
 	oncetest.Eventually(t, 10*time.Second, "member 1 consuming", func() bool { return runs.Load() > 20 })
@@ -275,7 +277,7 @@ func TestRebalance(t *testing.T) {
 	oncetest.Eventually(t, 15*time.Second, "member 2 joined", c2.Joined)
 	oncetest.Eventually(t, 10*time.Second, "member 2 consuming", func() bool { return runs.Load() > 60 })
 	stop1() // member 1 leaves: member 2 takes its partitions
-	<-producing
+	require.NoError(t, <-producing)
 	b.awaitSettled(t, 30*time.Second)
 
 	var doubles int

@@ -3,6 +3,7 @@ package oncekafka
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -16,9 +17,9 @@ import (
 // last one of that name). A record without it is invalid.
 func HeaderKey(name string) func(rec *kgo.Record) (string, error) {
 	return func(rec *kgo.Record) (string, error) {
-		for i := len(rec.Headers) - 1; i >= 0; i-- {
-			if rec.Headers[i].Key == name && len(rec.Headers[i].Value) > 0 {
-				return string(rec.Headers[i].Value), nil
+		for _, h := range slices.Backward(rec.Headers) {
+			if h.Key == name && len(h.Value) > 0 {
+				return string(h.Value), nil
 			}
 		}
 		return "", fmt.Errorf("no %s header", name)
@@ -49,7 +50,7 @@ func (c *Consumer) handle(ctx context.Context, s *session, it *item) {
 		c.log.WarnContext(ctx, "oncekafka: record dead-lettered", append(attrs(it.rec), "reason", st.Reason, "err", st.Err, "dead_letter_topic", c.opts.DeadLetterTopic)...)
 		s.settle(it)
 		disposition, reason = onceonly.DeadLetter.String(), st.Reason
-	default: // Retry
+	case onceonly.Retry:
 		reason = consume.RetryReason(st.Err)
 		switch reason {
 		case consume.ReasonFailed:

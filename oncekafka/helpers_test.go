@@ -49,7 +49,7 @@ func (e kafkaEnv) Run() int {
 	}
 	defer os.RemoveAll(dir)
 	kfakeBin = filepath.Join(dir, "kfakeserver")
-	build := exec.Command("go", "build", "-o", kfakeBin, "./internal/kfakeserver")
+	build := exec.CommandContext(context.Background(), "go", "build", "-o", kfakeBin, "./internal/kfakeserver")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build kfakeserver:", err)
@@ -83,7 +83,7 @@ func (b *broker) start() error {
 	if b.dataDir != "" {
 		args = append(args, "-data-dir", b.dataDir)
 	}
-	cmd := exec.Command(kfakeBin, args...)
+	cmd := exec.CommandContext(context.Background(), kfakeBin, args...) // stopped by stop()
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -253,6 +253,13 @@ func (b *testBundle) produce(t testing.TB, partition int32, key, body string) in
 	r, err := b.cl.ProduceSync(b.ctx, rec).First()
 	require.NoError(t, err)
 	return r.Offset
+}
+
+// produceErr is produce for a goroutine other than the test's.
+func (b *testBundle) produceErr(partition int32, key, body string) error {
+	rec := &kgo.Record{Topic: b.topic, Partition: partition, Key: []byte("account-7"), Value: []byte(body),
+		Headers: []kgo.RecordHeader{{Key: oncekafka.DefaultKeyHeader, Value: []byte(key)}}}
+	return b.cl.ProduceSync(b.ctx, rec).FirstErr()
 }
 
 // effect is a handler that writes one effects row through the execution's

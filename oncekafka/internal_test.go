@@ -18,7 +18,7 @@ func TestMarkCoversTheSettledPrefixOnly(t *testing.T) {
 	for round := range 50 {
 		rng := rand.New(rand.NewPCG(uint64(round), 7))
 		s := newSession(&Consumer{opts: Options{PartitionWindow: 1 << 20}, metrics: m})
-		var recs []*kgo.Record
+		recs := make([]*kgo.Record, 0, 40)
 		off := int64(10)
 		for range 40 {
 			off += 1 + int64(rng.IntN(3)) // gaps

@@ -42,7 +42,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kfakeserver:", err)
 		os.Exit(1)
 	}
-	fmt.Println("listening", c.ListenAddrs()[0])
+	fmt.Fprintln(os.Stdout, "listening", c.ListenAddrs()[0])
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
