@@ -331,12 +331,20 @@ func TestShutdown(t *testing.T) {
 }
 
 // The broker stops and starts again (its data directory keeps records and
-// committed offsets): the consumer goes on, nothing runs twice.
+// committed offsets), once between two batches and once while records
+// run: the consumer goes on, nothing runs twice.
 func TestBrokerRestart(t *testing.T) {
 	t.Parallel()
 	br := privateBroker(t)
 	b := setup(t, br)
-	b.run(t, effect, b.options())
+	b.run(t, func(ctx context.Context, msg oncekafka.Message) error {
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return effect(ctx, msg)
+	}, b.options())
 	for i := range 10 {
 		b.produce(t, int32(i%partitions), fmt.Sprint("order-", i), `{}`)
 	}
@@ -344,15 +352,20 @@ func TestBrokerRestart(t *testing.T) {
 
 	br.stop()
 	require.NoError(t, br.start())
-	for i := range 10 {
+	for i := range 20 {
 		b.produce(t, int32(i%partitions), fmt.Sprint("order-", 10+i), `{}`)
-		b.produce(t, int32((i+1)%partitions), fmt.Sprint("order-", i), `{}`) // old copies
+		b.produce(t, int32((i+1)%partitions), fmt.Sprint("order-", i%10), `{}`) // old copies
 	}
+	oncetest.Eventually(t, 15*time.Second, "the second batch under way", func() bool {
+		return b.count(t, "ack", "executed") >= 15
+	})
+	br.stop() // while records run
+	require.NoError(t, br.start())
 	b.awaitSettled(t, 30*time.Second)
 	var n, total int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(DISTINCT key), count(*) FROM effects`).Scan(&n, &total))
-	require.Equal(t, 20, n)
-	require.Equal(t, 20, total)
+	require.Equal(t, 30, n)
+	require.Equal(t, 30, total)
 }
 
 func TestOptions(t *testing.T) {
