@@ -2,9 +2,9 @@ package onceonly
 
 // Settling a message: what a consumer of an at-least-once broker does with
 // a delivery once Do, Run or DoTx answered it. Every broker package
-// (onceriver, onceamqp, oncenats, oncewatermill) maps a Settlement onto its
-// broker's own verbs, so the mapping from outcome to ack, delayed
-// redelivery or dead letter is written once, here.
+// (onceriver, onceamqp, oncenats, oncekafka, oncewatermill) maps a
+// Settlement onto its broker's own verbs, so the mapping from outcome to
+// ack, delayed redelivery or dead letter is written once, here.
 
 import (
 	"errors"
