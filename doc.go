@@ -29,7 +29,7 @@
 //
 // The key states are in_progress, completed and failed; every transition
 // bumps a version that Redis applies only when it is higher than what it
-// holds. The invariants the engine keeps (I1–I12, cited in comments across
-// the code) are stated in docs/invariants.md, and the life of a key,
+// holds. The invariants the engine keeps, which comments across the code cite
+// by name, are stated in docs/invariants.md, and the life of a key,
 // statement by statement, in docs/state-machine.md.
 package onceonly

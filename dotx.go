@@ -23,16 +23,18 @@ import (
 // engine ends it); its Begin makes a nested savepoint as usual.
 //
 // What holds as with Do: fn's writes and the key's completion commit
-// together or not at all (I1); a stored answer is replayed identically
-// (I2); the same key with another payload returns ErrKeyReused. An error of
-// fn, a panic, or a Result with a status that is not stored rolls back to
-// the savepoint: fn's writes and the claim are undone, the key stays as it
-// was (absent or failed, so retryable: I3), and tx remains usable — the
-// caller may still commit its other work. fn's error comes back as an
-// *ExecutionError whose Failures is 0 (not known): with the claim undone,
-// no failure of the key is recorded, so Settle redelivers such a message
-// without a limit of its own; bound it with the broker's (a delivery
-// count, River's MaxAttempts).
+// together or not at all (the business effect happens once); a stored
+// answer is replayed identically (every replay is the first answer); the
+// same key with another payload returns ErrKeyReused. An error of fn, a
+// panic, or a Result with a status that is not stored rolls back to the
+// savepoint: fn's writes and the claim are undone, the key stays as it was
+// (absent or failed, so retryable; see
+// docs/invariants.md#a-key-is-not-reused-for-another-payload), and tx
+// remains usable — the caller may still commit its other work. fn's error
+// comes back as an *ExecutionError whose Failures is 0 (not known): with
+// the claim undone, no failure of the key is recorded, so Settle redelivers
+// such a message without a limit of its own; bound it with the broker's (a
+// delivery count, River's MaxAttempts).
 //
 // What changes: the key is held by the key's lock, which tx holds from the
 // claim until the caller commits or rolls back, and by the uncommitted row,

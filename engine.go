@@ -80,12 +80,13 @@ type Config struct {
 	// renews. By default an execution begins as a single commit instead:
 	// one round trip begins its transaction, takes the key's
 	// transaction-scoped advisory lock (a duplicate in flight is turned
-	// away: I4) and finds the key has no row; a handler that only writes to
-	// Postgres then completes in one commit, the key's row written once,
-	// with its result. Its first Step promotes it: the claim commits (in
-	// progress, with its lease and owner, the lock held until then) and it
-	// goes on two-phase, steps, fencing, heartbeats and resumption as ever.
-	// A key that has a row (failed, taken over) is claimed two-phase.
+	// away: no concurrent execution) and finds the key has no row; a
+	// handler that only writes to Postgres then completes in one commit,
+	// the key's row written once, with its result. Its first Step promotes
+	// it: the claim commits (in progress, with its lease and owner, the
+	// lock held until then) and it goes on two-phase, steps, fencing,
+	// heartbeats and resumption as ever. A key that has a row (failed,
+	// taken over) is claimed two-phase.
 	//
 	// Until its first step (for the whole run if it never steps) such an
 	// execution holds a pooled connection and an open transaction, has no
@@ -93,12 +94,13 @@ type Config struct {
 	// Postgres ends a transaction that outlives it (statement_timeout,
 	// idle_in_transaction_session_timeout; TCP keepalives, set once per
 	// connection, find a dead client host), which fails the handler and
-	// leaves the key retryable (I5, I3). Set TwoPhase when handlers may
-	// run longer than the lease before they step or write (or raise
-	// LeaseTimeout), when the pool cannot spare a connection per running
-	// handler, or when running executions must show in Postgres (Inspect,
-	// the console) from their start. With DB set, executions run two-phase
-	// whatever TwoPhase says.
+	// leaves the key retryable (a crash blocks a key for one lease at most;
+	// the key keeps its payload). Set TwoPhase when handlers may run longer
+	// than the lease before they step or write (or raise LeaseTimeout),
+	// when the pool cannot spare a connection per running handler, or when
+	// running executions must show in Postgres (Inspect, the console) from
+	// their start. With DB set, executions run two-phase whatever TwoPhase
+	// says.
 	TwoPhase bool
 	// Deprecated: executions begin as a single commit by default now;
 	// SingleCommit has no effect. See TwoPhase.
@@ -748,11 +750,11 @@ func (e *Engine) abandon(ctx context.Context, x *Execution, end ending) (handedO
 //
 // A single-commit execution that outran its lease still holds the key's
 // lock in its transaction, unless Postgres ended it: the key is failed, a
-// failure counted, before the lock goes (I13), and the caller is told
-// ErrLeaseExpired, as an *ExecutionError carrying the key's failures (so
-// Settle dead-letters a message that always overruns) — nothing took the
-// key over. One whose commit was refused (the key has a row by now) is
-// told ErrLeaseLost.
+// failure counted, before the lock goes (no result is lost), and the caller
+// is told ErrLeaseExpired, as an *ExecutionError carrying the key's
+// failures (so Settle dead-letters a message that always overruns) —
+// nothing took the key over. One whose commit was refused (the key has a
+// row by now) is told ErrLeaseLost.
 func (e *Engine) releaseLost(ctx context.Context, x *Execution) error {
 	if _, single := x.mode.(singleCommit); single {
 		_, failures := e.abandon(ctx, x, endHandlerFailed)

@@ -63,15 +63,15 @@ var ErrNoExecution = errors.New("onceonly: no execution in this context")
 // open: an external call never runs while a Postgres transaction waits.
 var ErrStepAfterTx = errors.New("onceonly: Step called after Tx: external calls run before the final transaction")
 
-// ErrNoEffect is what a handler that ran steps wraps in its error when
-// none of them had an effect the key must remember: each settled step is
-// known to have done nothing (a payment gateway that answered it charged
+// ErrNoEffect is what a handler that ran steps wraps in its error when none
+// of them had an effect the key must remember: each settled step is known
+// to have done nothing (a payment gateway that answered it charged
 // nothing). The key is then failed, and the failure counted, as for a
-// handler that ran no step, so a retry runs again and Settle dead-letters
-// a message after SettlePolicy.MaxFailures such failures. Without it, an
+// handler that ran no step, so a retry runs again and Settle dead-letters a
+// message after SettlePolicy.MaxFailures such failures. Without it, an
 // error after a step hands the key off for a resumption (the step may have
-// had an effect, I12); a step whose outcome is unknown hands it off even
-// with it.
+// had an effect: nothing is left half done); a step whose outcome is
+// unknown hands it off even with it.
 //
 //	if charge.ID == "" {
 //		return fmt.Errorf("gateway failed without charging: %w", onceonly.ErrNoEffect)

@@ -40,8 +40,9 @@ func (b *testBundle) poolOf(t *testing.T, size int32) *pgxpool.Pool {
 	return pool
 }
 
-// runLog records the handler runs of each key: how many ran at once (I4),
-// how many returned a result to commit, and what each caller was told.
+// runLog records the handler runs of each key: how many ran at once (no
+// concurrent execution), how many returned a result to commit, and what
+// each caller was told.
 type runLog struct {
 	mu        sync.Mutex
 	running   map[string]int
@@ -325,7 +326,7 @@ func TestOverrunFailsTheKey(t *testing.T) {
 	require.NotEmpty(t, fingerprint)
 
 	_, err = e.Do(b.ctx, "tenant", "slow", []byte("another payload"), payment(201, `{}`))
-	require.ErrorIs(t, err, onceonly.ErrKeyReused, "the failed key keeps its fingerprint (I3)")
+	require.ErrorIs(t, err, onceonly.ErrKeyReused, "the failed key keeps its fingerprint: a key is not reused for another payload")
 	out, err := e.Do(b.ctx, "tenant", "slow", []byte("p"), payment(201, `{"ok":true}`))
 	require.NoError(t, err, "a retry runs again")
 	require.JSONEq(t, `{"ok":true}`, string(out.Body))

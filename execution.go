@@ -143,8 +143,8 @@ func (x *Execution) transaction() *exectx.Tx {
 
 // DownstreamKey returns the idempotency key a step sends to the system it
 // calls: derived from scope, key and step alone, so it is the same on every
-// attempt, retry, takeover and process (I11). It is 46 characters of
-// 0x21..0x7E whatever the length of the key.
+// attempt, retry, takeover and process (one external effect). It is 46
+// characters of 0x21..0x7E whatever the length of the key.
 func DownstreamKey(scope, key, step string) string {
 	h := sha256.New()
 	for _, part := range []string{scope, key, step} {

@@ -110,9 +110,9 @@ func TestLatePromotionHoldsAWholeLease(t *testing.T) {
 // TestPromotionTurnsDuplicatesAway hammers one key, with no Redis in front,
 // with a handler that steps and then writes: whether a duplicate comes
 // while the first execution holds only the advisory lock, while its claim
-// commits, or after, no two handlers run at once (I4 across the switch:
-// the lock is held until the claim row is committed), and exactly one
-// commits (I1).
+// commits, or after, no two handlers run at once (no concurrent execution
+// across the switch: the lock is held until the claim row is committed),
+// and exactly one commits (the business effect happens once).
 func TestPromotionTurnsDuplicatesAway(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noRedis: true})
@@ -163,8 +163,8 @@ func TestPromotionTurnsDuplicatesAway(t *testing.T) {
 
 // TestDuplicateOfAOneCommitExecutionIsInFlight: while an execution that
 // never steps runs, a duplicate is turned away as in flight (the
-// middleware's 409, I4): by Redis's provisional claim with Redis, by the
-// key's advisory lock without it.
+// middleware's 409: no concurrent execution): by Redis's provisional claim
+// with Redis, by the key's advisory lock without it.
 func TestDuplicateOfAOneCommitExecutionIsInFlight(t *testing.T) {
 	t.Parallel()
 	for _, noRedis := range []bool{false, true} {
@@ -299,8 +299,9 @@ func TestOneCommitKilledMidHandler(t *testing.T) {
 // TestOneCommitPausedHolderBlocksNoLongerThanLease: a process paused
 // (SIGSTOP) while its handler runs — after its lease keeper kept the
 // transaction alive past the lease — keeps nothing alive any more: Postgres
-// ends its idle transaction within the lease, and a duplicate runs then
-// (I5); the paused handler's write is gone (I1).
+// ends its idle transaction within the lease, and a duplicate runs then (a
+// crash blocks a key for one lease at most); the paused handler's write is
+// gone (the business effect happens once).
 func TestOneCommitPausedHolderBlocksNoLongerThanLease(t *testing.T) {
 	if os.Getenv(killChildEnv) != "" {
 		return // this is the child process: TestOneCommitKillChild runs

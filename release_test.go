@@ -119,11 +119,12 @@ func TestLeaseLostInAPartitionIsReleasedWhenItHeals(t *testing.T) {
 	t.Logf("released %s after the heal", time.Since(healed).Round(10*time.Millisecond))
 }
 
-// TestStepTakenThenPostgresLostIsHandedOff (I12): a handler whose step had
-// its effect, and whose final write Postgres refused (it answers 503), is
-// not failed once Postgres is back — a failed key forgets its steps, and
-// with no client retry the effect would stay without its row — but handed
-// off, so a resumption finishes it with the recorded outcome.
+// TestStepTakenThenPostgresLostIsHandedOff (nothing is left half done): a
+// handler whose step had its effect, and whose final write Postgres refused
+// (it answers 503), is not failed once Postgres is back — a failed key
+// forgets its steps, and with no client retry the effect would stay without
+// its row — but handed off, so a resumption finishes it with the recorded
+// outcome.
 func TestStepTakenThenPostgresLostIsHandedOff(t *testing.T) {
 	t.Parallel()
 	dbURL := oncetest.DatabaseURL(t)

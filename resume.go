@@ -17,8 +17,8 @@ import (
 // Register names fn so this engine can resume its executions: one whose
 // process died (or whose holder handed it off) after a step started is
 // taken over by a live engine's Resume and finished, without any client
-// retry (I12). Every process that serves the handler registers it under
-// the same name.
+// retry (nothing is left half done). Every process that serves the handler
+// registers it under the same name.
 func (e *Engine) Register(name string, fn Func) error {
 	if err := e.made(); err != nil {
 		return err

@@ -21,11 +21,12 @@ import (
 // touches the key), looks for the key's row once the lock is held, and
 // makes the execution's savepoint; the handler writes; one round trip
 // writes the key's row, completed, and commits. A duplicate in flight is
-// turned away by the lock (I4); Postgres ends a transaction that outlives
-// the lease (I5). An execution that ends without a result rolls back to
-// its savepoint and writes the key's failed row in its own transaction,
-// still holding the lock (I13). A key that has a row goes the two-phase
-// way.
+// turned away by the lock (no concurrent execution); Postgres ends a
+// transaction that outlives the lease (a crash blocks a key for one lease
+// at most). An execution that ends without a result rolls back to its
+// savepoint and writes the key's failed row in its own transaction, still
+// holding the lock (no result is lost). A key that has a row goes the
+// two-phase way.
 type singleCommit struct{ e *Engine }
 
 func (m singleCommit) check(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (Outcome, string, bool, error) {
@@ -65,14 +66,15 @@ func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bo
 	return keystate.Key{Ref: x.ref, Owner: x.fence.Owner}, true, nil
 }
 
-// hold returns a lease that the execution's own transaction keeps: its
-// idle timeout is the lease (single_begin), and while the handler runs, a
-// third of the lease after the claim and every third after, the lease
-// keeper proves the client alive on the transaction's connection when the
-// handler leaves it idle (exectx.Tx.KeepAlive). So a slow but live
-// execution is carried on to its one commit, and the transaction of a
-// process that died or hangs ends within the lease (I5), its lock with it.
-// One statement still ends at the lease (statement_timeout).
+// hold returns a lease that the execution's own transaction keeps: its idle
+// timeout is the lease (single_begin), and while the handler runs, a third
+// of the lease after the claim and every third after, the lease keeper
+// proves the client alive on the transaction's connection when the handler
+// leaves it idle (exectx.Tx.KeepAlive). So a slow but live execution is
+// carried on to its one commit, and the transaction of a process that died
+// or hangs ends within the lease (a crash blocks a key for one lease at
+// most), its lock with it. One statement still ends at the lease
+// (statement_timeout).
 func (m singleCommit) hold(ctx context.Context, x *Execution, onLost func()) *lease.Lease {
 	return m.e.leases.Kept(ctx, x.ref, x.fence.Owner, x.claimedAt, onLost, x.keepAlive)
 }
@@ -96,13 +98,13 @@ func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (k
 	return m.settleUnknown(ctx, x, err)
 }
 
-// settleUnknown settles the completion of x, whose COMMIT failed with
-// err: the key's row, failed, if it has none and its lock is free (the
-// commit did not land, and nothing else runs), else the key's row as it
-// is. A row completed for x's request is the key's answer (I13): the
-// commit landed — or, after x's transaction ended, another execution of
-// the same request ran and committed — and x's caller gets the result,
-// not an error.
+// settleUnknown settles the completion of x, whose COMMIT failed with err:
+// the key's row, failed, if it has none and its lock is free (the commit
+// did not land, and nothing else runs), else the key's row as it is. A row
+// completed for x's request is the key's answer (no result is lost): the
+// commit landed — or, after x's transaction ended, another execution of the
+// same request ran and committed — and x's caller gets the result, not an
+// error.
 func (m singleCommit) settleUnknown(ctx context.Context, x *Execution, err error) (keystate.Key, bool, error) {
 	e := m.e
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
@@ -118,14 +120,14 @@ func (m singleCommit) settleUnknown(ctx context.Context, x *Execution, err error
 	return keystate.Key{}, false, err
 }
 
-// release rolls back to the execution's savepoint and writes the key's
-// row, failed, in the execution's transaction, which holds the key's lock
+// release rolls back to the execution's savepoint and writes the key's row,
+// failed, in the execution's transaction, which holds the key's lock
 // (QueueSingleFail): a retry runs again, a request with another payload is
-// refused (I3), and no other execution ran in between. When that
-// transaction has ended already (Postgres ended it, its connection died),
-// the row is written only if the key has none and its lock is free
-// (failLate). An execution in this mode takes no step, so it is never
-// handed off.
+// refused (docs/invariants.md#a-key-is-not-reused-for-another-payload), and
+// no other execution ran in between. When that transaction has ended
+// already (Postgres ended it, its connection died), the row is written only
+// if the key has none and its lock is free (failLate). An execution in this
+// mode takes no step, so it is never handed off.
 func (m singleCommit) release(ctx context.Context, x *Execution, end ending) (keystate.Key, bool, error) {
 	countFailure := end != endFailed
 	x.mu.Lock()
@@ -165,13 +167,14 @@ func (m singleCommit) failLate(ctx context.Context, x *Execution, countFailure b
 // held): the key's row, in progress under x's owner and lease, with its
 // outbox event, then the COMMIT, in one round trip. The transaction holds
 // the key's advisory lock until that COMMIT, and the row holds the key from
-// it on, so no duplicate runs in between (I4). x goes on two-phase: its
-// lease is renewed from the claim on, and the handler's writes go to a new
-// transaction (Tx), which commits with the key's completion, fenced by the
-// owner. When the key has a row by now (a two-phase claim took it: they take
-// no advisory lock), x has lost it. When the round trip fails, whether the
-// claim committed is unknown: x goes on two-phase all the same, so its end
-// releases a row of its owner if there is one (its lease stays fixed).
+// it on, so no duplicate runs in between (no concurrent execution). x goes
+// on two-phase: its lease is renewed from the claim on, and the handler's
+// writes go to a new transaction (Tx), which commits with the key's
+// completion, fenced by the owner. When the key has a row by now (a
+// two-phase claim took it: they take no advisory lock), x has lost it. When
+// the round trip fails, whether the claim committed is unknown: x goes on
+// two-phase all the same, so its end releases a row of its owner if there
+// is one (its lease stays fixed).
 func (m singleCommit) promote(ctx context.Context, x *Execution) (err error) {
 	e := m.e
 	ctx, span := e.startSpan(ctx, spanClaim)

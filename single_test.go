@@ -50,9 +50,10 @@ func TestSingleCommitWritesTheKeyOnce(t *testing.T) {
 }
 
 // TestSingleCommitTurnsDuplicatesAway hammers one key from many goroutines
-// with no Redis in front, so only Postgres can keep them apart: one
-// handler runs at a time (the advisory lock, I4), exactly one commits
-// (I1), and every other call is turned away or replayed.
+// with no Redis in front, so only Postgres can keep them apart: one handler
+// runs at a time (the advisory lock: no concurrent execution), exactly one
+// commits (the business effect happens once), and every other call is
+// turned away or replayed.
 func TestSingleCommitTurnsDuplicatesAway(t *testing.T) {
 	b := setup(t, setupOpts{noRedis: true})
 	e := b.singleEngine(t, 0)
@@ -92,10 +93,11 @@ func TestSingleCommitTurnsDuplicatesAway(t *testing.T) {
 	require.Equal(t, 5, b.payments(t))
 }
 
-// TestSingleCommitFailureKeepsTheKey: a handler that fails rolls its
-// writes back and leaves the key failed: another payload is refused (I3),
-// a retry of the same one runs again (the two-phase way, as the key has a
-// row) and completes.
+// TestSingleCommitFailureKeepsTheKey: a handler that fails rolls its writes
+// back and leaves the key failed: another payload is refused
+// (docs/invariants.md#a-key-is-not-reused-for-another-payload), a retry of
+// the same one runs again (the two-phase way, as the key has a row) and
+// completes.
 func TestSingleCommitFailureKeepsTheKey(t *testing.T) {
 	b := setup(t, setupOpts{})
 	e := b.singleEngine(t, 0)
@@ -123,8 +125,9 @@ func TestSingleCommitFailureKeepsTheKey(t *testing.T) {
 
 // TestSingleCommitSetsKeepalives: the connection a single-commit execution
 // runs on has the server's TCP keepalives on, for the session, so a client
-// host that dies mid-transaction loses its lock within seconds (I5); set
-// once, they outlast the transaction, failed or committed.
+// host that dies mid-transaction loses its lock within seconds (a crash
+// blocks a key for one lease at most); set once, they outlast the
+// transaction, failed or committed.
 func TestSingleCommitSetsKeepalives(t *testing.T) {
 	b := setup(t, setupOpts{noRedis: true})
 	e := b.singleEngine(t, 0)

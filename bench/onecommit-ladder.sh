@@ -4,7 +4,8 @@
 # SQLCEILING_DIR), then each variant below drops one piece from the "single"
 # script, and all run side by side, round after round, on the same database.
 #   single          as the engine sends it
-#   no_lock         without pg_try_advisory_xact_lock (I4 without Redis)
+#   no_lock         without pg_try_advisory_xact_lock (what keeps no
+#                   concurrent execution without Redis)
 #   no_set_config   without the two set_config calls per transaction (what
 #                   a session default set once per connection would cost: nothing)
 #   no_exists       without the EXISTS probe of the key's row

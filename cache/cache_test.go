@@ -231,7 +231,9 @@ func TestCheck(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rdb)
 			u := completed("k", 2, "raw")
-			u.Response.ContentType = "" // the handler set none: replayed with none (I2)
+			// The handler set none: replayed with none (every replay is the
+			// first answer).
+			u.Response.ContentType = ""
 			b.apply(t, u)
 			res, err := b.cache.Check(b.ctx, keystate.Ref{Scope: "s", Key: "k"}, fp1, ownerB, time.Minute)
 			require.NoError(t, err)

@@ -18,7 +18,7 @@ import (
 	"github.com/onceonly/onceonly/oncetest"
 )
 
-// The demo consumer's topology (docs/consumers.md), as publishers and
+// The demo consumer's topology (docs/consumer.md#topology), as publishers and
 // operators see it.
 const (
 	natsStream       = "PAYMENTS"

@@ -3,8 +3,9 @@
 // Redis servers — under a load of retried payments while processes are
 // killed or paused past their lease, servers flushed and restarted, and the
 // gateway charges then fails, hangs or resets, then checks the invariants,
-// those of the charges (I11, I12) included. It runs once on a single Redis
-// server and once on a three-master Redis Cluster, where slots also move.
+// those of the charges (one external effect; nothing is left half done)
+// included. It runs once on a single Redis server and once on a
+// three-master Redis Cluster, where slots also move.
 //
 // CHAOS_DURATION (default 20s) sets the length of the load, CHAOS_PAYMENTS
 // (default 800) the number of logical payments (per run), CHAOS_REDIS
@@ -502,24 +503,27 @@ func runLoad(ctx context.Context, payments int, duration time.Duration, apis []*
 	return answers
 }
 
-// checkInvariants waits for the system to settle and reports every
-// violation of I1, I2, I5, I7 and I9 to violate as it finds it; a check
+// checkInvariants waits for the system to settle and reports to violate, as
+// it finds it, every violation of these invariants: the business effect
+// happens once, every replay is the first answer, a crash blocks a key for
+// one lease at most, Redis converges to Postgres, no event is lost; a check
 // that cannot run is reported too, and ends the checks.
 func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient,
 	bins string, env []string, reconciler *proc, answers map[string][]answer, violate func(string),
 ) {
-	// I9: the relays drain the outbox.
+	// No event is lost: the relays drain the outbox.
 	var pending int
 	var pendingErr error
 	if !settle(30*time.Second, func() bool {
 		pendingErr = pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&pending)
 		return pendingErr == nil && pending == 0
 	}) {
-		violate(fmt.Sprintf("I9: the outbox did not drain within 30 s (%d events left, err %v)", pending, pendingErr))
+		violate(fmt.Sprintf("no event is lost: the outbox did not drain within 30 s (%d events left, err %v)", pending, pendingErr))
 	}
-	// I5: nothing stays in progress past its lease plus one reconcile
-	// interval (and the grace). Every key settles by then unless one is
-	// stuck: wait for that, or as long as that at most, then count.
+	// A crash blocks a key for one lease at most: nothing stays in progress
+	// past its lease plus one reconcile interval (and the grace). Every key
+	// settles by then unless one is stuck: wait for that, or as long as
+	// that at most, then count.
 	settle(leaseTimeout+reapGrace+2*reconcileInterval, func() bool {
 		var inProgress int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'`).Scan(&inProgress) == nil &&
@@ -528,16 +532,16 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 	var stuck int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'
 		AND lease_expires_at < now() - $1::interval`, reapGrace+reconcileInterval).Scan(&stuck); err != nil {
-		violate("I5: count the keys in progress: " + err.Error())
+		violate("a crash blocks a key for one lease at most: count the keys in progress: " + err.Error())
 		return
 	}
 	if stuck > 0 {
-		violate(fmt.Sprintf("I5: %d keys in progress past lease + grace + one reconcile interval", stuck))
+		violate(fmt.Sprintf("a crash blocks a key for one lease at most: %d keys in progress past lease + grace + one reconcile interval", stuck))
 	}
-	// I7: once the daemon's passes are done, a pass finds no drift. The
-	// daemon repairs what the faults left (a Redis that came back empty, a
-	// cluster that was down): wait for two of its full passes, so one began
-	// after the system settled.
+	// Redis converges to Postgres: once the daemon's passes are done, a
+	// pass finds no drift. The daemon repairs what the faults left (a Redis
+	// that came back empty, a cluster that was down): wait for two of its
+	// full passes, so one began after the system settled.
 	if !awaitReconcilePasses(reconciler, 2, 30*time.Second) {
 		t.Log("the reconciler made no two full passes within 30 s; checking anyway")
 	}
@@ -546,26 +550,27 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 	}
 	out, err := runOnce(ctx, bins+"/reconciler", env, "--once")
 	if err != nil {
-		violate("I7: " + err.Error())
+		violate("Redis converges to Postgres: " + err.Error())
 		return
 	}
 	var rep reconcile.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		violate(fmt.Sprintf("I7: reconciler --once printed %q: %v", out, err))
+		violate(fmt.Sprintf("Redis converges to Postgres: reconciler --once printed %q: %v", out, err))
 		return
 	}
 	if rep.Drift() != 0 {
-		violate("I7: reconciler --once after quiescing found drift: " + out)
+		violate("Redis converges to Postgres: reconciler --once after quiescing found drift: " + out)
 	}
 	c := cache.New(rdb, cache.Options{})
 	for _, d := range oncetest.Drift(t, ctx, pool, c, "%") {
-		violate("I7: " + d)
+		violate("Redis converges to Postgres: " + d)
 	}
-	// I1 and I2, key by key.
+	// The business effect happens once and every replay is the first
+	// answer, key by key.
 	rows := map[string]map[string]int{}
 	r, err := pool.Query(ctx, `SELECT idempotency_key, status, count(*) FROM payments WHERE merchant_id = 'acct_chaos' GROUP BY 1, 2`)
 	if err != nil {
-		violate("I1: read the payments: " + err.Error())
+		violate("the business effect happens once: read the payments: " + err.Error())
 		return
 	}
 	for r.Next() {
@@ -573,7 +578,7 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 		var n int
 		if err := r.Scan(&key, &status, &n); err != nil {
 			r.Close()
-			violate("I1: read the payments: " + err.Error())
+			violate("the business effect happens once: read the payments: " + err.Error())
 			return
 		}
 		if rows[key] == nil {
@@ -583,13 +588,13 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
-		violate("I1: read the payments: " + err.Error())
+		violate("the business effect happens once: read the payments: " + err.Error())
 		return
 	}
 	for key, as := range answers {
 		i, _ := strconv.Atoi(key[len("chaos-"):])
 		if sources[i%len(sources)] == "tok_gatewayError" && len(rows[key]) > 0 {
-			violate(fmt.Sprintf("I1: %s (gateway error) has payment rows %v", key, rows[key]))
+			violate(fmt.Sprintf("the business effect happens once: %s (gateway error) has payment rows %v", key, rows[key]))
 		}
 		var stored string
 		created, declined := false, false
@@ -606,17 +611,17 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 			if stored == "" {
 				stored = a.body
 			} else if a.body != stored {
-				violate(fmt.Sprintf("I2: %s: two different stored answers:\n  %s\n  %s", key, stored, a.body))
+				violate(fmt.Sprintf("every replay is the first answer: %s: two different stored answers:\n  %s\n  %s", key, stored, a.body))
 			}
 		}
 		total := rows[key]["succeeded"] + rows[key]["declined"]
 		switch {
 		case total > 1:
-			violate(fmt.Sprintf("I1: %s has %d payment rows", key, total))
+			violate(fmt.Sprintf("the business effect happens once: %s has %d payment rows", key, total))
 		case created && rows[key]["succeeded"] != 1:
-			violate(fmt.Sprintf("I1: %s answered 201 but has %d succeeded rows", key, rows[key]["succeeded"]))
+			violate(fmt.Sprintf("the business effect happens once: %s answered 201 but has %d succeeded rows", key, rows[key]["succeeded"]))
 		case declined && rows[key]["declined"] != 1:
-			violate(fmt.Sprintf("I1: %s answered 402 but has %d declined rows", key, rows[key]["declined"]))
+			violate(fmt.Sprintf("the business effect happens once: %s answered 402 but has %d declined rows", key, rows[key]["declined"]))
 		}
 	}
 }
@@ -669,10 +674,11 @@ func pausedWhileIdle(apis []*proc, app string, idle float64) bool {
 }
 
 // checkCharges waits until no execution that started a step is left
-// unfinished (the engine settles those on its own: I12), then checks the
-// charges against the payments: at most one charge per key (I11), no charge
-// without exactly one payment row with its id, no payment without its
-// charge, and every 201 carrying the charge the gateway made.
+// unfinished (the engine settles those on its own: nothing is left half
+// done), then checks the charges against the payments: at most one charge
+// per key (one external effect), no charge without exactly one payment row
+// with its id, no payment without its charge, and every 201 carrying the
+// charge the gateway made.
 func checkCharges(ctx context.Context, pool *pgxpool.Pool, answers map[string][]answer, s *Summary, violate func(string)) {
 	var open int
 	var openErr error
@@ -680,21 +686,21 @@ func checkCharges(ctx context.Context, pool *pgxpool.Pool, answers map[string][]
 		openErr = pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress' AND steps IS NOT NULL`).Scan(&open)
 		return openErr == nil && open == 0
 	}) {
-		violate(fmt.Sprintf("I12: %d executions that reached the gateway are still unfinished 30 s after the load (err %v)", open, openErr))
+		violate(fmt.Sprintf("nothing is left half done: %d executions that reached the gateway are still unfinished 30 s after the load (err %v)", open, openErr))
 	}
 	type charge struct{ id, status string }
 	charges := map[string][]charge{} // by idempotency key
 	rows, err := pool.Query(ctx, `SELECT split_part(reference, '/', 2), charge_id, status FROM gateway.charges
 		WHERE reference LIKE 'acct_chaos/%' AND status <> 'processing'`)
 	if err != nil {
-		violate("I11: read the charges: " + err.Error())
+		violate("one external effect: read the charges: " + err.Error())
 		return
 	}
 	for rows.Next() {
 		var key string
 		var c charge
 		if err := rows.Scan(&key, &c.id, &c.status); err != nil {
-			violate("I11: read the charges: " + err.Error())
+			violate("one external effect: read the charges: " + err.Error())
 			rows.Close()
 			return
 		}
@@ -704,13 +710,13 @@ func checkCharges(ctx context.Context, pool *pgxpool.Pool, answers map[string][]
 	paid := map[string][]string{} // charge ids of the payment rows, by key
 	rows, err = pool.Query(ctx, `SELECT idempotency_key, coalesce(charge_id, '') FROM payments WHERE merchant_id = 'acct_chaos'`)
 	if err != nil {
-		violate("I12: read the payments: " + err.Error())
+		violate("nothing is left half done: read the payments: " + err.Error())
 		return
 	}
 	for rows.Next() {
 		var key, id string
 		if err := rows.Scan(&key, &id); err != nil {
-			violate("I12: read the payments: " + err.Error())
+			violate("nothing is left half done: read the payments: " + err.Error())
 			rows.Close()
 			return
 		}
@@ -720,15 +726,15 @@ func checkCharges(ctx context.Context, pool *pgxpool.Pool, answers map[string][]
 	for key, cs := range charges {
 		s.Charges++
 		if len(cs) > 1 {
-			violate(fmt.Sprintf("I11: %s was charged %d times: %v", key, len(cs), cs))
+			violate(fmt.Sprintf("one external effect: %s was charged %d times: %v", key, len(cs), cs))
 		}
 		if len(paid[key]) != 1 || paid[key][0] != cs[0].id {
-			violate(fmt.Sprintf("I12: %s: charge %s has payment rows with charges %v", key, cs[0].id, paid[key]))
+			violate(fmt.Sprintf("nothing is left half done: %s: charge %s has payment rows with charges %v", key, cs[0].id, paid[key]))
 		}
 	}
 	for key, ids := range paid {
 		if len(charges[key]) == 0 {
-			violate(fmt.Sprintf("I12: %s has a payment (charges %v) without a charge", key, ids))
+			violate(fmt.Sprintf("nothing is left half done: %s has a payment (charges %v) without a charge", key, ids))
 		}
 	}
 	for key, as := range answers {
@@ -740,7 +746,7 @@ func checkCharges(ctx context.Context, pool *pgxpool.Pool, answers map[string][]
 				Charge string `json:"charge"`
 			}
 			if err := json.Unmarshal([]byte(a.body), &p); err != nil || len(charges[key]) == 0 || p.Charge != charges[key][0].id {
-				violate(fmt.Sprintf("I11: %s answered 201 with charge %q, the gateway made %v", key, p.Charge, charges[key]))
+				violate(fmt.Sprintf("one external effect: %s answered 201 with charge %q, the gateway made %v", key, p.Charge, charges[key]))
 			}
 		}
 		if len(as) > 0 && allGaveUp(as) && len(charges[key]) > 0 {

@@ -69,10 +69,10 @@ func refOf(scope, key string) string { return scope + "/" + key }
 
 // The kinds of violation.
 const (
-	vOverlap        = "I4 overlapping runs"
-	vAfterCommit    = "I13 run after a committed run"
-	vStaleStart     = "I4 run started on a claim taken over"
-	vHeldCommit     = "I4 claim during a one-commit's commit"
+	vOverlap        = "no concurrent execution: overlapping runs"
+	vAfterCommit    = "no result is lost: run after a committed run"
+	vStaleStart     = "no concurrent execution: run started on a claim taken over"
+	vHeldCommit     = "no concurrent execution: claim during a one-commit's commit"
 	vLostNoTakeover = "told lost/taken over, nothing took over"
 	vOtherPayload   = "key accepted another payload"
 	vCommittedTold  = "committed run's caller told otherwise"
@@ -113,8 +113,8 @@ type violation struct {
 
 // canceledSlack is how long a handler that stops because the engine
 // canceled its context (its lease ended) may take to notice: stopping is
-// cooperative (docs/invariants.md, I4's limits), so a run that started
-// within it after such a run's end is no overlap.
+// cooperative (docs/invariants.md#no-concurrent-execution, its limits), so
+// a run that started within it after such a run's end is no overlap.
 const canceledSlack = 50 * time.Millisecond
 
 // checker holds what check derives from a history.
@@ -224,9 +224,9 @@ func rowClaimed(r *histRun) bool {
 }
 
 // stoodStillBefore reports whether r's process was paused, or stalled,
-// within the lease before r started: it may have started on a claim it
-// had checked before it stood still, one taken over since (I4's limits);
-// its writes are fenced.
+// within the lease before r started: it may have started on a claim it had
+// checked before it stood still, one taken over since (the limits of no
+// concurrent execution); its writes are fenced.
 func (c *checker) stoodStillBefore(r *histRun) bool {
 	return c.pausedDuring(r.Worker, r.Start.Add(-c.h.Lease), r.Start)
 }
@@ -285,7 +285,7 @@ func (c *checker) checkEffects() {
 	}
 }
 
-// checkOverlaps: no two runs of a key at once (I4).
+// checkOverlaps: no two runs of a key at once (no concurrent execution).
 func (c *checker) checkOverlaps(ref string) {
 	runs := c.byKey[ref]
 	for i, a := range runs {
@@ -308,11 +308,12 @@ func (c *checker) checkOverlaps(ref string) {
 	}
 }
 
-// checkAfterCommit: no run of a key starts after a run of it that
-// committed has ended (I13): the key is held from that run's start until
-// its commit, and completed after. A run that found its lease lost at once
-// after its process stood still did nothing (I4's limits); one that started
-// on a claim older than the committed run's is bug6.
+// checkAfterCommit: no run of a key starts after a run of it that committed
+// has ended (no result is lost): the key is held from that run's start
+// until its commit, and completed after. A run that found its lease lost at
+// once after its process stood still did nothing (the limits of no
+// concurrent execution); one that started on a claim older than the
+// committed run's is bug6.
 func (c *checker) checkAfterCommit(ref string) {
 	a := c.committed[ref]
 	if a == nil {
@@ -357,12 +358,13 @@ func (c *checker) checkClaimOrder(ref string) {
 	}
 }
 
-// checkPayloads: once a run of a key left a row (every run does but one
-// in a caller's transaction, one whose process died or stopped, and an
-// overrun of a one-commit execution), no run with another payload runs
-// (I3). A key that accepted another payload after an overrun, with no row
-// before, is put down to bug5; a one-commit run of another payload right
-// after a failed one-commit run, to bug2.
+// checkPayloads: once a run of a key left a row (every run does but one in
+// a caller's transaction, one whose process died or stopped, and an overrun
+// of a one-commit execution), no run with another payload runs
+// (docs/invariants.md#a-key-is-not-reused-for-another-payload). A key that
+// accepted another payload after an overrun, with no row before, is put
+// down to bug5; a one-commit run of another payload right after a failed
+// one-commit run, to bug2.
 func (c *checker) checkPayloads(ref string) {
 	var owner, overrun *histRun
 	for _, b := range c.byKey[ref] {

@@ -48,21 +48,21 @@ func TestHistoryChecker(t *testing.T) {
 			}
 		}(),
 	}, {
-		name: "a two-phase run beside a one-commit run: I4, bug3",
+		name: "a two-phase run beside a one-commit run: no concurrent execution, bug3",
 		h: func() history {
 			keys, effects := completed("r2")
 			return history{Runs: []histRun{run("r1", entryDo1, 0, 50, "failed"), run("r2", entryDo2, 10, 20, "ok")}, Keys: keys, Effects: effects}
 		}(),
 		want: []want{{vOverlap, bug3}},
 	}, {
-		name: "two lock holders at once (a probe that missed a promotion's claim): I4, bug1",
+		name: "two lock holders at once (a probe that missed a promotion's claim): no concurrent execution, bug1",
 		h: history{
 			Runs: []histRun{run("r1", entryRunStep, 0, 50, "failed"), run("r2", entryRun, 10, 20, "failed")},
 			Keys: map[string]histKey{"s/k": {Status: "failed"}},
 		},
 		want: []want{{vOverlap, bug1}},
 	}, {
-		name: "a one-commit run after a committed one-commit run: I13, bug1",
+		name: "a one-commit run after a committed one-commit run: no result is lost, bug1",
 		h: func() history {
 			keys, effects := completed("r1")
 			return history{
@@ -77,8 +77,8 @@ func TestHistoryChecker(t *testing.T) {
 		// record of its start waited (a starved machine) past the lease,
 		// the resumer claimed v4, ran and committed; v3's run found its
 		// lease lost and stopped before acting. By recorded ends it runs
-		// beside v4's run (the rule before: I4), by the record of its
-		// start after v4's commit (I13).
+		// beside v4's run (the rule before: no concurrent execution), by
+		// the record of its start after v4's commit (no result is lost).
 		name: "a resumption that found its lease lost before acting, beside a later claim's commit: nothing",
 		h: func() history {
 			keys, effects := completed("r2")
@@ -101,7 +101,7 @@ func TestHistoryChecker(t *testing.T) {
 		}(),
 		want: []want{{vStaleStart, bug6}},
 	}, {
-		name: "a two-phase run started on a claim a failed later claim had taken over: I4 by claim order, bug6",
+		name: "a two-phase run started on a claim a failed later claim had taken over: no concurrent execution by claim order, bug6",
 		h: history{
 			Runs: []histRun{claimed(run("r1", entryDo2, 1620, 1630, "failed"), 3), claimed(run("r2", entryDoSQL, 1600, 1610, "failed"), 4)},
 			Keys: map[string]histKey{"s/k": {Status: "failed"}},
@@ -135,7 +135,7 @@ func TestHistoryChecker(t *testing.T) {
 		},
 		want: []want{{vOtherPayload, bug5}},
 	}, {
-		name: "a lost one-commit run after a commit: I13, bug1",
+		name: "a lost one-commit run after a commit: no result is lost, bug1",
 		h: func() history {
 			keys, effects := completed("r1")
 			return history{

@@ -25,24 +25,25 @@ import (
 // Jepsen's Elle: randomized concurrent callers over a small key space (20
 // key slots in 2 scopes, each slot renewed every keyPeriod) mix every
 // execution mode and entry point of the engine on the same keys — Do on a
-// one-commit engine and on a TwoPhase one, Run with and without a Step,
-// the net/http middleware, DoTx, DoSQLTx, DoSQL on an engine with
-// Config.DB, and a consumer that redelivers as Settle says. Handlers fail,
-// panic, answer 500, sleep (some past the lease) and write one business
-// row each through their execution's transaction; callers retry at once
-// on 409 and after failures. Every handler run records its start, end and
-// result in history_runs, outside its transaction, and every caller what
-// it was told, while Redis goes up, down, flaps and turns slow (a fault
-// proxy in front of a Redis of the test's own) and, in the "processes"
-// variant, worker processes are killed (SIGKILL) and paused past the
-// lease (SIGSTOP, SIGCONT). Then the checker (history_check_test.go)
-// judges the whole history: no two runs of a key at once (I4), none after
-// a committed run (I13), no committed run's caller told otherwise, no
-// caller told another result than the committed one, no caller told
-// "taken over" when nothing took over, no key that accepted another
-// payload after a row, every key settled, one business row per completed
-// key and none for others. It fails with a summary of the violations, put
-// down to the engine's known bugs where their runs say which.
+// one-commit engine and on a TwoPhase one, Run with and without a Step, the
+// net/http middleware, DoTx, DoSQLTx, DoSQL on an engine with Config.DB,
+// and a consumer that redelivers as Settle says. Handlers fail, panic,
+// answer 500, sleep (some past the lease) and write one business row each
+// through their execution's transaction; callers retry at once on 409 and
+// after failures. Every handler run records its start, end and result in
+// history_runs, outside its transaction, and every caller what it was told,
+// while Redis goes up, down, flaps and turns slow (a fault proxy in front
+// of a Redis of the test's own) and, in the "processes" variant, worker
+// processes are killed (SIGKILL) and paused past the lease (SIGSTOP,
+// SIGCONT). Then the checker (history_check_test.go) judges the whole
+// history: no two runs of a key at once (no concurrent execution), none
+// after a committed run (no result is lost), no committed run's caller told
+// otherwise, no caller told another result than the committed one, no
+// caller told "taken over" when nothing took over, no key that accepted
+// another payload after a row, every key settled, one business row per
+// completed key and none for others. It fails with a summary of the
+// violations, put down to the engine's known bugs where their runs say
+// which.
 //
 // It found, per minute of load, each of the engine's known bugs of the
 // release before the key lock (a handler run after a commit, a failed

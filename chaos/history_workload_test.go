@@ -349,8 +349,9 @@ func (h *harness) closeAll() {
 }
 
 // stallThreshold is the longest a process may stand still unnoticed: the
-// engine's margin, a sixth of the lease, past which a process that acts
-// may do so after a takeover (docs/invariants.md, I4's limits).
+// engine's margin, a sixth of the lease, past which a process that acts may
+// do so after a takeover (docs/invariants.md#no-concurrent-execution, its
+// limits).
 const stallThreshold = historyLease / 6
 
 // watchStalls records every time this process stood still longer than

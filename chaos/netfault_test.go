@@ -109,9 +109,9 @@ func (r *nfRun) committedAt(key string) (time.Time, bool) {
 // 503 carries Retry-After, every client gets its 201 within 10 s of the
 // fault's end (retrying about once a second), all with the same payment,
 // and each key has one charge and one payment row with that charge; no 503
-// while only Redis is down (I6), and no data race in the apis (built with
-// -race). It logs the settlement times per fault kind, and one JSON line of
-// them.
+// while only Redis is down (Redis is only a cache), and no data race in the
+// apis (built with -race). It logs the settlement times per fault kind, and
+// one JSON line of them.
 func TestNetworkFaults(t *testing.T) {
 	began := time.Now()
 	apiBin := oncetest.BuildBinary(t, "../cmd/api")
@@ -187,7 +187,8 @@ func TestNetworkFaults(t *testing.T) {
 	run.checkRows(ctx, pool, done)
 	for _, p := range done {
 		if strings.HasPrefix(p.name, "redis_") && p.statuses["503"] > 0 {
-			// I6: without Redis the api serves from Postgres.
+			// Redis is only a cache: without Redis the api serves from
+			// Postgres.
 			run.violatef("%s: %d answers were 503 while only Redis was down", p.name, p.statuses["503"])
 		}
 	}

@@ -1,5 +1,6 @@
 -- Executions in steps: what a live engine needs to resume an execution that
--- reached a system outside Postgres and whose process died (I12).
+-- reached a system outside Postgres and whose process died (nothing is left
+-- half done).
 
 -- +goose Up
 ALTER TABLE idempotency_keys

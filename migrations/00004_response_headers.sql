@@ -1,5 +1,6 @@
 -- The headers a handler set besides Content-Type (Location, ETag…), stored
--- with its response and replayed (I2), as "Name: value" lines.
+-- with its response and replayed (every replay is the first answer), as
+-- "Name: value" lines.
 
 -- +goose Up
 ALTER TABLE idempotency_keys ADD COLUMN response_headers text;

@@ -1,4 +1,5 @@
--- Distributed Postgres (Citus, DESIGN §5): every tenant's keys on one shard.
+-- Distributed Postgres (Citus, docs/citus.md): every tenant's keys on one
+-- shard.
 --
 -- Citus distributes a table by one column and refuses a primary key that
 -- does not include it, so the outbox's primary key includes scope, on

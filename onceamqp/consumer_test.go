@@ -217,9 +217,10 @@ func TestUnknownStepOutcomeIsKeptUntilSettled(t *testing.T) {
 
 // longLease gives an execution that waits on the test, without a step, a
 // lease longer than any of the test's waits: it begins as one commit, which
-// Postgres ends once it idles past the lease (I5), and the broker's round
-// trips the test waits for take seconds on a loaded machine, past the 3 s
-// of setup. These tests are of the consumer, not of leases.
+// Postgres ends once it idles past the lease (a crash blocks a key for one
+// lease at most), and the broker's round trips the test waits for take
+// seconds on a loaded machine, past the 3 s of setup. These tests are of
+// the consumer, not of leases.
 func longLease(c *onceonly.Config) { c.LeaseTimeout = time.Minute }
 
 // copyInFlight starts a consumer with two workers whose first execution
@@ -280,8 +281,9 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	// order-0's handler waits until the client saw its connection go, which
 	// takes seconds on a loaded machine: longer than the 3 s lease. A
 	// one-commit execution idles in its transaction meanwhile, and Postgres
-	// ends it at the lease (I5), so the redelivery would run afresh rather
-	// than replay; a two-phase one keeps its claim renewed while it waits.
+	// ends it at the lease (a crash blocks a key for one lease at most), so
+	// the redelivery would run afresh rather than replay; a two-phase one
+	// keeps its claim renewed while it waits.
 	b := setup(t, func(c *onceonly.Config) { c.TwoPhase = true })
 	name := "onceamqp-test-conn." + oncetest.RandomSuffix(8)
 	props := amqp.NewConnectionProperties()

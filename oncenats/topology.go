@@ -33,9 +33,10 @@ type Topology struct {
 	AckWait time.Duration
 }
 
-// DemoTopology is the topology of the demo's consumer (docs/consumers.md):
-// stream PAYMENTS on payments.charge and payments.dead, durable
-// pull consumer payments on payments.charge, AckWait 30s.
+// DemoTopology is the topology of the demo's consumer
+// (docs/consumer.md#topology): stream PAYMENTS on payments.charge and
+// payments.dead, durable pull consumer payments on payments.charge, AckWait
+// 30s.
 func DemoTopology() Topology {
 	return Topology{
 		Stream:            "PAYMENTS",

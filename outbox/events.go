@@ -58,16 +58,18 @@ type Batch struct {
 	Updates []keystate.Key
 }
 
-// TakeBatch begins a transaction on db and, in the same round trip, takes up
-// to limit unparked events, oldest first, skipping rows other transactions hold, with the current row of every
-// key they name read in the same statement (bodies longer than maxBody bytes
-// are left out: Key.BodyOmitted). It returns the transaction holding the
-// deletes: the caller commits it only once Redis acknowledged the updates
-// (I9), or rolls it back, which puts the events back for any relay. The
+// TakeBatch begins a transaction on db and, in the same round trip, takes
+// up to limit unparked events, oldest first, skipping rows other
+// transactions hold, with the current row of every key they name read in
+// the same statement (bodies longer than maxBody bytes are left out:
+// Key.BodyOmitted). It returns the transaction holding the deletes: the
+// caller commits it only once Redis acknowledged the updates (no event is
+// lost), or rolls it back, which puts the events back for any relay. The
 // commit does not wait for its WAL flush: a deletion lost in a crash
-// delivers the events again, which the versioned apply makes harmless (I8).
-// When it takes no event it ends the transaction and returns a nil tx; on
-// an error no transaction is left open either.
+// delivers the events again, which the versioned apply makes harmless (no
+// version regression in Redis). When it takes no event it ends the
+// transaction and returns a nil tx; on an error no transaction is left open
+// either.
 //
 // On a distributed database (Citus) it takes the events of one scope, on
 // that scope's shard (see takeByScope): every event of a batch then has

@@ -27,8 +27,8 @@ func (s *Store) TryLock(ctx context.Context, tx pgx.Tx, key int64) (bool, error)
 
 // ReapLeases marks up to limit in_progress keys whose lease expired more
 // than grace ago failed (retryable), each with an outbox event, so a key
-// whose worker died is released even if no client retries (I5). It returns
-// how many it reaped.
+// whose worker died is released even if no client retries (a crash blocks a
+// key for one lease at most). It returns how many it reaped.
 //
 // On a distributed database (Citus) it reaps scope by scope (reapByScope).
 func (s *Store) ReapLeases(ctx context.Context, db DB, grace time.Duration, limit int) (int, error) {

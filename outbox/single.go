@@ -115,13 +115,15 @@ func (s *Store) QueueSingleComplete(b *pgx.Batch, ref keystate.Ref, fingerprint 
 }
 
 // QueueSingleFail queues on b, in a single-commit execution's transaction
-// (which holds the key's lock), the end of an execution that has no
-// stored result, for the COMMIT queued behind it: the handler's writes
-// rolled back to the execution's savepoint, and the key's row, failed, so
-// a request with another payload is refused (I3), a retry runs again, and
-// no other execution of the key ran in between; countFailure records it
-// as the key's first failure. dst is set, and written true, as b's
-// results are read; written stays false when the key has a row already.
+// (which holds the key's lock), the end of an execution that has no stored
+// result, for the COMMIT queued behind it: the handler's writes rolled back
+// to the execution's savepoint, and the key's row, failed, so a request
+// with another payload is refused
+// (docs/invariants.md#a-key-is-not-reused-for-another-payload), a retry
+// runs again, and no other execution of the key ran in between;
+// countFailure records it as the key's first failure. dst is set, and
+// written true, as b's results are read; written stays false when the key
+// has a row already.
 func (s *Store) QueueSingleFail(b *pgx.Batch, ref keystate.Ref, fingerprint string, countFailure bool, dst *keystate.Key, written *bool) {
 	b.Queue("ROLLBACK TO SAVEPOINT " + executionSavepoint)
 	s.forLayout(singleFinishSQL).queue(b, s.failArgs(ref, fingerprint, countFailure, false)).QueryRow(func(row pgx.Row) error {
@@ -175,10 +177,10 @@ func scanFailed(row pgx.Row, dst *keystate.Key, written *bool) error {
 // claim of ref for owner (claim_insert.sql: in progress, under the lease,
 // with its outbox event), for the COMMIT queued behind it: the execution
 // goes on two-phase once it commits. The lock is held until the row is
-// committed, so no duplicate runs in between (I4). dst is set and claimed
-// true as b's results are read; claimed stays false when the key has a row
-// by now (a two-phase claim, which takes no advisory lock, inserted it).
-// floor is SingleBegin.Floor.
+// committed, so no duplicate runs in between (no concurrent execution). dst
+// is set and claimed true as b's results are read; claimed stays false when
+// the key has a row by now (a two-phase claim, which takes no advisory
+// lock, inserted it). floor is SingleBegin.Floor.
 //
 // On a distributed database the claim, its outbox event, the NOTIFY and the
 // asynchronous commit are statements of their own (citus_claim_insert),

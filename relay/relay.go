@@ -8,11 +8,12 @@
 // strands nothing). In one round trip it begins a transaction and takes a
 // batch of events with FOR UPDATE SKIP LOCKED together with the keys'
 // current rows, applies the rows to Redis in one pipeline of versioned
-// apply calls, and only then commits the deletion of the events (I9). A
-// crash anywhere before the commit puts the events back; the redelivery is
-// harmless because the apply script never lowers a key's version (I8), which
-// is also why up to Config.InFlight batches of one relay, and any number of
-// relays, may run at once.
+// apply calls, and only then commits the deletion of the events (no event
+// is lost). A crash anywhere before the commit puts the events back; the
+// redelivery is harmless because the apply script never lowers a key's
+// version (no version regression in Redis), which is also why up to
+// Config.InFlight batches of one relay, and any number of relays, may run
+// at once.
 package relay
 
 import (

@@ -51,7 +51,7 @@ if [ -z "${TEST_REDIS_SENTINEL_URL:-}" ]; then
 fi
 if [ -z "${TEST_PGBOUNCER_URL:-}" ]; then
 	# PgBouncer in transaction mode in front of that Postgres: the commands'
-	# tests run through it too (DESIGN §4, Real deployments).
+	# tests run through it too (docs/operations.md#deployments).
 	p=${TEST_PGBOUNCER_PORT:-61432}
 	pg_addr=$(sed -E 's#^[a-z]+://([^@/]*@)?([^/?]*).*#\2#' <<<"$TEST_DATABASE_URL")
 	started=1

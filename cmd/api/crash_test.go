@@ -11,15 +11,16 @@ import (
 	"github.com/onceonly/onceonly/oncetest"
 )
 
-// TestKilledMidSlowPaymentRecoversWithinTheLease (I5, I12): an api is
-// killed with SIGKILL while its tok_slow charge is in flight at the
-// gateway. A client retrying at another api gets 409 with Retry-After while
-// the dead call's lease lasts, then 201 from one execution — within
-// LEASE_TIMEOUT plus the gateway's delay and a reconciler interval of the
-// kill — whether the gateway is a process of its own (the dead api's call
-// finishes there without its client, and the retry gets its charge
-// replayed) or served inside each api (the dead api's hold on the
-// downstream key ends with its short lease, and the retry charges).
+// TestKilledMidSlowPaymentRecoversWithinTheLease (a crash blocks a key for
+// one lease at most; nothing is left half done): an api is killed with
+// SIGKILL while its tok_slow charge is in flight at the gateway. A client
+// retrying at another api gets 409 with Retry-After while the dead call's
+// lease lasts, then 201 from one execution — within LEASE_TIMEOUT plus the
+// gateway's delay and a reconciler interval of the kill — whether the
+// gateway is a process of its own (the dead api's call finishes there
+// without its client, and the retry gets its charge replayed) or served
+// inside each api (the dead api's hold on the downstream key ends with its
+// short lease, and the retry charges).
 func TestKilledMidSlowPaymentRecoversWithinTheLease(t *testing.T) {
 	api := oncetest.BuildBinary(t, ".")
 	gw := oncetest.BuildBinary(t, "../gateway")

@@ -34,11 +34,11 @@ func payOnce(ctx context.Context, addr, key, body string) (int, string, http.Hea
 	return res.StatusCode, string(raw), res.Header
 }
 
-// TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry (I12): an api is
-// killed with SIGKILL while its gateway call hangs after charging. No
-// client retries; another api finishes the payment on its own, within the
-// lease and its resume interval, with the charge the gateway made, and a
-// later retry is replayed.
+// TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry (nothing is left
+// half done): an api is killed with SIGKILL while its gateway call hangs
+// after charging. No client retries; another api finishes the payment on
+// its own, within the lease and its resume interval, with the charge the
+// gateway made, and a later retry is replayed.
 func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 	api := oncetest.BuildBinary(t, ".")
 	gw := oncetest.BuildBinary(t, "../gateway")
@@ -81,13 +81,13 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 	require.Contains(t, answer, `"charge":"`+chargeID+`"`)
 }
 
-// TestPausedPastItsLeaseRecordsNothing (I4): an api is paused (SIGSTOP)
-// during a slow gateway call, past its lease. A retry at another api takes
-// the key over (or that api's own resumption does, first); the gateway
-// turns its call with the same downstream key away while the first is in
-// flight. When the paused api wakes up, the gateway's answer waiting for
-// it, it can no longer record the step or commit (its client gets no 201):
-// one charge, one payment row, with that charge.
+// TestPausedPastItsLeaseRecordsNothing (no concurrent execution): an api is
+// paused (SIGSTOP) during a slow gateway call, past its lease. A retry at
+// another api takes the key over (or that api's own resumption does,
+// first); the gateway turns its call with the same downstream key away
+// while the first is in flight. When the paused api wakes up, the gateway's
+// answer waiting for it, it can no longer record the step or commit (its
+// client gets no 201): one charge, one payment row, with that charge.
 func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
 	api := oncetest.BuildBinary(t, ".")
 	gw := oncetest.BuildBinary(t, "../gateway")

@@ -23,9 +23,9 @@ import (
 // it: its URL, the demo topology reset, publication, the dead letters and
 // the messages left.
 //
-// The topology's names are fixed (docs/consumers.md), so the tests of this package
-// that use a broker run one after the other and reset it first; no other
-// package declares those names on the shared test brokers.
+// The topology's names are fixed (docs/consumer.md#topology), so the tests
+// of this package that use a broker run one after the other and reset it
+// first; no other package declares those names on the shared test brokers.
 type testBroker interface {
 	// name is the subtest's name.
 	name() string

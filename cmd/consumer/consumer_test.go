@@ -25,7 +25,7 @@ const (
 )
 
 // TestConsumer runs the consumer binary on each broker through every
-// outcome docs/consumers.md describes. The binary is built once; the subtests
+// outcome docs/consumer.md describes. The binary is built once; the subtests
 // run one after the other (the topology's names are fixed).
 func TestConsumer(t *testing.T) {
 	bin := oncetest.BuildBinary(t, ".")
@@ -259,11 +259,11 @@ func testInFlight(t *testing.T, bin string, b testBroker) {
 	tb.stopAndCheckEmpty(t, d)
 }
 
-// testKilled (I5, I12): a consumer killed with SIGKILL while its slow
-// charge is at the gateway leaves the message unacknowledged; another
-// consumer gets it again (RabbitMQ at once, NATS after AckWait) and the
-// payment is made once: one row, one charge, the message acked, none
-// dead-lettered.
+// testKilled (a crash blocks a key for one lease at most; nothing is left
+// half done): a consumer killed with SIGKILL while its slow charge is at
+// the gateway leaves the message unacknowledged; another consumer gets it
+// again (RabbitMQ at once, NATS after AckWait) and the payment is made
+// once: one row, one charge, the message acked, none dead-lettered.
 func testKilled(t *testing.T, bin string, b testBroker) {
 	tb := setup(t, b)
 	victim := oncetest.StartDaemon(t, bin, tb.env...)

@@ -1,4 +1,4 @@
-// Command consumer is the demo's message consumer (docs/consumers.md): it
+// Command consumer is the demo's message consumer (docs/consumer.md): it
 // makes each payment command a broker carries happen once, as
 // POST /v1/payments does for HTTP — the same validation, gateway calls and
 // payments rows (package payments' Payer), in the same key space (the

@@ -169,7 +169,7 @@ func TestCreateAndReplay(t *testing.T) {
 	require.Equal(t, http.StatusCreated, again.status)
 	require.Equal(t, "true", again.header.Get(onceonly.HeaderReplayed))
 	require.Equal(t, first.body, again.body)
-	require.Equal(t, first.header.Get("Location"), again.header.Get("Location"), "the handler's headers are replayed (I2)")
+	require.Equal(t, first.header.Get("Location"), again.header.Get("Location"), "the handler's headers are replayed: every replay is the first answer")
 	require.NoError(t, b.rdb.Del(b.ctx, b.prefix+"acct_1:k1").Err()) // and from Postgres as well as from Redis
 	fromPG := b.pay(t, 0, "k1", visa)
 	require.Equal(t, "true", fromPG.header.Get(onceonly.HeaderReplayed))
@@ -236,7 +236,7 @@ func TestGatewaySources(t *testing.T) {
 }
 
 // TestBadInput: every malformed request gets its 4xx code, claims no key and
-// writes no row (I10).
+// writes no row (bad input is cheap and clear).
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -334,7 +334,7 @@ func TestBadInput(t *testing.T) {
 		require.NotEmpty(t, e.Error.Type, tc.name)
 		require.NotEmpty(t, e.Error.Message, tc.name)
 	}
-	require.Zero(t, b.count(t, "idempotency_keys"), "bad input claims no key (I10)")
+	require.Zero(t, b.count(t, "idempotency_keys"), "bad input claims no key: bad input is cheap and clear")
 
 	// A chunked body over the limit is refused as well.
 	req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, b.servers[0].URL+"/v1/payments", io.MultiReader(strings.NewReader(big), strings.NewReader("  ")))
@@ -408,8 +408,10 @@ func (b *testBundle) burst(t *testing.T, key string, n int, during func()) *tall
 	return tl
 }
 
-// checkOnce asserts I1, I2 and I4 for one burst: one execution, every other
-// answer a 409 or a byte-identical replay, one payments row.
+// checkOnce asserts, for one burst, that the business effect happens once,
+// every replay is the first answer and there is no concurrent execution:
+// one execution, every other answer a 409 or a byte-identical replay, one
+// payments row.
 func (b *testBundle) checkOnce(t *testing.T, key string, tl *tally) {
 	t.Helper()
 	require.Empty(t, tl.other)
@@ -437,7 +439,8 @@ func TestConcurrentDuplicatesOverTwoInstances(t *testing.T) {
 }
 
 // TestConcurrentDuplicatesWithFlushAll: the cache is wiped before the burst
-// and again while it runs; Postgres keeps it to one execution (I6).
+// and again while it runs; Postgres keeps it to one execution (Redis is
+// only a cache).
 func TestConcurrentDuplicatesWithFlushAll(t *testing.T) {
 	t.Parallel()
 	srv := oncetest.NewRedisServer(t)

@@ -15,8 +15,8 @@ import (
 // key, content type, credentials and body — through the demo api's real
 // handler, on real Postgres and Redis and the demo gateway. Whatever comes
 // in, the api never panics and never answers a 5xx other than 502 and 503
-// with Retry-After (I10). The key is varied per run so the inputs reach
-// first executions, replays and reuses alike.
+// with Retry-After (bad input is cheap and clear). The key is varied per
+// run so the inputs reach first executions, replays and reuses alike.
 //
 //	go test -run '^$' -fuzz FuzzAPI -fuzztime 1000000x ./demo/payments   (make fuzz)
 func FuzzAPI(f *testing.F) {

@@ -22,9 +22,9 @@ const paramMerchant = "merchant"
 // letters, digits or underscores (no ':', so it is a valid scope).
 var merchantPattern = regexp.MustCompile(`^acct_[A-Za-z0-9_]{1,64}$`)
 
-// Message is a payment command as a broker carries it (docs/consumers.md):
-// the JSON body of POST /v1/payments with one more member,
-// "merchant", the scope of its idempotency key.
+// Message is a payment command as a broker carries it
+// (docs/consumer.md#the-message): the JSON body of POST /v1/payments with
+// one more member, "merchant", the scope of its idempotency key.
 type Message struct {
 	// Merchant is the merchant the payment is for: the key's scope, as an
 	// API key's merchant is for the HTTP API.

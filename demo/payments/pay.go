@@ -45,7 +45,8 @@ var ErrNotRecorded = errors.New("payments: the payment could not be recorded")
 // ChargeUnknownError is returned by Pay when the charge's outcome is not
 // known: the gateway did not answer, or is still working on the call. The
 // step stays unsettled, so the engine keeps the key for a resumption (or
-// the next attempt) that calls again with the same downstream key (I12).
+// the next attempt) that calls again with the same downstream key (nothing
+// is left half done).
 type ChargeUnknownError struct {
 	// Err is the step's error.
 	Err error
@@ -68,7 +69,7 @@ func (e *ChargeUnknownError) Unwrap() error { return e.Err }
 // and key are the execution's scope and key, body a create body as
 // POST /v1/payments takes it. It charges at the gateway as the step
 // "charge", with the downstream key the engine derives from merchant, key
-// and step alone (I11), then writes the payment row through the
+// and step alone (one external effect), then writes the payment row through the
 // execution's transaction, which commits with the key's completion. The
 // payment's Status says whether the card was declined.
 //

@@ -30,7 +30,7 @@ import (
 // answer): the first answer counts. A lease no renewal has extended in time
 // is given up a margin before it ends (its execution is canceled and can
 // no longer record a step or commit), so a takeover never runs beside a
-// live execution (I4).
+// live execution (no concurrent execution).
 //
 // The connection stays open while leases are held and for one lease after
 // the last one goes, so a renewal seldom dials; executions shorter than a

@@ -72,12 +72,13 @@ func (l *Lease) until() time.Time {
 	return l.validUntil
 }
 
-// requireMargin checks I4 on a lease the keeper holds: its holder stops a
-// margin before Postgres's lease ends, at the latest. It may run outside
-// the test's goroutine. The holder's end is read first: a renewal moves it
-// only once its statement has committed, so Postgres, read after, has that
-// renewal too (read the other way round, a renewal landing between the
-// reads looks like a breach).
+// requireMargin checks, on a lease the keeper holds, what no concurrent
+// execution needs of it: its holder stops a margin before Postgres's lease
+// ends, at the latest. It may run outside the test's goroutine. The
+// holder's end is read first: a renewal moves it only once its statement
+// has committed, so Postgres, read after, has that renewal too (read the
+// other way round, a renewal landing between the reads looks like a
+// breach).
 func (f *keeperFixture) requireMargin(t testing.TB, l *Lease, key string) {
 	until := l.until()
 	var end time.Time
@@ -194,10 +195,10 @@ func TestLeaseKeeperOutlivesADeadConnection(t *testing.T) {
 // TestLeaseKeeperHammer holds leases of random lengths (up to two leases)
 // from many goroutines, while the keeper's connection is cut now and then,
 // and checks that none is lost and that every holder would have stopped a
-// margin before Postgres's lease ends (I4). With -race it checks the
-// keeper's locking too. ONCEONLY_LEASE_HAMMER=30s runs it longer (to count
-// losses on a loaded machine), ONCEONLY_LEASE_HAMMER_LEASE sets the lease,
-// ONCEONLY_LEASE_HAMMER_CUTS=0 leaves the connection alone.
+// margin before Postgres's lease ends (no concurrent execution). With -race
+// it checks the keeper's locking too. ONCEONLY_LEASE_HAMMER=30s runs it
+// longer (to count losses on a loaded machine), ONCEONLY_LEASE_HAMMER_LEASE
+// sets the lease, ONCEONLY_LEASE_HAMMER_CUTS=0 leaves the connection alone.
 func TestLeaseKeeperHammer(t *testing.T) {
 	t.Parallel()
 	run, lease := 5*time.Second, 3*time.Second

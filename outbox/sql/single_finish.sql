@@ -2,10 +2,11 @@
 -- first and only row, at the version floor + 1, with its outbox event:
 -- completed with the response inside the execution's transaction, which
 -- commits with it; or failed after that transaction rolled back, so a later
--- request with another payload is still refused (I3) and a retry runs again;
--- its failures are 1 with @count_failure (the handler failed, not the store
--- or the caller), else 0. The row is always the key's first, so there is no
--- earlier count to add to.
+-- request with another payload is still refused
+-- (docs/invariants.md#a-key-is-not-reused-for-another-payload) and a retry
+-- runs again; its failures are 1 with @count_failure (the handler failed,
+-- not the store or the caller), else 0. The row is always the key's first,
+-- so there is no earlier count to add to.
 -- When the key has a row by now, nothing is written and no row comes back
 -- — or, with @fail_when_lost, the statement fails (onceonly_lease_lost), so
 -- the COMMIT sent behind it is skipped.

@@ -9,11 +9,11 @@
 -- locks apply once whatever plan the DELETE gets) and the rows deleted by
 -- ctid: a locked row cannot move, and a TID scan saves a second index
 -- lookup per event. The deletes belong to the caller's transaction,
--- committed only once Redis acknowledged the events (I9).
+-- committed only once Redis acknowledged the events (no event is lost).
 --
 -- The transaction commits without waiting for its WAL flush
 -- (synchronous_commit off): a deletion lost in a crash puts the events back,
--- and delivering them again is harmless (I8).
+-- and delivering them again is harmless (no version regression in Redis).
 --
 -- @limit   @max_body: largest body read (longer ones: body_omitted)
 -- The and_scope markers: on a distributed database (Citus) the statement

@@ -6,7 +6,7 @@
 -- works on other connections: idle_in_transaction_session_timeout is lifted
 -- for it. On Citus the statement reads no table, so it runs on the node
 -- the client is connected to: the coordinator's lock, which serialises
--- the callers that all connect to the coordinator (DESIGN §5).
+-- the callers that all connect to the coordinator (docs/citus.md).
 --
 -- @lock_key (bigint)
 SELECT pg_try_advisory_xact_lock(@lock_key::bigint) AS locked,

@@ -21,14 +21,15 @@ import (
 	"github.com/onceonly/onceonly/relay"
 )
 
-// TestClusterTopologyChangesUnderTraffic runs retried requests, with a relay
-// delivering, while the cluster changes under them: first a slot holding
-// 150 live keys migrates to another master (clients follow ASK and MOVED
-// redirections mid-write), then a master restarts empty. Afterwards every
-// key has run once (I1), every copy of a request got the same answer and a
-// later replay still does (I2), and Redis equals Postgres: after the slot
-// move once the relay has caught up, after the restart once the reconciler
-// has made one pass (I7).
+// TestClusterTopologyChangesUnderTraffic runs retried requests, with a
+// relay delivering, while the cluster changes under them: first a slot
+// holding 150 live keys migrates to another master (clients follow ASK and
+// MOVED redirections mid-write), then a master restarts empty. Afterwards
+// every key has run once (the business effect happens once), every copy of
+// a request got the same answer and a later replay still does (every replay
+// is the first answer), and Redis equals Postgres: after the slot move once
+// the relay has caught up, after the restart once the reconciler has made
+// one pass (Redis converges to Postgres).
 func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	t.Parallel()
 	cluster := oncetest.NewRedisCluster(t)
@@ -97,7 +98,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, again.Drift(), "a second pass finds nothing: %+v", again)
 
-	// I1 and I2.
+	// The business effect happens once; every replay is the first answer.
 	all := slices.Concat(keys, more)
 	rows := map[string]int{}
 	r, err := pool.Query(ctx, `SELECT idempotency_key, count(*) FROM payments GROUP BY 1`)
@@ -110,16 +111,16 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	}
 	require.NoError(t, r.Err())
 	for _, key := range all {
-		require.Equal(t, 1, rows[key], "I1: %s ran %d times", key, rows[key])
+		require.Equal(t, 1, rows[key], "the business effect happens once: %s ran %d times", key, rows[key])
 		got := answers.byKey[key]
 		require.NotEmpty(t, got)
 		for _, res := range got[1:] {
-			require.Equal(t, got[0], res, "I2: %s answered twice differently", key)
+			require.Equal(t, got[0], res, "every replay is the first answer: %s answered twice differently", key)
 		}
 		out, err := engine.Do(ctx, "m", key, []byte("p"), keyedPayment(key))
 		require.NoError(t, err)
 		require.True(t, out.Replayed, key)
-		require.Equal(t, got[0], out.Result, "I2: %s replays its first answer", key)
+		require.Equal(t, got[0], out.Result, "every replay is the first answer: %s replays its first answer", key)
 	}
 	require.Len(t, rows, len(all), "no payment without a key")
 }

@@ -33,13 +33,13 @@ import (
 // deliveries) are not on the replica Sentinel promotes. The old primary then
 // comes back empty and Sentinel makes it a replica.
 //
-// Throughout: every key runs once (I1), every answer for a key is the same
-// (I2), a reused key is refused without running (I3), no two executions of
-// a key overlap (I4), and no completed key answers "in flight" for long.
-// Afterwards the relay and the engine work on the new primary, and once the
-// relay has caught up Redis holds every key at its Postgres state and
-// version: no key is left below it, as one would be if the relay had
-// deleted events the promoted replica never got (its WAIT guard, on by
+// Throughout, as docs/invariants.md promises: every key runs once, every
+// answer for a key is the same, a reused key is refused without running, no
+// two executions of a key overlap, and no completed key answers "in flight"
+// for long. Afterwards the relay and the engine work on the new primary,
+// and once the relay has caught up Redis holds every key at its Postgres
+// state and version: no key is left below it, as one would be if the relay
+// had deleted events the promoted replica never got (its WAIT guard, on by
 // default under Sentinel, keeps them).
 func TestSentinelFailoverUnderLoad(t *testing.T) {
 	t.Parallel()
@@ -112,7 +112,8 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	require.Equal(t, len(keys), pass.Scanned, string(out))
 	require.Equal(t, len(keys), pass.InSync, string(out))
 
-	// I1, I3, I4.
+	// The business effect happens once, a key is not reused for another
+	// payload, and no execution is concurrent.
 	counts := map[string]int{}
 	rows, err = pool.Query(ctx, `SELECT idempotency_key, count(*) FROM payments GROUP BY 1`)
 	require.NoError(t, err)
@@ -124,31 +125,32 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	for _, key := range keys {
-		require.Equal(t, 1, counts[key], "I1: %s ran %d times", key, counts[key])
+		require.Equal(t, 1, counts[key], "the business effect happens once: %s ran %d times", key, counts[key])
 	}
 	require.Len(t, counts, len(keys), "no payment without a key")
-	require.Zero(t, load.overlaps(), "I4: executions of one key overlapped")
-	// I3 after the failover too, whether or not the load happened to reuse
-	// a key while it ran.
+	require.Zero(t, load.overlaps(), "no concurrent execution: executions of one key overlapped")
+	// A key is not reused for another payload after the failover too,
+	// whether or not the load happened to reuse a key while it ran.
 	before := load.reusedRefused()
 	for _, key := range keys[:5] {
 		load.send(ctx, key, true)
 	}
-	require.Equal(t, before+5, load.reusedRefused(), "I3: a reused key is refused after the failover")
+	require.Equal(t, before+5, load.reusedRefused(), "a key is not reused for another payload: a reused key is refused after the failover")
 
-	// I2, and the engine follows: after the failover every replay is
-	// served by the new primary, byte for byte the first answer.
+	// Every replay is the first answer, and the engine follows: after the
+	// failover every replay is served by the new primary, byte for byte the
+	// first answer.
 	fromCache := requests(t, reg, "replayed_cache")
 	for _, key := range keys {
 		answers := load.answersOf(key)
 		require.NotEmpty(t, answers, key)
 		for _, a := range answers[1:] {
-			require.Equal(t, answers[0], a, "I2: %s answered twice differently", key)
+			require.Equal(t, answers[0], a, "every replay is the first answer: %s answered twice differently", key)
 		}
 		out, err := engine.Do(ctx, "m", key, []byte("p"), load.handler(key))
 		require.NoError(t, err)
 		require.True(t, out.Replayed, key)
-		require.Equal(t, answers[0], out.Result, "I2: %s replays its first answer", key)
+		require.Equal(t, answers[0], out.Result, "every replay is the first answer: %s replays its first answer", key)
 	}
 	require.InDelta(t, float64(len(keys)), requests(t, reg, "replayed_cache")-fromCache, 0,
 		"every replay after the failover came from Redis")

@@ -1,4 +1,4 @@
--- Distributed Postgres (Citus, DESIGN §5): on a database with the citus
+-- Distributed Postgres (Citus, docs/citus.md): on a database with the citus
 -- extension the gateway's charges are a reference table (a copy on every
 -- node; its unique charge_id rules out distributing it), whether the
 -- gateway or `api migrate up` creates them. Without citus this does

@@ -1,4 +1,4 @@
--- Distributed Postgres (Citus, DESIGN §5): a merchant's payments on the
+-- Distributed Postgres (Citus, docs/citus.md): a merchant's payments on the
 -- shard of its idempotency keys (the merchant is the keys' scope), so a
 -- payment and its key's completion commit in one shard's transaction.
 -- The primary key includes the distribution column, merchant_id, on every
