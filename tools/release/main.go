@@ -1,16 +1,24 @@
 // Command release keeps the workspace's modules (go.work) releasable in
 // lockstep, as River does with its own: every requirement between them at
-// one version, one go line, no replace directive. scripts/release.sh and
-// scripts/publish-check.sh run it; see docs/development.md, "Releasing".
+// one version, one go line, no replace directive in a go.mod. go.work maps
+// that version of each required module to its directory, so the workspace
+// builds whether or not the version is published (go.work is for
+// development only: a published module ignores it).
+// scripts/release.sh and scripts/publish-check.sh run it; see
+// docs/development.md, "Releasing".
 //
-//	go run ./tools/release check               # the rules above; prints the version
-//	go run ./tools/release requires v0.2.0     # every requirement between the modules
-//	go run ./tools/release go 1.27.1           # the go line of go.work and every go.mod
-//	go run ./tools/release publish DIR v0.2.0  # a file module proxy (GOPROXY=file://DIR)
+//	release check               # the rules above; prints the version
+//	release requires v0.2.0     # every requirement between the modules, and go.work's replaces
+//	release go 1.27.1           # the go line of go.work and every go.mod
+//	release modules             # module path and directory, one module a line
+//	release publish DIR v0.2.0  # a file module proxy (GOPROXY=file://DIR), and DIR/go.sum
 //
-// -C DIR (first) runs it on the workspace in DIR instead of the current
-// directory. It is a module of its own, so that golang.org/x/mod is no
-// requirement of the library's module.
+// It works on the workspace around the current directory, or in the one
+// -C DIR (first) names. It is a module of its own that requires none of
+// the others, so that golang.org/x/mod is no requirement of theirs and so
+// that it runs, with GOWORK=off, even when the workspace does not load:
+//
+//	GOWORK=off go -C tools/release run . check
 package main
 
 import (
@@ -18,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,10 +37,11 @@ import (
 	"golang.org/x/mod/modfile"
 	"golang.org/x/mod/module"
 	"golang.org/x/mod/semver"
+	"golang.org/x/mod/sumdb/dirhash"
 	modzip "golang.org/x/mod/zip"
 )
 
-const usage = `usage: release [-C dir] check | requires VERSION | go VERSION | publish DIR VERSION`
+const usage = `usage: release [-C dir] check | requires VERSION | go VERSION | modules | publish DIR VERSION`
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -41,7 +51,7 @@ func main() {
 }
 
 func run(args []string) error {
-	root := "."
+	root := ""
 	if len(args) >= 2 && args[0] == "-C" {
 		root, args = args[1], args[2:]
 	}
@@ -61,19 +71,32 @@ func run(args []string) error {
 		fmt.Println(v)
 		return nil
 	case args[0] == "requires" && len(args) == 2:
-		if !semver.IsValid(args[1]) || semver.Canonical(args[1]) != args[1] {
-			return fmt.Errorf("%q is no canonical semantic version (vX.Y.Z)", args[1])
+		if err := released(args[1]); err != nil {
+			return err
 		}
 		return ws.setRequires(args[1])
 	case args[0] == "go" && len(args) == 2:
 		return ws.setGo(args[1])
+	case args[0] == "modules" && len(args) == 1:
+		for _, m := range ws.mods {
+			fmt.Printf("%s\t%s\n", m.path(), m.dir)
+		}
+		return nil
 	case args[0] == "publish" && len(args) == 3:
-		if !semver.IsValid(args[2]) || semver.Canonical(args[2]) != args[2] {
-			return fmt.Errorf("%q is no canonical semantic version (vX.Y.Z)", args[2])
+		if err := released(args[2]); err != nil {
+			return err
 		}
 		return ws.publish(args[1], args[2])
 	}
 	return errors.New(usage)
+}
+
+// released accepts the versions a release tags: vX.Y.Z, no pre-release.
+func released(v string) error {
+	if !semver.IsValid(v) || semver.Canonical(v) != v || semver.Prerelease(v) != "" {
+		return fmt.Errorf("%q is not a release version (vX.Y.Z)", v)
+	}
+	return nil
 }
 
 // workspace is go.work and the go.mod of every module it uses.
@@ -90,7 +113,31 @@ type mod struct {
 	f    *modfile.File
 }
 
+func (m *mod) path() string { return m.f.Module.Mod.Path }
+
+// local is the directory as go.work's replace names it: ./ or ./oncenats.
+func (m *mod) local() string {
+	if m.dir == "." {
+		return "./"
+	}
+	return "./" + filepath.ToSlash(m.dir)
+}
+
 func load(root string) (*workspace, error) {
+	if root == "" {
+		dir, err := os.Getwd()
+		if err != nil {
+			return nil, err
+		}
+		for root = dir; ; root = filepath.Dir(root) {
+			if _, err := os.Stat(filepath.Join(root, "go.work")); err == nil {
+				break
+			}
+			if filepath.Dir(root) == root {
+				return nil, fmt.Errorf("no go.work in %s or above", dir)
+			}
+		}
+	}
 	ws := &workspace{root: root, workFile: filepath.Join(root, "go.work")}
 	data, err := os.ReadFile(ws.workFile)
 	if err != nil {
@@ -113,8 +160,26 @@ func load(root string) (*workspace, error) {
 	return ws, nil
 }
 
-func (ws *workspace) isOurs(path string) bool {
-	return slices.ContainsFunc(ws.mods, func(m *mod) bool { return m.f.Module.Mod.Path == path })
+func (ws *workspace) ours(path string) *mod {
+	for _, m := range ws.mods {
+		if m.path() == path {
+			return m
+		}
+	}
+	return nil
+}
+
+// required lists the modules of the workspace that another requires.
+func (ws *workspace) required() []*mod {
+	var req []*mod
+	for _, m := range ws.mods {
+		for _, r := range m.f.Require {
+			if o := ws.ours(r.Mod.Path); o != nil && !slices.Contains(req, o) {
+				req = append(req, o)
+			}
+		}
+	}
+	return req
 }
 
 // check returns the one version every module requires the others at, or
@@ -130,37 +195,49 @@ func (ws *workspace) check() (string, error) {
 	version, from := "", ""
 	for _, m := range ws.mods {
 		if m.f.Go == nil || m.f.Go.Version != goLine {
-			return "", fmt.Errorf("%s: the go line must be go.work's (go %s); go run ./tools/release go %s", m.file, goLine, goLine)
+			return "", fmt.Errorf("%s: the go line is not go.work's, go %s (GOWORK=off go -C tools/release run . go %s)", m.file, goLine, goLine)
 		}
 		tc := ""
 		if m.f.Toolchain != nil {
 			tc = m.f.Toolchain.Name
 		}
 		if tc != toolchain {
-			return "", fmt.Errorf("%s: the toolchain line must be go.work's (%q)", m.file, toolchain)
+			return "", fmt.Errorf("%s: the toolchain line is not go.work's (%q)", m.file, toolchain)
 		}
 		if len(m.f.Replace) > 0 {
-			return "", fmt.Errorf("%s: replace %s: no go.mod replaces (go.work is for development)", m.file, m.f.Replace[0].Old.Path)
+			return "", fmt.Errorf("%s: replace %s: no go.mod replaces anything (go.work is for development)", m.file, m.f.Replace[0].Old.Path)
 		}
 		for _, r := range m.f.Require {
-			if !ws.isOurs(r.Mod.Path) {
+			if ws.ours(r.Mod.Path) == nil {
 				continue
 			}
 			if version == "" {
 				version, from = r.Mod.Version, m.file
+				if err := released(version); err != nil {
+					return "", fmt.Errorf("%s requires %s %s: %w", m.file, r.Mod.Path, version, err)
+				}
 			}
-			if r.Mod.Version != version || !semver.IsValid(version) || semver.Prerelease(version)+semver.Build(version) != "" {
-				return "", fmt.Errorf("%s requires %s %s, %s requires %s: every module requires the others at one released version (scripts/release.sh)", m.file, r.Mod.Path, r.Mod.Version, from, version)
+			if r.Mod.Version != version {
+				return "", fmt.Errorf("%s requires %s %s, %s requires %s: the modules require one another at one version (scripts/release.sh)", m.file, r.Mod.Path, r.Mod.Version, from, version)
 			}
 		}
-	}
-	if err := ws.checkNested(); err != nil {
-		return "", err
 	}
 	if version == "" {
 		return "", errors.New("no module requires another")
 	}
-	return version, nil
+	for _, m := range ws.required() {
+		if !slices.ContainsFunc(ws.work.Replace, func(r *modfile.Replace) bool {
+			return r.Old.Path == m.path() && r.Old.Version == version && r.New.Version == "" && filepath.Clean(r.New.Path) == m.dir
+		}) {
+			return "", fmt.Errorf("go.work does not replace %s %s => %s (GOWORK=off go -C tools/release run . requires %s)", m.path(), version, m.local(), version)
+		}
+	}
+	for _, r := range ws.work.Replace {
+		if o := ws.ours(r.Old.Path); o == nil || r.Old.Version != version || !slices.Contains(ws.required(), o) {
+			return "", fmt.Errorf("go.work replaces %s %s: only the version the modules require, of a module another requires (GOWORK=off go -C tools/release run . requires %s)", r.Old.Path, r.Old.Version, version)
+		}
+	}
+	return version, ws.checkNested()
 }
 
 // checkNested fails on a go.mod that git tracks outside go.work: it would
@@ -183,17 +260,20 @@ func (ws *workspace) checkNested() error {
 	return nil
 }
 
+// setRequires sets every requirement between the modules to version, drops
+// every go.mod replace of one of them, and makes go.work replace version of
+// each required module with its directory.
 func (ws *workspace) setRequires(version string) error {
 	for _, m := range ws.mods {
 		for _, r := range m.f.Require {
-			if ws.isOurs(r.Mod.Path) && r.Mod.Version != version {
+			if ws.ours(r.Mod.Path) != nil && r.Mod.Version != version {
 				if err := m.f.AddRequire(r.Mod.Path, version); err != nil {
 					return err
 				}
 			}
 		}
-		for _, r := range m.f.Replace {
-			if ws.isOurs(r.Old.Path) {
+		for _, r := range slices.Clone(m.f.Replace) {
+			if ws.ours(r.Old.Path) != nil {
 				if err := m.f.DropReplace(r.Old.Path, r.Old.Version); err != nil {
 					return err
 				}
@@ -203,15 +283,26 @@ func (ws *workspace) setRequires(version string) error {
 			return err
 		}
 	}
-	return nil
+	for _, r := range slices.Clone(ws.work.Replace) {
+		if ws.ours(r.Old.Path) != nil {
+			if err := ws.work.DropReplace(r.Old.Path, r.Old.Version); err != nil {
+				return err
+			}
+		}
+	}
+	for _, m := range ws.required() {
+		if err := ws.work.AddReplace(m.path(), version, m.local(), ""); err != nil {
+			return err
+		}
+	}
+	return ws.writeWork()
 }
 
 func (ws *workspace) setGo(version string) error {
 	if err := ws.work.AddGoStmt(version); err != nil {
 		return err
 	}
-	ws.work.Cleanup()
-	if err := os.WriteFile(ws.workFile, modfile.Format(ws.work.Syntax), 0o644); err != nil {
+	if err := ws.writeWork(); err != nil {
 		return err
 	}
 	for _, m := range ws.mods {
@@ -225,27 +316,36 @@ func (ws *workspace) setGo(version string) error {
 	return nil
 }
 
+func (ws *workspace) writeWork() error {
+	ws.work.Cleanup()
+	return writeIfChanged(ws.workFile, modfile.Format(ws.work.Syntax))
+}
+
 func (m *mod) write() error {
 	m.f.Cleanup()
 	data, err := m.f.Format()
 	if err != nil {
 		return err
 	}
-	old, err := os.ReadFile(m.file)
-	if err == nil && bytes.Equal(old, data) {
+	return writeIfChanged(m.file, data)
+}
+
+func writeIfChanged(file string, data []byte) error {
+	if old, err := os.ReadFile(file); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
-	return os.WriteFile(m.file, data, 0o644)
+	return os.WriteFile(file, data, 0o644)
 }
 
 // publish writes every module at version into dir laid out as a module
 // proxy: the zip as a tag would publish it (zip.CreateFromDir leaves out
 // nested modules and vendor directories, as the proxy does), the go.mod,
-// the .info and the list.
+// the .info and the list; and dir/go.sum, their checksums.
 func (ws *workspace) publish(dir, version string) error {
-	now, _ := json.Marshal(struct{ Version, Time string }{version, time.Now().UTC().Format(time.RFC3339)})
+	info, _ := json.Marshal(struct{ Version, Time string }{version, time.Now().UTC().Format(time.RFC3339)})
+	var sums bytes.Buffer
 	for _, m := range ws.mods {
-		mv := module.Version{Path: m.f.Module.Mod.Path, Version: version}
+		mv := module.Version{Path: m.path(), Version: version}
 		esc, err := module.EscapePath(mv.Path)
 		if err != nil {
 			return err
@@ -254,7 +354,8 @@ func (ws *workspace) publish(dir, version string) error {
 		if err := os.MkdirAll(at, 0o755); err != nil {
 			return err
 		}
-		z, err := os.Create(filepath.Join(at, version+".zip"))
+		zipFile := filepath.Join(at, version+".zip")
+		z, err := os.Create(zipFile)
 		if err != nil {
 			return err
 		}
@@ -269,11 +370,22 @@ func (ws *workspace) publish(dir, version string) error {
 		if err != nil {
 			return err
 		}
-		for name, data := range map[string][]byte{version + ".mod": gomod, version + ".info": now, "list": []byte(version + "\n")} {
+		for name, data := range map[string][]byte{version + ".mod": gomod, version + ".info": info, "list": []byte(version + "\n")} {
 			if err := os.WriteFile(filepath.Join(at, name), data, 0o644); err != nil {
 				return err
 			}
 		}
+		zipSum, err := dirhash.HashZip(zipFile, dirhash.Hash1)
+		if err != nil {
+			return err
+		}
+		modSum, err := dirhash.Hash1([]string{"go.mod"}, func(string) (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(gomod)), nil
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&sums, "%s %s %s\n%s %s/go.mod %s\n", mv.Path, version, zipSum, mv.Path, version, modSum)
 	}
-	return nil
+	return os.WriteFile(filepath.Join(dir, "go.sum"), sums.Bytes(), 0o644)
 }

@@ -43,6 +43,10 @@ func TestRequiresCheckPublish(t *testing.T) {
 		!strings.Contains(string(sub), "example.com/other v1.0.0 // indirect") {
 		t.Fatalf("sub/go.mod after requires:\n%s", sub)
 	}
+	work, _ := os.ReadFile(filepath.Join(root, "go.work"))
+	if !strings.Contains(string(work), "replace example.com/lib v0.3.0 => ./\n") || strings.Contains(string(work), "lib/sub v0.3.0") {
+		t.Fatalf("go.work after requires:\n%s", work)
+	}
 	ws, err := load(root)
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +54,11 @@ func TestRequiresCheckPublish(t *testing.T) {
 	if v, err := ws.check(); err != nil || v != "v0.3.0" {
 		t.Fatalf("check: %q, %v", v, err)
 	}
+	write(t, root, map[string]string{"go.work": string(work) + "replace example.com/lib v0.2.0 => ./\n"})
+	if err := run([]string{"-C", root, "check"}); err == nil || !strings.Contains(err.Error(), "go.work replaces example.com/lib v0.2.0") {
+		t.Fatalf("check with a stale replace in go.work: %v", err)
+	}
+	write(t, root, map[string]string{"go.work": string(work)})
 
 	proxy := t.TempDir()
 	if err := run([]string{"-C", root, "publish", proxy, "v0.4.0"}); err != nil {
@@ -67,6 +76,10 @@ func TestRequiresCheckPublish(t *testing.T) {
 	slices.Sort(names)
 	if want := []string{"example.com/lib@v0.4.0/go.mod", "example.com/lib@v0.4.0/go.work", "example.com/lib@v0.4.0/lib.go"}; !slices.Equal(names, want) {
 		t.Fatalf("the root zip holds %v, want %v (the nested module left out)", names, want)
+	}
+	sums, _ := os.ReadFile(filepath.Join(proxy, "go.sum"))
+	if n := strings.Count(string(sums), " h1:"); n != 4 {
+		t.Fatalf("go.sum holds %d checksums, want 4:\n%s", n, sums)
 	}
 	for _, f := range []string{"example.com/lib/sub/@v/v0.4.0.mod", "example.com/lib/sub/@v/v0.4.0.info", "example.com/lib/sub/@v/list"} {
 		if _, err := os.Stat(filepath.Join(proxy, f)); err != nil {
