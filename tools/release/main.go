@@ -113,6 +113,9 @@ type mod struct {
 	f    *modfile.File
 }
 
+// name is the go.mod's path from the root, for messages.
+func (m *mod) name() string { return filepath.Join(m.dir, "go.mod") }
+
 func (m *mod) path() string { return m.f.Module.Mod.Path }
 
 // local is the directory as go.work's replace names it: ./ or ./oncenats.
@@ -186,7 +189,7 @@ func (ws *workspace) required() []*mod {
 // the first rule broken.
 func (ws *workspace) check() (string, error) {
 	if ws.work.Go == nil {
-		return "", fmt.Errorf("%s has no go line", ws.workFile)
+		return "", errors.New("go.work has no go line")
 	}
 	goLine, toolchain := ws.work.Go.Version, ""
 	if ws.work.Toolchain != nil {
@@ -195,30 +198,30 @@ func (ws *workspace) check() (string, error) {
 	version, from := "", ""
 	for _, m := range ws.mods {
 		if m.f.Go == nil || m.f.Go.Version != goLine {
-			return "", fmt.Errorf("%s: the go line is not go.work's, go %s (GOWORK=off go -C tools/release run . go %s)", m.file, goLine, goLine)
+			return "", fmt.Errorf("%s: the go line is not go.work's, go %s (GOWORK=off go -C tools/release run . go %s)", m.name(), goLine, goLine)
 		}
 		tc := ""
 		if m.f.Toolchain != nil {
 			tc = m.f.Toolchain.Name
 		}
 		if tc != toolchain {
-			return "", fmt.Errorf("%s: the toolchain line is not go.work's (%q)", m.file, toolchain)
+			return "", fmt.Errorf("%s: the toolchain line is not go.work's (%q)", m.name(), toolchain)
 		}
 		if len(m.f.Replace) > 0 {
-			return "", fmt.Errorf("%s: replace %s: no go.mod replaces anything (go.work is for development)", m.file, m.f.Replace[0].Old.Path)
+			return "", fmt.Errorf("%s: replace %s: no go.mod replaces anything (go.work is for development)", m.name(), m.f.Replace[0].Old.Path)
 		}
 		for _, r := range m.f.Require {
 			if ws.ours(r.Mod.Path) == nil {
 				continue
 			}
 			if version == "" {
-				version, from = r.Mod.Version, m.file
+				version, from = r.Mod.Version, m.name()
 				if err := released(version); err != nil {
-					return "", fmt.Errorf("%s requires %s %s: %w", m.file, r.Mod.Path, version, err)
+					return "", fmt.Errorf("%s requires %s %s: %w", m.name(), r.Mod.Path, version, err)
 				}
 			}
 			if r.Mod.Version != version {
-				return "", fmt.Errorf("%s requires %s %s, %s requires %s: the modules require one another at one version (scripts/release.sh)", m.file, r.Mod.Path, r.Mod.Version, from, version)
+				return "", fmt.Errorf("%s requires %s %s, %s requires %s: the modules require one another at one version (scripts/release.sh)", m.name(), r.Mod.Path, r.Mod.Version, from, version)
 			}
 		}
 	}
