@@ -17,7 +17,8 @@
 #
 # step WHAT CMD...: runs CMD, its output in $log; on failure, exits with
 # the reason in one line ($PUBLISH_NAME: WHAT: the first error line), the
-# whole output in .data/$PUBLISH_NAME.log.
+# whole output in .data/$PUBLISH_NAME.log. PUBLISH_TIMES=1 prints the
+# seconds each step took.
 
 root=$PWD
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/$PUBLISH_NAME.XXXXXX")
@@ -28,7 +29,9 @@ src=$tmp/src
 step() {
 	local what=$1 rc=0 why
 	shift
+	local t0=$SECONDS
 	"$@" >"$log" 2>&1 || rc=$?
+	[ -z "${PUBLISH_TIMES:-}" ] || echo "$PUBLISH_NAME: $((SECONDS - t0))s $what" >&2
 	if [ "$rc" -ne 0 ]; then
 		mkdir -p "$root/.data" && cp "$log" "$root/.data/$PUBLISH_NAME.log"
 		why=$(grep -v -e '^go: downloading ' -e '^go: finding ' -e '^go: added ' -e '^go: upgraded ' -e '^# ' -e '^\s*$' "$log" | head -1)
