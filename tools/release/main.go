@@ -23,6 +23,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,7 +69,7 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Println(v)
+		fmt.Fprintln(os.Stdout, v)
 		return nil
 	case args[0] == "requires" && len(args) == 2:
 		if err := released(args[1]); err != nil {
@@ -79,7 +80,7 @@ func run(args []string) error {
 		return ws.setGo(args[1])
 	case args[0] == "modules" && len(args) == 1:
 		for _, m := range ws.mods {
-			fmt.Printf("%s\t%s\n", m.path(), m.dir)
+			fmt.Fprintf(os.Stdout, "%s\t%s\n", m.path(), m.dir)
 		}
 		return nil
 	case args[0] == "publish" && len(args) == 3:
@@ -130,7 +131,7 @@ func load(root string) (*workspace, error) {
 	if root == "" {
 		dir, err := os.Getwd()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("the current directory: %w", err)
 		}
 		for root = dir; ; root = filepath.Dir(root) {
 			if _, err := os.Stat(filepath.Join(root, "go.work")); err == nil {
@@ -144,19 +145,19 @@ func load(root string) (*workspace, error) {
 	ws := &workspace{root: root, workFile: filepath.Join(root, "go.work")}
 	data, err := os.ReadFile(ws.workFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading go.work: %w", err)
 	}
 	if ws.work, err = modfile.ParseWork(ws.workFile, data, nil); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("parsing go.work: %w", err)
 	}
 	for _, u := range ws.work.Use {
 		m := &mod{dir: filepath.Clean(u.Path), file: filepath.Join(root, u.Path, "go.mod")}
 		data, err := os.ReadFile(m.file)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("reading %s: %w", m.name(), err)
 		}
 		if m.f, err = modfile.Parse(m.file, data, nil); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("parsing %s: %w", m.name(), err)
 		}
 		ws.mods = append(ws.mods, m)
 	}
@@ -247,11 +248,15 @@ func (ws *workspace) check() (string, error) {
 // be neither tagged nor published, and it would cut its directory out of
 // the module around it.
 func (ws *workspace) checkNested() error {
-	out, err := exec.Command("git", "-C", ws.root, "ls-files", "--", "go.mod", "*/go.mod").Output()
-	if err != nil {
+	out, err := exec.CommandContext(context.Background(), "git", "-C", ws.root, "ls-files", "--", "go.mod", "*/go.mod").Output()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
 		return nil // not a git checkout: nothing to compare
+	case err != nil:
+		return fmt.Errorf("git ls-files: %w", err)
 	}
-	for _, f := range strings.Fields(string(out)) {
+	for f := range strings.FieldsSeq(string(out)) {
 		dir := filepath.Dir(f)
 		if slices.Contains(strings.Split(filepath.ToSlash(dir), "/"), "testdata") {
 			continue
@@ -271,14 +276,14 @@ func (ws *workspace) setRequires(version string) error {
 		for _, r := range m.f.Require {
 			if ws.ours(r.Mod.Path) != nil && r.Mod.Version != version {
 				if err := m.f.AddRequire(r.Mod.Path, version); err != nil {
-					return err
+					return fmt.Errorf("%s: require %s %s: %w", m.name(), r.Mod.Path, version, err)
 				}
 			}
 		}
 		for _, r := range slices.Clone(m.f.Replace) {
 			if ws.ours(r.Old.Path) != nil {
 				if err := m.f.DropReplace(r.Old.Path, r.Old.Version); err != nil {
-					return err
+					return fmt.Errorf("%s: dropping replace %s: %w", m.name(), r.Old.Path, err)
 				}
 			}
 		}
@@ -289,13 +294,13 @@ func (ws *workspace) setRequires(version string) error {
 	for _, r := range slices.Clone(ws.work.Replace) {
 		if ws.ours(r.Old.Path) != nil {
 			if err := ws.work.DropReplace(r.Old.Path, r.Old.Version); err != nil {
-				return err
+				return fmt.Errorf("go.work: dropping replace %s: %w", r.Old.Path, err)
 			}
 		}
 	}
 	for _, m := range ws.required() {
 		if err := ws.work.AddReplace(m.path(), version, m.local(), ""); err != nil {
-			return err
+			return fmt.Errorf("go.work: replace %s %s: %w", m.path(), version, err)
 		}
 	}
 	return ws.writeWork()
@@ -303,14 +308,14 @@ func (ws *workspace) setRequires(version string) error {
 
 func (ws *workspace) setGo(version string) error {
 	if err := ws.work.AddGoStmt(version); err != nil {
-		return err
+		return fmt.Errorf("go.work: go %s: %w", version, err)
 	}
 	if err := ws.writeWork(); err != nil {
 		return err
 	}
 	for _, m := range ws.mods {
 		if err := m.f.AddGoStmt(version); err != nil {
-			return err
+			return fmt.Errorf("%s: go %s: %w", m.name(), version, err)
 		}
 		if err := m.write(); err != nil {
 			return err
@@ -328,16 +333,20 @@ func (m *mod) write() error {
 	m.f.Cleanup()
 	data, err := m.f.Format()
 	if err != nil {
-		return err
+		return fmt.Errorf("formatting %s: %w", m.name(), err)
 	}
 	return writeIfChanged(m.file, data)
 }
 
+// writeIfChanged keeps the file's mode; a new file is the owner's only.
 func writeIfChanged(file string, data []byte) error {
 	if old, err := os.ReadFile(file); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
-	return os.WriteFile(file, data, 0o644)
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		return fmt.Errorf("writing: %w", err)
+	}
+	return nil
 }
 
 // publish writes every module at version into dir laid out as a module
@@ -345,50 +354,63 @@ func writeIfChanged(file string, data []byte) error {
 // nested modules and vendor directories, as the proxy does), the go.mod,
 // the .info and the list; and dir/go.sum, their checksums.
 func (ws *workspace) publish(dir, version string) error {
-	info, _ := json.Marshal(struct{ Version, Time string }{version, time.Now().UTC().Format(time.RFC3339)})
+	info, err := json.Marshal(map[string]string{"Version": version, "Time": time.Now().UTC().Format(time.RFC3339)})
+	if err != nil {
+		return fmt.Errorf("the .info file: %w", err)
+	}
 	var sums bytes.Buffer
 	for _, m := range ws.mods {
 		mv := module.Version{Path: m.path(), Version: version}
-		esc, err := module.EscapePath(mv.Path)
+		line, err := publishModule(dir, filepath.Join(ws.root, m.dir), mv, info)
 		if err != nil {
-			return err
+			return fmt.Errorf("publishing %s: %w", mv, err)
 		}
-		at := filepath.Join(dir, filepath.FromSlash(esc), "@v")
-		if err := os.MkdirAll(at, 0o755); err != nil {
-			return err
-		}
-		zipFile := filepath.Join(at, version+".zip")
-		z, err := os.Create(zipFile)
-		if err != nil {
-			return err
-		}
-		if err := modzip.CreateFromDir(z, mv, filepath.Join(ws.root, m.dir)); err != nil {
-			z.Close()
-			return fmt.Errorf("%s: %w", mv, err)
-		}
-		if err := z.Close(); err != nil {
-			return err
-		}
-		gomod, err := os.ReadFile(m.file)
-		if err != nil {
-			return err
-		}
-		for name, data := range map[string][]byte{version + ".mod": gomod, version + ".info": info, "list": []byte(version + "\n")} {
-			if err := os.WriteFile(filepath.Join(at, name), data, 0o644); err != nil {
-				return err
-			}
-		}
-		zipSum, err := dirhash.HashZip(zipFile, dirhash.Hash1)
-		if err != nil {
-			return err
-		}
-		modSum, err := dirhash.Hash1([]string{"go.mod"}, func(string) (io.ReadCloser, error) {
-			return io.NopCloser(bytes.NewReader(gomod)), nil
-		})
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(&sums, "%s %s %s\n%s %s/go.mod %s\n", mv.Path, version, zipSum, mv.Path, version, modSum)
+		sums.WriteString(line)
 	}
-	return os.WriteFile(filepath.Join(dir, "go.sum"), sums.Bytes(), 0o644)
+	return writeIfChanged(filepath.Join(dir, "go.sum"), sums.Bytes())
+}
+
+// publishModule writes the module in src as mv into the proxy in dir and
+// returns its go.sum lines.
+func publishModule(dir, src string, mv module.Version, info []byte) (string, error) {
+	esc, err := module.EscapePath(mv.Path)
+	if err != nil {
+		return "", fmt.Errorf("escaping the path: %w", err)
+	}
+	at := filepath.Join(dir, filepath.FromSlash(esc), "@v")
+	if err := os.MkdirAll(at, 0o750); err != nil {
+		return "", fmt.Errorf("the proxy's directory: %w", err)
+	}
+	zipFile := filepath.Join(at, mv.Version+".zip")
+	z, err := os.Create(zipFile)
+	if err != nil {
+		return "", fmt.Errorf("the zip: %w", err)
+	}
+	if err := modzip.CreateFromDir(z, mv, src); err != nil {
+		z.Close()
+		return "", fmt.Errorf("zipping: %w", err)
+	}
+	if err := z.Close(); err != nil {
+		return "", fmt.Errorf("the zip: %w", err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(src, "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("reading go.mod: %w", err)
+	}
+	for name, data := range map[string][]byte{mv.Version + ".mod": gomod, mv.Version + ".info": info, "list": []byte(mv.Version + "\n")} {
+		if err := writeIfChanged(filepath.Join(at, name), data); err != nil {
+			return "", fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	zipSum, err := dirhash.HashZip(zipFile, dirhash.Hash1)
+	if err != nil {
+		return "", fmt.Errorf("the zip's checksum: %w", err)
+	}
+	modSum, err := dirhash.Hash1([]string{"go.mod"}, func(string) (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(gomod)), nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("go.mod's checksum: %w", err)
+	}
+	return fmt.Sprintf("%s %s %s\n%s %s/go.mod %s\n", mv.Path, mv.Version, zipSum, mv.Path, mv.Version, modSum), nil
 }

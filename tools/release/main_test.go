@@ -13,10 +13,10 @@ func write(t *testing.T, root string, files map[string]string) {
 	t.Helper()
 	for name, text := range files {
 		p := filepath.Join(root, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -69,7 +69,7 @@ func TestRequiresCheckPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer z.Close()
-	var names []string
+	names := make([]string, 0, len(z.File))
 	for _, f := range z.File {
 		names = append(names, f.Name)
 	}
