@@ -26,7 +26,7 @@ if [ -z "${PUBLISH_VERSION:-}" ] && git rev-parse -q --verify "refs/tags/$curren
 	next=$major.$((minor + 1)).0
 fi
 publish "$next"
-# -trimpath: the module cache is new each time; the build cache still hits.
+# -trimpath: the build cache hits wherever the module cache lies.
 GOFLAGS="$GOFLAGS -trimpath"
 
 for m in "${modules[@]}"; do

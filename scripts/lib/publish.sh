@@ -11,9 +11,9 @@
 # zips every module at that version ($version) into the file proxy
 # $tmp/proxy (nested modules left out, as the Go proxy zips a tag; their
 # checksums in $tmp/proxy/go.sum), lists them in $modules ("path<TAB>dir"),
-# and exports GOWORK=off, a module cache of its own in $tmp (the usual one
-# serves as a proxy, so a warm machine downloads nothing) and GOPROXY with
-# the file proxy first.
+# and exports GOWORK=off, the module cache below (the usual one serves as a
+# proxy, so a warm machine downloads nothing) and GOPROXY with the file
+# proxy first.
 #
 # step WHAT CMD...: runs CMD, its output in $log; on failure, exits with
 # the reason in one line ($PUBLISH_NAME: WHAT: the first error line), the
@@ -22,7 +22,18 @@
 
 root=$PWD
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/$PUBLISH_NAME.XXXXXX")
-trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp"' EXIT
+# The module cache of the published tree: its own, kept between runs for
+# the dependencies (ONCEONLY_PUBLISH_CACHE), our modules removed before and
+# after each run, and one run at a time on a machine.
+cache=${ONCEONLY_PUBLISH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/onceonly/publish}
+ours=("$cache/mod/github.com/onceonly" "$cache/mod/cache/download/github.com/onceonly")
+mkdir -p "$cache"
+exec {lock}>"$cache/lock"
+flock "$lock"
+forget() { chmod -R u+w "${ours[@]}" 2>/dev/null || true; rm -rf "${ours[@]}"; }
+forget
+trap 'forget; rm -rf "$tmp"' EXIT
 log=$tmp/log
 src=$tmp/src
 
@@ -53,7 +64,7 @@ publish() {
 	step "rewriting the requirements to $version" "$release" -C "$src" requires "$version"
 	step "publishing $version" "$release" -C "$src" publish "$tmp/proxy" "$version"
 	mapfile -t modules < <("$release" -C "$src" modules)
-	export GOFLAGS GOPROXY GOWORK=off GOMODCACHE=$tmp/mod GONOSUMDB=github.com/onceonly/onceonly GOTOOLCHAIN=local
+	export GOFLAGS GOPROXY GOWORK=off GOMODCACHE=$cache/mod GONOSUMDB=github.com/onceonly/onceonly GOTOOLCHAIN=local
 	GOFLAGS="$(GOWORK= GOFLAGS= go env GOFLAGS) -modcacherw"
 	GOPROXY="file://$tmp/proxy,file://$(GOMODCACHE= go env GOMODCACHE)/cache/download,$(GOPROXY= go env GOPROXY)"
 }
