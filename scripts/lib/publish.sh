@@ -21,19 +21,23 @@
 # seconds each step took.
 
 root=$PWD
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/$PUBLISH_NAME.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-# The module cache of the published tree: its own, kept between runs for
-# the dependencies (ONCEONLY_PUBLISH_CACHE), our modules removed before and
-# after each run, and one run at a time on a machine.
+# A module cache of its own (ONCEONLY_PUBLISH_CACHE), kept between runs for
+# the dependencies, one run at a time on a machine. Each run moves it to a
+# directory of its own: the go command indexes a module in the cache by its
+# directory (GOCACHE), taking it for immutable, and our modules change at
+# one version from run to run. Our modules are removed before and after.
 cache=${ONCEONLY_PUBLISH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/onceonly/publish}
-ours=("$cache/mod/github.com/onceonly" "$cache/mod/cache/download/github.com/onceonly")
 mkdir -p "$cache"
 exec {lock}>"$cache/lock"
 flock "$lock"
+chmod -R u+w "$cache"/run.* 2>/dev/null || true
+rm -rf "$cache"/run.*
+tmp=$(mktemp -d "$cache/run.XXXXXX")
+if [ -d "$cache/mod" ]; then mv "$cache/mod" "$tmp/mod"; fi
+ours=("$tmp/mod/github.com/onceonly" "$tmp/mod/cache/download/github.com/onceonly")
 forget() { chmod -R u+w "${ours[@]}" 2>/dev/null || true; rm -rf "${ours[@]}"; }
 forget
-trap 'forget; rm -rf "$tmp"' EXIT
+trap 'forget; if [ -d "$tmp/mod" ]; then mv "$tmp/mod" "$cache/mod"; fi; rm -rf "$tmp"' EXIT
 log=$tmp/log
 src=$tmp/src
 
@@ -64,7 +68,7 @@ publish() {
 	step "rewriting the requirements to $version" "$release" -C "$src" requires "$version"
 	step "publishing $version" "$release" -C "$src" publish "$tmp/proxy" "$version"
 	mapfile -t modules < <("$release" -C "$src" modules)
-	export GOFLAGS GOPROXY GOWORK=off GOMODCACHE=$cache/mod GONOSUMDB=github.com/onceonly/onceonly GOTOOLCHAIN=local
+	export GOFLAGS GOPROXY GOWORK=off GOMODCACHE=$tmp/mod GONOSUMDB=github.com/onceonly/onceonly GOTOOLCHAIN=local
 	GOFLAGS="$(GOWORK= GOFLAGS= go env GOFLAGS) -modcacherw"
 	GOPROXY="file://$tmp/proxy,file://$(GOMODCACHE= go env GOMODCACHE)/cache/download,$(GOPROXY= go env GOPROXY)"
 }
