@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // Inspection is a key's Postgres row and Redis value side by side.
@@ -67,6 +68,11 @@ type CachedKey struct {
 	Provisional bool
 	// Owner is the lease holder's token (in progress only).
 	Owner string
+	// LeaseRemaining is the time left on the lease the value holds, by
+	// Redis's clock (negative once over); LeaseRead says it was read (in
+	// progress only, and only if Redis's clock could be read).
+	LeaseRemaining time.Duration
+	LeaseRead      bool
 	// Response is the stored response (completed only); its Body is nil
 	// when BodyInPostgres is true (too large for the cache).
 	Response       Result
@@ -94,7 +100,7 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 	if found {
 		in.Postgres = &StoredKey{
 			Status: KeyStatus(k.Status), Version: k.Version, Fingerprint: k.Fingerprint,
-			LeaseRemaining: k.LeaseRemaining, Response: k.Response, ExpiresIn: k.ExpiresIn, Failures: k.Failures,
+			LeaseRemaining: k.LeaseRemaining, Response: Result(k.Response), ExpiresIn: k.ExpiresIn, Failures: k.Failures,
 		}
 		if k.Status == keystate.InProgress {
 			in.Postgres.Owner = k.Owner.String()
@@ -109,10 +115,14 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 	if err == nil && inRedis {
 		in.Redis = &CachedKey{
 			Status: KeyStatus(entry.State), Version: entry.Version, Provisional: entry.Provisional,
-			Response: entry.Response, BodyInPostgres: entry.BodyInPostgres,
+			Response: Result(entry.Response), BodyInPostgres: entry.BodyInPostgres,
 		}
 		if entry.State == keystate.InProgress {
 			in.Redis.Owner = entry.Owner.String()
+			if nowMs, err := cache.RedisTimeMs(ctx, e.cache.Client()); err == nil && entry.LeaseUntilMs > 0 {
+				in.Redis.LeaseRemaining = time.Duration(entry.LeaseUntilMs-nowMs) * time.Millisecond
+				in.Redis.LeaseRead = true
+			}
 		}
 		if ttl, err := e.cache.Client().PTTL(ctx, e.cache.Key(ref)).Result(); err == nil && ttl > 0 {
 			in.RedisTTL = ttl

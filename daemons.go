@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/startstop"
 	"github.com/onceonly/onceonly/reconcile"
 	"github.com/onceonly/onceonly/relay"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Daemons configures what Engine.Start runs (Config.Daemons). The zero
@@ -45,11 +45,6 @@ type Daemons struct {
 	// execution before it fails it (reconcile's default when zero).
 	ReapGrace time.Duration
 }
-
-// ErrNoRedisForDaemons is returned by Start when the engine has no Redis
-// and the relay or the reconciler is not left out: both keep Redis in step
-// with Postgres.
-var ErrNoRedisForDaemons = errors.New("onceonly: the relay and the reconciler need Config.Redis (set Daemons.NoRelay and NoReconciler to run the resumer alone)")
 
 // ErrClosed is returned by Start on an engine that was closed: Close stops
 // the daemons for good, and nothing would stop daemons started after it.

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestStartRunsTheDaemons: one call runs the relay (the outbox drains
@@ -22,9 +22,9 @@ import (
 // retried), from the engine's own settings; Stop stops them, and Close
 // after Stop is safe.
 func TestStartRunsTheDaemons(t *testing.T) {
-	ctx := testenv.Context(t)
-	pool := testenv.DB(t)
-	rdb, prefix := testenv.Redis(t)
+	ctx := oncetest.Context(t)
+	pool := oncetest.DB(t)
+	rdb, prefix := oncetest.Redis(t)
 	engine, err := onceonly.New(onceonly.Config{
 		Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: time.Second,
 		ResumeInterval: 100 * time.Millisecond, Registerer: prometheus.NewRegistry(),
@@ -60,18 +60,18 @@ func TestStartRunsTheDaemons(t *testing.T) {
 		return onceonly.Result{Status: 200, Body: []byte("ok")}, nil
 	})
 	require.NoError(t, err)
-	testenv.Eventually(t, 10*time.Second, "the relay drained the outbox", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the relay drained the outbox", func() bool {
 		var n int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
 	})
 
 	require.NoError(t, rdb.Del(ctx, prefix+"acct_1:k1").Err())
-	testenv.Eventually(t, 10*time.Second, "the reconciler repaired the deleted Redis key", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the reconciler repaired the deleted Redis key", func() bool {
 		n, err := rdb.Exists(ctx, prefix+"acct_1:k1").Result()
 		return err == nil && n == 1
 	})
 
-	testenv.Eventually(t, 10*time.Second, "the resumer finished the handed-off execution", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the resumer finished the handed-off execution", func() bool {
 		var status string
 		err := pool.QueryRow(ctx, `SELECT status FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'handed-off'`).Scan(&status)
 		return err == nil && status == "completed"
@@ -84,13 +84,13 @@ func TestStartRunsTheDaemons(t *testing.T) {
 // TestStartWithoutRedis: the relay and the reconciler need Redis; the
 // resumer alone runs without it.
 func TestStartWithoutRedis(t *testing.T) {
-	ctx := testenv.Context(t)
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.DB(t)})
+	ctx := oncetest.Context(t)
+	engine, err := onceonly.New(onceonly.Config{Pool: oncetest.DB(t)})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 	require.ErrorIs(t, engine.Start(ctx), onceonly.ErrNoRedisForDaemons)
 
-	alone, err := onceonly.New(onceonly.Config{Pool: testenv.DB(t),
+	alone, err := onceonly.New(onceonly.Config{Pool: oncetest.DB(t),
 		Daemons: onceonly.Daemons{NoRelay: true, NoReconciler: true}})
 	require.NoError(t, err)
 	t.Cleanup(alone.Close)
@@ -104,9 +104,9 @@ func TestStartWithoutRedis(t *testing.T) {
 // start daemons nothing would stop.
 func TestStartAgainAfterItsContextEnded(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t)
-	pool := testenv.DB(t)
-	rdb, prefix := testenv.Redis(t)
+	ctx := oncetest.Context(t)
+	pool := oncetest.DB(t)
+	rdb, prefix := oncetest.Redis(t)
 	engine, err := onceonly.New(onceonly.Config{
 		Pool: pool, Redis: rdb, RedisPrefix: prefix, Registerer: prometheus.NewRegistry(),
 		Daemons: onceonly.Daemons{ReconcileSchedule: "@every 1h"},
@@ -119,7 +119,7 @@ func TestStartAgainAfterItsContextEnded(t *testing.T) {
 			return onceonly.Result{Status: 200, Body: []byte("ok")}, nil
 		})
 		require.NoError(t, err)
-		testenv.Eventually(t, 10*time.Second, "the relay drained the outbox after "+key, func() bool {
+		oncetest.Eventually(t, 10*time.Second, "the relay drained the outbox after "+key, func() bool {
 			var n int
 			return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
 		})

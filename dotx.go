@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // DoTx is Do inside a transaction the caller owns: the claim, fn's writes
@@ -67,7 +67,7 @@ func (e *Engine) inCallerTx(ctx context.Context, sp savepoint, scope, key string
 type callerTx struct {
 	e  *Engine
 	sp savepoint
-	db keystore.Querier // the key's statements run on it, once claim made the savepoint
+	db outbox.Querier // the key's statements run on it, once claim made the savepoint
 }
 
 // savepoint is a savepoint of the caller's transaction: pgx's
@@ -75,7 +75,7 @@ type callerTx struct {
 type savepoint interface {
 	// begin makes the savepoint; the key's statements then run on db. Its
 	// error says what failed ("savepoint: …").
-	begin(ctx context.Context) (db keystore.Querier, err error)
+	begin(ctx context.Context) (db outbox.Querier, err error)
 	// release releases the savepoint, keeping what ran since begin. Its
 	// error says what failed ("release savepoint: …").
 	release(ctx context.Context) error
@@ -130,7 +130,7 @@ func (m *callerTx) sqlTx(context.Context, *Execution) (*sql.Tx, error) { return 
 // complete completes the key in the savepoint and releases it; the commit
 // is the caller's, so there is nothing to write through yet.
 func (m *callerTx) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
-	stored, err := m.e.store.Complete(ctx, m.db, x.ref, x.fence.Owner, res)
+	stored, err := m.e.store.Complete(ctx, m.db, x.ref, x.fence.Owner, keystate.Response(res))
 	if err != nil {
 		m.sp.rollback(ctx)
 		if ended := m.e.endedByHandler(x.ref, err); ended != nil {
@@ -162,7 +162,7 @@ type pgxSavepoint struct {
 	sp    pgx.Tx // the savepoint, once begun
 }
 
-func (s *pgxSavepoint) begin(ctx context.Context) (keystore.Querier, error) {
+func (s *pgxSavepoint) begin(ctx context.Context) (outbox.Querier, error) {
 	sp, err := s.outer.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)

@@ -17,23 +17,23 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceonly/onceonly/internal/backoff"
-	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/backoff"
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/claimbatch"
 	"github.com/onceonly/onceonly/internal/defaults"
 	"github.com/onceonly/onceonly/internal/exectx"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
 	"github.com/onceonly/onceonly/internal/relaywake"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Defaults of Config.
 const (
 	DefaultLeaseTimeout   = 30 * time.Second
-	DefaultCompletedTTL   = keystore.DefaultCompletedTTL
-	DefaultFailedTTL      = keystore.DefaultFailedTTL
+	DefaultCompletedTTL   = outbox.DefaultCompletedTTL
+	DefaultFailedTTL      = outbox.DefaultFailedTTL
 	DefaultRedisTimeout   = 100 * time.Millisecond
 	DefaultResumeInterval = 5 * time.Second
 )
@@ -151,8 +151,18 @@ type Tuning struct {
 }
 
 // Result is what a handler produced: the response that is stored and
-// replayed. Status 0 means 200.
-type Result = keystate.Response
+// replayed, byte for byte, to every retry of its key. Status 0 means 200.
+type Result struct {
+	// Status is the HTTP status code (0 means 200).
+	Status int
+	// ContentType is the Content-Type of Body; empty when none.
+	ContentType string
+	// Header holds the other headers the handler set; Content-Type,
+	// Content-Length, Date and hop-by-hop headers are never stored.
+	Header http.Header
+	// Body is the response body.
+	Body []byte
+}
 
 // Outcome is the answer for one request.
 type Outcome struct {
@@ -172,7 +182,7 @@ type Handler func(ctx context.Context, tx pgx.Tx) (Result, error)
 // use; several engines (processes) may share one Postgres and Redis.
 type Engine struct {
 	cfg     Config
-	store   *keystore.Store
+	store   *outbox.Store
 	cache   *cache.Cache // nil without Redis
 	log     *slog.Logger
 	metrics *metrics
@@ -226,7 +236,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg,
-		store: keystore.New(keystore.Config{
+		store: outbox.New(outbox.Config{
 			CompletedTTL: cfg.CompletedTTL, FailedTTL: cfg.FailedTTL, DeferNotify: !cfg.Tuning.NotifyInTransaction,
 		}),
 		log:     cfg.Logger,
@@ -427,7 +437,7 @@ func answerCached(res cache.CheckResult) (out Outcome, outcome string, done bool
 		if res.Entry.BodyInPostgres {
 			return Outcome{}, "", false, nil // Postgres answers with the body
 		}
-		return Outcome{Result: res.Entry.Response, Replayed: true}, outcomeReplayedCache, true, nil
+		return Outcome{Result: Result(res.Entry.Response), Replayed: true}, outcomeReplayedCache, true, nil
 	case cache.InFlight:
 		return Outcome{}, outcomeInFlight, true, inFlight(res.RetryAfter)
 	case cache.Mismatch:
@@ -445,7 +455,7 @@ func (e *Engine) answerHeld(k keystate.Key, fingerprint string) (Outcome, string
 	}
 	switch k.Status {
 	case keystate.Completed:
-		return Outcome{Result: k.Response, Replayed: true}, outcomeReplayedDB, nil
+		return Outcome{Result: Result(k.Response), Replayed: true}, outcomeReplayedDB, nil
 	case keystate.InProgress:
 		return Outcome{}, outcomeInFlight, inFlight(k.LeaseRemaining)
 	case keystate.Failed:
@@ -481,7 +491,21 @@ func (e *Engine) run(ctx context.Context, x *Execution, fn Func) (out Outcome, o
 		res.Status = http.StatusOK
 	}
 	if handleErr == nil && e.cfg.ShouldStore(res.Status) {
-		stored, committed, err := e.complete(hctx, x, res)
+		// The completion goes with ctx, bounded by a lease as a claim is,
+		// not with hctx, which ends with the lease: Postgres fences the
+		// completion (the owner; the one-commit transaction's lock), and
+		// once it landed the key is no longer held, so no renewal extends
+		// the lease any more and the next one gives it up — a lease that
+		// ended while the answer was on its way must not cut it off and
+		// tell the caller ErrLeaseLost of a committed execution. (In the
+		// caller's transaction, which no lease holds, the caller's ctx alone
+		// bounds it, as before.)
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if x.lease != nil {
+			cctx, cancel = context.WithTimeout(ctx, e.cfg.LeaseTimeout)
+		}
+		stored, committed, err := e.complete(cctx, x, res)
+		cancel()
 		switch {
 		case err == nil:
 			if committed {

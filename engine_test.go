@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 type testBundle struct {
@@ -41,13 +41,13 @@ type setupOpts struct {
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), reg: prometheus.NewRegistry()}
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t), reg: prometheus.NewRegistry()}
 	switch {
 	case opts.noRedis:
 	case opts.rdb != nil:
-		b.rdb, b.prefix = opts.rdb, testenv.KeyPrefix(t, opts.rdb)
+		b.rdb, b.prefix = opts.rdb, oncetest.KeyPrefix(t, opts.rdb)
 	default:
-		b.rdb, b.prefix = testenv.Redis(t)
+		b.rdb, b.prefix = oncetest.Redis(t)
 	}
 	b.engine = b.newEngine(t, opts.lease, b.reg)
 	return b
@@ -114,7 +114,7 @@ func (b *testBundle) outcomes(outcome string) float64 {
 
 func TestDoRunsOnceAndReplays(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb})
 		first, err := b.engine.Do(b.ctx, "m", "k1", []byte("p"), payment(201, `{"id":1}`))
 		require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 
 func TestDoRefusesReuseWithAnotherPayload(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb})
 		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p1"), payment(201, `{}`))
 		require.NoError(t, err)
@@ -156,7 +156,7 @@ func TestDoRefusesReuseWithAnotherPayload(t *testing.T) {
 
 func TestScopesNeverMeet(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb})
 		for _, scope := range []string{"m1", "m2"} {
 			out, err := b.engine.Do(b.ctx, scope, "k", []byte("p"), payment(201, scope))
@@ -175,7 +175,7 @@ func TestInFlightDuplicateGetsRetryAfter(t *testing.T) {
 			opts := setupOpts{lease: 30 * time.Second}
 			switch name {
 			case "RedisCluster":
-				opts.rdb = testenv.RedisClusterClient(t)
+				opts.rdb = oncetest.RedisClusterClient(t)
 			case "PostgresOnly":
 				opts.noRedis = true
 			}
@@ -205,7 +205,7 @@ func TestInFlightDuplicateGetsRetryAfter(t *testing.T) {
 
 func TestFailuresAreRetryable(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb})
 		// A 5xx result is returned but not stored; its writes roll back.
 		out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(502, `{"error":"gateway"}`))
@@ -241,7 +241,7 @@ func TestFailuresAreRetryable(t *testing.T) {
 
 func TestDeterministic4xxIsStored(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb})
 		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(402, `{"error":"declined"}`))
 		require.NoError(t, err)
@@ -255,7 +255,7 @@ func TestDeterministic4xxIsStored(t *testing.T) {
 
 func TestLargeBodyIsReplayedFromPostgres(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb})
 		large := `{"blob":"` + strings.Repeat("x", 4000) + `"}`
 		_, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, large))
@@ -275,8 +275,8 @@ func TestLargeBodyIsReplayedFromPostgres(t *testing.T) {
 // engine answers from Postgres: no duplicate, same replay.
 func TestRedisLossIsHarmless(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewRedisServer(t)
-	rdb := testenv.RedisClient(t, srv.URL())
+	srv := oncetest.NewRedisServer(t)
+	rdb := oncetest.RedisClient(t, srv.URL())
 	b := setup(t, setupOpts{rdb: rdb})
 	first, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), payment(201, `{"n":1}`))
 	require.NoError(t, err)
@@ -286,7 +286,7 @@ func TestRedisLossIsHarmless(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	require.Equal(t, first.Result, again.Result)
-	testenv.Eventually(t, time.Second, "read-repair of the cache", func() bool {
+	oncetest.Eventually(t, time.Second, "read-repair of the cache", func() bool {
 		e, found, _ := cache.New(rdb, cache.Options{Prefix: b.prefix}).Read(b.ctx, keystate.Ref{Scope: "m", Key: "k"})
 		return found && e.State == keystate.Completed
 	})
@@ -324,7 +324,7 @@ func (b *testBundle) sum(t *testing.T, name string) float64 {
 // exactly once.
 func TestCrashedClaimRecoversAfterLease(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb, lease: 600 * time.Millisecond})
 		// The crashed process: a provisional claim in Redis and a committed claim in
 		// Postgres, then nothing.
@@ -343,8 +343,8 @@ func TestCrashedClaimRecoversAfterLease(t *testing.T) {
 		// The lease ends in Postgres, and in Redis, where the in-flight
 		// answer left a claim.
 		ref := keystate.Ref{Scope: "m", Key: "k"}
-		testenv.AwaitLeaseOver(t, b.ctx, b.pool, ref, 0)
-		testenv.AwaitCacheLeaseOver(t, b.ctx, cache.New(rdb, cache.Options{Prefix: b.prefix}), ref)
+		oncetest.AwaitLeaseOver(t, b.ctx, b.pool, ref, 0)
+		oncetest.AwaitCacheLeaseOver(t, b.ctx, cache.New(rdb, cache.Options{Prefix: b.prefix}), ref)
 		var wg sync.WaitGroup
 		var executed atomic.Int32
 		for range 10 {
@@ -368,7 +368,7 @@ func TestCrashedClaimRecoversAfterLease(t *testing.T) {
 // new owner's commits.
 func TestTakenOverWorkerCannotCommit(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb, lease: time.Hour})
 		b.takeOver(t, func(who string, g *gate) error {
 			out, err := b.engine.Do(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
@@ -437,7 +437,7 @@ func (g *gate) wait() {
 // lease is never taken over.
 func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		// A renewal is sent a third of the way into the lease and has half
 		// of it to land; under a loaded CI (race detector, packages in
 		// parallel) the 100 ms a 300 ms lease left was too little.
@@ -472,7 +472,7 @@ func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 
 func TestCanceledRequestLeavesNothingClaimed(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		b := setup(t, setupOpts{rdb: rdb})
 		ctx, cancel := context.WithCancel(b.ctx)
 		_, err := b.engine.Do(ctx, "m", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
@@ -538,7 +538,7 @@ func (b *testBundle) listen(t *testing.T) func(wait time.Duration) bool {
 	conn, err := b.pool.Acquire(b.ctx)
 	require.NoError(t, err)
 	t.Cleanup(conn.Release)
-	_, err = conn.Exec(b.ctx, "LISTEN "+keystore.NotifyChannel)
+	_, err = conn.Exec(b.ctx, "LISTEN "+outbox.NotifyChannel)
 	require.NoError(t, err)
 	return func(wait time.Duration) bool {
 		ctx, cancel := context.WithTimeout(b.ctx, wait)
@@ -558,8 +558,8 @@ func (b *testBundle) listen(t *testing.T) func(wait time.Duration) bool {
 // when it does not; with NotifyInTransaction they notify at commit.
 func TestDeferredRelayNotify(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewRedisServer(t)
-	b := setup(t, setupOpts{rdb: testenv.RedisClient(t, srv.URL())})
+	srv := oncetest.NewRedisServer(t)
+	b := setup(t, setupOpts{rdb: oncetest.RedisClient(t, srv.URL())})
 	e := b.engine
 	notified := b.listen(t)
 

@@ -9,7 +9,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/internal/canonjson"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // ErrKeyReused is returned when a key is sent again with another payload
@@ -145,9 +146,9 @@ func fromStore(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, keystore.ErrLeaseLost):
+	case errors.Is(err, outbox.ErrLeaseLost):
 		return ErrLeaseLost
-	case errors.Is(err, keystore.ErrKeyInProgress):
+	case errors.Is(err, outbox.ErrKeyInProgress):
 		return ErrKeyInProgress
 	}
 	return unavailable(err)
@@ -158,8 +159,30 @@ func fromStore(err error) error {
 // lease is not read: its bound, Config.LeaseTimeout — and anything else as
 // fromStore does.
 func (e *Engine) fromClaim(err error) error {
-	if errors.Is(err, keystore.ErrKeyBusy) {
+	if errors.Is(err, outbox.ErrKeyBusy) {
 		return inFlight(e.cfg.LeaseTimeout)
 	}
 	return fromStore(err)
 }
+
+// ErrDuplicateName is returned (wrapped) by CanonicalJSON, KeyFromJSON and
+// the middleware's JSON fingerprint for a JSON object that names a member
+// twice: parsers disagree on which of the two counts, so no canonical form
+// or key is derived from it.
+var ErrDuplicateName = canonjson.ErrDuplicateName
+
+// ErrInvalidMessage marks a message that can never run as it is: bad JSON,
+// a missing field, no idempotency key. Wrap it (fmt.Errorf("%w: amount must
+// be positive", onceonly.ErrInvalidMessage)) and Settle dead-letters the
+// message with ReasonInvalid. Check a message before Do or Run, so an
+// invalid one leaves no key behind.
+var ErrInvalidMessage = errors.New("onceonly: invalid message")
+
+// ErrNoRedisForDaemons is returned by Start when the engine has no Redis
+// and the relay or the reconciler is not left out: both keep Redis in step
+// with Postgres.
+var ErrNoRedisForDaemons = errors.New("onceonly: the relay and the reconciler need Config.Redis (set Daemons.NoRelay and NoReconciler to run the resumer alone)")
+
+// ErrNoRedis is returned by RepairCache on an engine that runs without
+// Redis.
+var ErrNoRedis = errors.New("onceonly: the engine runs without Redis")

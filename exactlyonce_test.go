@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // These tests hammer one key space with no Redis in front, so only
@@ -205,7 +205,7 @@ func TestModesExcludeEachOther(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noRedis: true})
 	pool := b.poolOf(t, 48) // every caller of a round in Postgres at once
-	db := testenv.SQLDB(t, "pgx", b.pool.Config().ConnString())
+	db := oncetest.SQLDB(t, "pgx", b.pool.Config().ConnString())
 	engine := func(cfg onceonly.Config) *onceonly.Engine {
 		cfg.Pool = pool
 		e, err := onceonly.New(cfg)

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceonly/onceonly/internal/exectx"
-	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/lease"
 	"github.com/onceonly/onceonly/internal/pgretry"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // Func is a handler that may call systems outside Postgres: it runs once
@@ -51,7 +51,7 @@ type Execution struct {
 	// runs from later.
 	claimedAt time.Time
 	// floor is the version floor a single-commit execution's transaction
-	// read on a distributed database (keystore.SingleBegin.Floor), for its
+	// read on a distributed database (outbox.SingleBegin.Floor), for its
 	// row.
 	floor int64
 	// by says who runs the execution: byFirst, byTakeover or byResumer

@@ -1,17 +1,8 @@
 package onceonly
 
-import "github.com/onceonly/onceonly/internal/canonjson"
-
 // LegacyFingerprint exposes the version 1 request fingerprint to tests, which
 // store keys the way the previous version did.
 var LegacyFingerprint = legacyFingerprint
 
 // PayloadFingerprint exposes the fingerprint Do and Run take of a payload.
 var PayloadFingerprint = payloadFingerprint
-
-// CanonicalJSON and ErrDuplicateName expose the canonical form requests
-// are fingerprinted in.
-var (
-	CanonicalJSON    = canonjson.Canonical
-	ErrDuplicateName = canonjson.ErrDuplicateName
-)

@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // codeError is a handler's own error type, which errors.As must still
@@ -131,12 +131,12 @@ func TestReapedLeaseIsNoFailure(t *testing.T) {
 	require.Equal(t, 1, requireExecutionError(t, err).Failures)
 
 	// A process claims the key and dies; its lease runs out and is reaped.
-	store := keystore.New(keystore.Config{})
+	store := outbox.New(outbox.Config{})
 	ref := keystate.Ref{Scope: "m", Key: "k"}
 	claim, err := store.Claim(b.ctx, b.pool, ref, onceonly.PayloadFingerprint([]byte("p")), keystate.NewOwner(), 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, claim.Claimed)
-	testenv.AwaitLeaseOver(t, b.ctx, b.pool, ref, 0)
+	oncetest.AwaitLeaseOver(t, b.ctx, b.pool, ref, 0)
 	reaped, err := store.ReapLeases(b.ctx, b.pool, 0, 10)
 	require.NoError(t, err)
 	require.Equal(t, 1, reaped)

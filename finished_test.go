@@ -14,15 +14,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // executions returns onceonly_executions_total{by, outcome}.
 func executions(t *testing.T, reg *prometheus.Registry, by, outcome string) float64 {
 	t.Helper()
-	return testenv.Metric(t, reg, "onceonly_executions_total", map[string]string{"by": by, "outcome": outcome})
+	return oncetest.Metric(t, reg, "onceonly_executions_total", map[string]string{"by": by, "outcome": outcome})
 }
 
 // logLine returns the line of logs that says msg about key.
@@ -41,7 +41,7 @@ func logLine(logs, msg, key string) string {
 func TestExecutionsSayWhoFinished(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	logs := &testenv.LogBuffer{}
+	logs := &oncetest.LogBuffer{}
 	reg := prometheus.NewRegistry()
 	e, err := onceonly.New(onceonly.Config{
 		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, LeaseTimeout: 2 * time.Second, Registerer: reg,
@@ -59,10 +59,10 @@ func TestExecutionsSayWhoFinished(t *testing.T) {
 
 	// A retry that takes over the lease of a holder that died.
 	ref := keystate.Ref{Scope: "m", Key: "taken"}
-	claim, err := keystore.New(keystore.Config{}).Claim(b.ctx, b.pool, ref, onceonly.PayloadFingerprint([]byte("p")), keystate.NewOwner(), 50*time.Millisecond)
+	claim, err := outbox.New(outbox.Config{}).Claim(b.ctx, b.pool, ref, onceonly.PayloadFingerprint([]byte("p")), keystate.NewOwner(), 50*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, claim.Claimed)
-	testenv.AwaitLeaseOver(t, b.ctx, b.pool, ref, 0)
+	oncetest.AwaitLeaseOver(t, b.ctx, b.pool, ref, 0)
 	out, err := e.Do(b.ctx, "m", "taken", []byte("p"), payment(201, "{}"))
 	require.NoError(t, err)
 	require.False(t, out.Replayed)

@@ -21,10 +21,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // answer is what a client read.
@@ -115,8 +115,8 @@ func TestMiddlewareHonoursLegacyFingerprints(t *testing.T) {
 	t.Parallel()
 	// A Redis of its own: the test flushes it, and the shared one holds
 	// the keys of the tests running beside it (other packages' too).
-	own := testenv.NewRedisServer(t)
-	b := setup(t, setupOpts{rdb: testenv.RedisClient(t, own.URL())})
+	own := oncetest.NewRedisServer(t)
+	b := setup(t, setupOpts{rdb: oncetest.RedisClient(t, own.URL())})
 	var runs atomic.Int32
 	srv := httptest.NewServer(b.engine.Middleware(onceonly.MiddlewareOptions{Scope: tenant})(counting(&runs)))
 	t.Cleanup(srv.Close)
@@ -126,7 +126,7 @@ func TestMiddlewareHonoursLegacyFingerprints(t *testing.T) {
 	require.NoError(t, err)
 	v1 := onceonly.LegacyFingerprint(http.MethodPost, "/x", canonical)
 	require.True(t, strings.HasPrefix(v1, "v1:"))
-	store := keystore.New(keystore.Config{})
+	store := outbox.New(outbox.Config{})
 	ref := keystate.Ref{Scope: "tenant", Key: "old"}
 	claim, err := store.Claim(b.ctx, b.pool, ref, v1, keystate.NewOwner(), time.Minute)
 	require.NoError(t, err)
@@ -213,7 +213,7 @@ func TestMiddlewareWait(t *testing.T) {
 			for range duplicates {
 				sendAsync(t, b.ctx, waiting.URL+"/slow", "w-1", `{"n":1}`, answers)
 			}
-			testenv.Eventually(t, 10*time.Second, "the duplicates waiting", func() bool {
+			oncetest.Eventually(t, 10*time.Second, "the duplicates waiting", func() bool {
 				return b.sum(t, "onceonly_waits_total") == 1+duplicates // the impatient one, then these
 			})
 			letGo()
@@ -475,7 +475,7 @@ func TestCanceledClaimDoesNotStrand(t *testing.T) {
 	for _, c := range warm {
 		c.Release()
 	}
-	e, err := onceonly.New(onceonly.Config{Pool: slow, LeaseTimeout: time.Minute, TwoPhase: true, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: slow, LeaseTimeout: time.Minute, TwoPhase: true, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 
@@ -555,9 +555,9 @@ func delayingProxy(t *testing.T, addr string, delay time.Duration) (string, uint
 // claim or a renewal is not.
 func TestCacheAnnouncesSettlement(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := testenv.Context(t)
-		c := cache.New(rdb, cache.Options{Prefix: testenv.KeyPrefix(t, rdb)})
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := oncetest.Context(t)
+		c := cache.New(rdb, cache.Options{Prefix: oncetest.KeyPrefix(t, rdb)})
 		for _, settle := range []keystate.Status{keystate.Completed, ""} {
 			ref := keystate.Ref{Scope: "s", Key: "announce-" + string(settle)}
 			ps, err := c.Watch(ctx, ref)
@@ -602,12 +602,12 @@ func TestCacheAnnouncesSettlement(t *testing.T) {
 // committed.
 func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t)
-	url := testenv.DatabaseURL(t)
-	admin := testenv.Pool(t, url)
+	ctx := oncetest.Context(t)
+	url := oncetest.DatabaseURL(t)
+	admin := oncetest.Pool(t, url)
 	_, err := admin.Exec(ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L', current_database(), 'repeatable read'); END $$`)
 	require.NoError(t, err)
-	pool := testenv.Pool(t, url) // new connections take the setting
+	pool := oncetest.Pool(t, url) // new connections take the setting
 	var iso string
 	require.NoError(t, pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso))
 	require.Equal(t, "repeatable read", iso)
@@ -615,7 +615,7 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 	// A renewal goes a third of the way into the lease, with half of it
 	// left to land in on a loaded machine.
 	const lease = 3 * time.Second
-	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, TwoPhase: true, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	leaseEnd := func(key string) (time.Time, error) {
@@ -630,7 +630,7 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if !testenv.Poll(lease, func() bool {
+		if !oncetest.Poll(lease, func() bool {
 			end, e := leaseEnd(key)
 			err = e
 			return err != nil || end.After(claimed)
@@ -669,8 +669,8 @@ func TestCompletionUnderRepeatableReadDefault(t *testing.T) {
 func TestPostgresRestartCostsNoRequest(t *testing.T) {
 	t.Parallel()
 	srv, pool := privatePostgres(t)
-	ctx := testenv.Context(t)
-	e, err := onceonly.New(onceonly.Config{Pool: pool, TwoPhase: true, Logger: testenv.QuietLogger()})
+	ctx := oncetest.Context(t)
+	e, err := onceonly.New(onceonly.Config{Pool: pool, TwoPhase: true, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	require.NoError(t, e.Register("step", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
@@ -710,10 +710,10 @@ func TestPostgresRestartCostsNoRequest(t *testing.T) {
 
 // privatePostgres starts a Postgres of the test's own (to stop or restart)
 // and returns it with a pool on its migrated database.
-func privatePostgres(t *testing.T) (*testenv.PostgresServer, *pgxpool.Pool) {
+func privatePostgres(t *testing.T) (*oncetest.PostgresServer, *pgxpool.Pool) {
 	t.Helper()
-	srv := testenv.NewPostgresServer(t)
-	pool := testenv.Pool(t, srv.URL())
-	require.NoError(t, testenv.MigrateUp(testenv.Context(t), pool))
+	srv := oncetest.NewPostgresServer(t)
+	pool := oncetest.Pool(t, srv.URL())
+	require.NoError(t, oncetest.MigrateUp(oncetest.Context(t), pool))
 	return srv, pool
 }

@@ -183,3 +183,14 @@ func selectKeyField(doc any, segments []string) (any, error) {
 	}
 	return v, nil
 }
+
+// CanonicalJSON returns doc in the canonical form JSON requests and
+// payloads are fingerprinted in, in the style of RFC 8785: object members
+// sorted by name, no insignificant whitespace, numbers in their shortest
+// form (integers keep every digit), strings with minimal escaping; an empty
+// input stays empty. Two documents that mean the same give the same bytes.
+// A document that names an object member twice is refused
+// (ErrDuplicateName), as is invalid JSON.
+func CanonicalJSON(doc []byte) ([]byte, error) {
+	return canonjson.Canonical(doc)
+}

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 const orderMsg = `{"order":{"id":"ord_1","lines":[{"sku":"a","qty":2},{"sku":"b","qty":1}]},"amount":1000,"sent_at":"2025-01-01T00:00:00Z","attempt":1}`
@@ -130,9 +130,9 @@ func TestKeyFromJSONInvalidPayload(t *testing.T) {
 // not.
 func TestKeyFromJSONWithDo(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t)
-	rdb, prefix := testenv.Redis(t)
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.DB(t), Redis: rdb, RedisPrefix: prefix})
+	ctx := oncetest.Context(t)
+	rdb, prefix := oncetest.Redis(t)
+	engine, err := onceonly.New(onceonly.Config{Pool: oncetest.DB(t), Redis: rdb, RedisPrefix: prefix})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly/internal/canonjson"
-	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // HeaderKey is the request header carrying the idempotency key.

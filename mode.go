@@ -6,8 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/keystate"
 	"github.com/onceonly/onceonly/internal/lease"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // A mode is one way for an execution to hold its key while its handler

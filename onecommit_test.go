@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The tests of this file are of the default configuration: every
@@ -285,7 +285,7 @@ func TestOneCommitKilledMidHandler(t *testing.T) {
 	require.Equal(t, "absent", b.keyStatus(t, "k"), "a killed one-commit execution leaves no row")
 	e := b.singleEngine(t, 0)
 	var out onceonly.Outcome
-	testenv.Eventually(t, 10*time.Second, "Postgres to end the killed process's transaction", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "Postgres to end the killed process's transaction", func() bool {
 		out, err = e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
 		if err != nil {
 			require.True(t, isInFlight(err), "unexpected error: %v", err)
@@ -320,7 +320,7 @@ func TestOneCommitPausedHolderBlocksNoLongerThanLease(t *testing.T) {
 	require.Equal(t, "running\n", line)
 
 	e := b.singleEngine(t, lease)
-	testenv.Eventually(t, 10*time.Second, "the child's execution to live past its lease", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the child's execution to live past its lease", func() bool {
 		var idle time.Duration
 		err := b.pool.QueryRow(b.ctx, `SELECT coalesce(max(now() - xact_start), '0') FROM pg_stat_activity
 			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&idle)
@@ -333,7 +333,7 @@ func TestOneCommitPausedHolderBlocksNoLongerThanLease(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
 	paused := time.Now()
 	var out onceonly.Outcome
-	testenv.Eventually(t, 10*lease, "Postgres to end the paused process's transaction", func() bool {
+	oncetest.Eventually(t, 10*lease, "Postgres to end the paused process's transaction", func() bool {
 		out, err = e.Do(b.ctx, "s", "k", []byte("p"), payment(201, `{}`))
 		if err != nil {
 			require.True(t, isInFlight(err), "unexpected error: %v", err)
@@ -363,7 +363,7 @@ func TestOneCommitKillChild(t *testing.T) {
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
 	lease, _ := time.ParseDuration(os.Getenv(killChildLeaseEnv))
-	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: testenv.QuietLogger(), LeaseTimeout: lease})
+	e, err := onceonly.New(onceonly.Config{Pool: pool, Logger: oncetest.QuietLogger(), LeaseTimeout: lease})
 	require.NoError(t, err)
 	_, _ = e.Do(ctx, "s", "k", []byte("p"), func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 		if _, err := payment(201, `{}`)(ctx, tx); err != nil {

@@ -2,23 +2,18 @@ package onceonly
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // The operators' methods: what a console (or a command) needs beyond
 // Inspect and Purge to act on keys and outbox events. Each keeps the
 // invariants as the engine's own transitions do: writes go through the
 // outbox or a compare-and-set, never around them.
-
-// ErrNoRedis is returned by RepairCache on an engine that runs without
-// Redis.
-var ErrNoRedis = errors.New("onceonly: the engine runs without Redis")
 
 // Delete purges (scope, key) as Purge does, then deletes its row at once
 // instead of leaving it to the reconciler's retention: it raises the version

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestHandOffLandsOncePostgresIsBack: an execution whose step's outcome is
@@ -21,12 +21,12 @@ import (
 // would have ended — so the client's next retry takes the key over at once.
 func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 	t.Parallel()
-	dbURL := testenv.DatabaseURL(t)
-	proxy, proxied := testenv.NewFaultProxyFor(t, dbURL)
-	ctx := testenv.Context(t)
+	dbURL := oncetest.DatabaseURL(t)
+	proxy, proxied := oncetest.NewFaultProxyFor(t, dbURL)
+	ctx := oncetest.Context(t)
 
 	const lease = 30 * time.Second
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
+	engine, err := onceonly.New(onceonly.Config{Pool: oncetest.Pool(t, proxied), LeaseTimeout: lease, TwoPhase: true, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 	cut := true
@@ -35,7 +35,7 @@ func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 			if cut {
 				// Postgres goes away while the call is out: its answer is
 				// lost, and the hand-off cannot land either.
-				proxy.SetMode(testenv.Reset)
+				proxy.SetMode(oncetest.Reset)
 				return "", errors.New("connection reset")
 			}
 			return "ch_1", nil
@@ -49,13 +49,13 @@ func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 	out, err := engine.Run(ctx, "charge", "acct_1", "k1", []byte(`{}`))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadGateway, out.Status)
-	proxy.SetMode(testenv.Pass)
+	proxy.SetMode(oncetest.Pass)
 	cut = false
 
-	check := testenv.Pool(t, dbURL)
+	check := oncetest.Pool(t, dbURL)
 	// Within the 30 s lease (the claim), with room for the retries'
 	// reconnects through the proxy on a loaded machine.
-	testenv.Eventually(t, 20*time.Second, "the key handed off once Postgres answered", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "the key handed off once Postgres answered", func() bool {
 		var handedOff bool
 		err := check.QueryRow(ctx, `SELECT lease_expires_at <= now() FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'k1'`).Scan(&handedOff)
 		return err == nil && handedOff
@@ -73,14 +73,14 @@ func TestHandOffLandsOncePostgresIsBack(t *testing.T) {
 // it is free soon after the heal, not a lease later.
 func TestLeaseLostInAPartitionIsReleasedWhenItHeals(t *testing.T) {
 	t.Parallel()
-	dbURL := testenv.DatabaseURL(t)
-	proxy, proxied := testenv.NewFaultProxyFor(t, dbURL)
+	dbURL := oncetest.DatabaseURL(t)
+	proxy, proxied := oncetest.NewFaultProxyFor(t, dbURL)
 	const lease = 3 * time.Second
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
+	engine, err := onceonly.New(onceonly.Config{Pool: oncetest.Pool(t, proxied), LeaseTimeout: lease, TwoPhase: true, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
-	ctx := testenv.Context(t)
-	check := testenv.Pool(t, dbURL)
+	ctx := oncetest.Context(t)
+	check := oncetest.Pool(t, dbURL)
 	leaseEnd := func() time.Time {
 		var end time.Time
 		require.NoError(t, check.QueryRow(ctx, `SELECT lease_expires_at FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'cut'`).Scan(&end))
@@ -103,14 +103,14 @@ func TestLeaseLostInAPartitionIsReleasedWhenItHeals(t *testing.T) {
 	// The lease's end moves (the time left grows only for the moment
 	// after each renewal, which a loaded machine's polls can miss).
 	claimedEnd := leaseEnd()
-	testenv.Eventually(t, lease, "a renewal landed", func() bool { return leaseEnd().After(claimedEnd) })
-	proxy.SetMode(testenv.Blackhole)
+	oncetest.Eventually(t, lease, "a renewal landed", func() bool { return leaseEnd().After(claimedEnd) })
+	proxy.SetMode(oncetest.Blackhole)
 	err = <-done
 	require.ErrorIs(t, err, onceonly.ErrLeaseLost)
-	proxy.SetMode(testenv.Pass)
+	proxy.SetMode(oncetest.Pass)
 	healed := time.Now()
 
-	testenv.Eventually(t, lease/2, "the key released after the heal", func() bool {
+	oncetest.Eventually(t, lease/2, "the key released after the heal", func() bool {
 		var takeable bool
 		err := check.QueryRow(ctx, `SELECT status = 'failed' OR lease_expires_at <= now()
 			FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'cut'`).Scan(&takeable)
@@ -126,12 +126,12 @@ func TestLeaseLostInAPartitionIsReleasedWhenItHeals(t *testing.T) {
 // off, so a resumption finishes it with the recorded outcome.
 func TestStepTakenThenPostgresLostIsHandedOff(t *testing.T) {
 	t.Parallel()
-	dbURL := testenv.DatabaseURL(t)
-	proxy, proxied := testenv.NewFaultProxyFor(t, dbURL)
-	engine, err := onceonly.New(onceonly.Config{Pool: testenv.Pool(t, proxied), LeaseTimeout: 30 * time.Second, Logger: testenv.QuietLogger()})
+	dbURL := oncetest.DatabaseURL(t)
+	proxy, proxied := oncetest.NewFaultProxyFor(t, dbURL)
+	engine, err := onceonly.New(onceonly.Config{Pool: oncetest.Pool(t, proxied), LeaseTimeout: 30 * time.Second, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	var cut atomic.Bool
 	require.NoError(t, engine.Register("charge", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
 		charge, err := onceonly.Step(ctx, "call", func(context.Context, string) (string, error) { return "ch_1", nil })
@@ -139,7 +139,7 @@ func TestStepTakenThenPostgresLostIsHandedOff(t *testing.T) {
 			return onceonly.Result{Status: http.StatusBadGateway}, nil //nolint:nilerr // answered, as the demo does
 		}
 		if cut.CompareAndSwap(false, true) {
-			proxy.SetMode(testenv.Reset) // Postgres goes away before the first final write
+			proxy.SetMode(oncetest.Reset) // Postgres goes away before the first final write
 		}
 		tx, err := x.Tx(ctx)
 		if err == nil {
@@ -154,12 +154,12 @@ func TestStepTakenThenPostgresLostIsHandedOff(t *testing.T) {
 	out, err := engine.Run(ctx, "charge", "acct_1", "k2", []byte(`{}`))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusServiceUnavailable, out.Status)
-	proxy.SetMode(testenv.Pass)
+	proxy.SetMode(oncetest.Pass)
 
-	check := testenv.Pool(t, dbURL)
+	check := oncetest.Pool(t, dbURL)
 	// The hand-off lands from the background once a reconnect through the
 	// proxy works: seconds on a loaded machine, within the 30 s lease.
-	testenv.Eventually(t, 20*time.Second, "the key handed off, its steps kept", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "the key handed off, its steps kept", func() bool {
 		var handedOff bool
 		err := check.QueryRow(ctx, `SELECT status = 'in_progress' AND lease_expires_at <= now() AND steps IS NOT NULL
 			FROM idempotency_keys WHERE scope = 'acct_1' AND key = 'k2'`).Scan(&handedOff)

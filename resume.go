@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/pgretry"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Register names fn so this engine can resume its executions: one whose
@@ -114,7 +114,7 @@ func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
 		owners[i] = e.owners.Next()
 	}
 	claimedAt := time.Now()
-	due, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() ([]keystore.Resumable, error) {
+	due, err := pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() ([]outbox.Resumable, error) {
 		return e.store.ResumeClaim(ctx, e.cfg.Pool, names, owners, e.cfg.LeaseTimeout)
 	})
 	if err != nil {

@@ -12,13 +12,6 @@ import (
 	"time"
 )
 
-// ErrInvalidMessage marks a message that can never run as it is: bad JSON,
-// a missing field, no idempotency key. Wrap it (fmt.Errorf("%w: amount must
-// be positive", onceonly.ErrInvalidMessage)) and Settle dead-letters the
-// message with ReasonInvalid. Check a message before Do or Run, so an
-// invalid one leaves no key behind.
-var ErrInvalidMessage = errors.New("onceonly: invalid message")
-
 // Disposition is what a consumer does with a delivery.
 type Disposition int
 

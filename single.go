@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceonly/onceonly/internal/exectx"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
 	"github.com/onceonly/onceonly/internal/pgretry"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // singleCommit is the default mode: one round trip begins the execution's
@@ -36,7 +36,7 @@ func (m singleCommit) check(ctx context.Context, ref keystate.Ref, fp string, ow
 // (failed, expired, taken over) is claimed the two-phase way instead.
 func (m singleCommit) claim(ctx context.Context, x *Execution) (keystate.Key, bool, error) {
 	e := m.e
-	var opened keystore.SingleBegin
+	var opened outbox.SingleBegin
 	if err := e.store.LoadLockSecret(ctx, e.cfg.Pool); err != nil { // once: the key's lock id is derived from it
 		e.releaseCache(ctx, x.ref, x.fence.Owner)
 		return keystate.Key{}, false, fromStore(err)
@@ -88,7 +88,7 @@ func (singleCommit) sqlTx(context.Context, *Execution) (*sql.Tx, error) { return
 // before the caller is told anything (settleUnknown).
 func (m singleCommit) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
 	stored, committed, err := x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
-		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, res, x.floor, stored)
+		m.e.store.QueueSingleComplete(b, x.ref, x.fingerprint, keystate.Response(res), x.floor, stored)
 	})
 	if err == nil || errors.Is(err, ErrLeaseLost) {
 		return stored, committed, err
@@ -150,7 +150,7 @@ func (m singleCommit) release(ctx context.Context, x *Execution, end ending) (ke
 }
 
 // failLate writes the key's failed row after x's transaction ended, if the
-// key has no row and its lock is free (keystore.SingleFail).
+// key has no row and its lock is free (outbox.SingleFail).
 func (m singleCommit) failLate(ctx context.Context, x *Execution, countFailure bool) (k keystate.Key, written bool, err error) {
 	e := m.e
 	k, err = pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystate.Key, error) {
@@ -189,7 +189,7 @@ func (m singleCommit) promote(ctx context.Context, x *Execution) (err error) {
 	})
 	x.tx = nil
 	switch {
-	case errors.Is(err, keystore.ErrLeaseLost):
+	case errors.Is(err, outbox.ErrLeaseLost):
 		return ErrLeaseLost // the key has a row by now (a distributed database's claim fails on it): as !claimed
 	case err != nil:
 		x.mode = twoPhase{e}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // DoSQL is Do for a handler that writes through database/sql
@@ -108,7 +108,7 @@ func (sqlTwoPhase) sqlTx(_ context.Context, x *Execution) (*sql.Tx, error) { ret
 // pgx path sends them in one.
 func (m sqlTwoPhase) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
 	tx := x.sqlTx
-	stored, err := m.e.store.Complete(ctx, keystore.SQLTx{Tx: tx}, x.ref, x.fence.Owner, res)
+	stored, err := m.e.store.Complete(ctx, outbox.SQLTx{Tx: tx}, x.ref, x.fence.Owner, keystate.Response(res))
 	if err != nil {
 		_ = tx.Rollback()
 		if ended := m.e.endedByHandler(x.ref, err); ended != nil {

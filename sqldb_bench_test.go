@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // BenchmarkDo and BenchmarkDoSQL measure the pgx path and the database/sql
@@ -20,7 +20,7 @@ import (
 // executions in the engine's transaction (Do, DoSQL), replays (from
 // Redis), and first executions in a transaction the caller begins and
 // commits (DoTx, DoSQLTx); the database/sql path on each driver of
-// testenv.SQLDrivers (pgx's stdlib, lib/pq, lib/pq with
+// oncetest.SQLDrivers (pgx's stdlib, lib/pq, lib/pq with
 // binary_parameters). Their allocations are exact; their times drift with
 // whatever else the machine runs meanwhile, which BenchmarkDoInterleaved
 // spreads over every variant alike:
@@ -32,10 +32,10 @@ func BenchmarkDo(b *testing.B) {
 }
 
 func BenchmarkDoSQL(b *testing.B) {
-	for _, driver := range testenv.SQLDrivers {
+	for _, driver := range oncetest.SQLDrivers {
 		b.Run(driver, func(b *testing.B) {
 			bed := newBenchBed(b)
-			db := testenv.SQLDB(b, driver, bed.url)
+			db := oncetest.SQLDB(b, driver, bed.url)
 			benchEntries(b, sqlEntry(bed.engine(b, db), db))
 		})
 	}
@@ -47,17 +47,17 @@ func BenchmarkDoSQL(b *testing.B) {
 // time of each (µs/<variant>); ns/op is the time of one round of all.
 func BenchmarkDoInterleaved(b *testing.B) {
 	bed := newBenchBed(b)
-	names := make([]string, 0, 1+len(testenv.SQLDrivers))
+	names := make([]string, 0, 1+len(oncetest.SQLDrivers))
 	entries := make([]benchEntry, 0, cap(names))
 	names = append(names, "Do")
 	entries = append(entries, bed.pgxEntry(bed.engine(b, nil)))
-	for _, driver := range testenv.SQLDrivers {
-		db := testenv.SQLDB(b, driver, bed.url)
+	for _, driver := range oncetest.SQLDrivers {
+		db := oncetest.SQLDB(b, driver, bed.url)
 		names = append(names, "DoSQL-"+driver)
 		entries = append(entries, sqlEntry(bed.engine(b, db), db))
 	}
-	ctx := testenv.Context(b)
-	run := testenv.RandomSuffix(8)
+	ctx := oncetest.Context(b)
+	run := oncetest.RandomSuffix(8)
 	times := make([][]time.Duration, 2*len(entries))
 	b.ResetTimer()
 	for i := range b.N {
@@ -104,11 +104,11 @@ type benchBed struct {
 
 func newBenchBed(b *testing.B) *benchBed {
 	b.Helper()
-	url := testenv.DatabaseURL(b)
-	pool := testenv.Pool(b, url)
-	rdb, prefix := testenv.Redis(b)
+	url := oncetest.DatabaseURL(b)
+	pool := oncetest.Pool(b, url)
+	rdb, prefix := oncetest.Redis(b)
 	return &benchBed{url: url, pool: pool, cfg: onceonly.Config{
-		Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 30 * time.Second, Logger: testenv.QuietLogger(),
+		Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 30 * time.Second, Logger: oncetest.QuietLogger(),
 	}}
 }
 
@@ -183,9 +183,9 @@ func sqlEntry(e *onceonly.Engine, db *sql.DB) benchEntry {
 // benchEntries runs the sub-benchmarks of an entry: first executions,
 // replays, and first executions in the caller's transaction.
 func benchEntries(b *testing.B, entry benchEntry) {
-	ctx := testenv.Context(b)
+	ctx := oncetest.Context(b)
 	b.Run("first", func(b *testing.B) {
-		run := testenv.RandomSuffix(8) // keys of their own in every round (-count)
+		run := oncetest.RandomSuffix(8) // keys of their own in every round (-count)
 		for i := range b.N {
 			if err := entry.do(ctx, run+"-first-"+strconv.Itoa(i)); err != nil {
 				b.Fatal(err)
@@ -193,7 +193,7 @@ func benchEntries(b *testing.B, entry benchEntry) {
 		}
 	})
 	b.Run("replay", func(b *testing.B) {
-		key := testenv.RandomSuffix(8) + "-replay"
+		key := oncetest.RandomSuffix(8) + "-replay"
 		if err := entry.do(ctx, key); err != nil {
 			b.Fatal(err)
 		}
@@ -205,7 +205,7 @@ func benchEntries(b *testing.B, entry benchEntry) {
 		}
 	})
 	b.Run("caller-tx", func(b *testing.B) {
-		run := testenv.RandomSuffix(8)
+		run := oncetest.RandomSuffix(8)
 		for i := range b.N {
 			if err := entry.doTx(ctx, run+"-tx-"+strconv.Itoa(i)); err != nil {
 				b.Fatal(err)

@@ -18,11 +18,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The engine's database/sql path (DoSQL, SQLTx, DoSQLTx), each test on
-// every driver of testenv.SQLDrivers.
+// every driver of oncetest.SQLDrivers.
 
 // sqlBundle is a testBundle whose engine has Config.DB, a database/sql
 // handle of driver on the test's database.
@@ -33,17 +33,17 @@ type sqlBundle struct {
 
 func setupSQL(t *testing.T, driver string, lease time.Duration) *sqlBundle {
 	t.Helper()
-	url := testenv.DatabaseURL(t)
+	url := oncetest.DatabaseURL(t)
 	b := &sqlBundle{
-		testBundle: &testBundle{ctx: testenv.Context(t), pool: testenv.Pool(t, url), reg: prometheus.NewRegistry()},
-		db:         testenv.SQLDB(t, driver, url),
+		testBundle: &testBundle{ctx: oncetest.Context(t), pool: oncetest.Pool(t, url), reg: prometheus.NewRegistry()},
+		db:         oncetest.SQLDB(t, driver, url),
 	}
-	b.rdb, b.prefix = testenv.Redis(t)
+	b.rdb, b.prefix = oncetest.Redis(t)
 	b.engine = b.newSQLEngine(t, lease)
 	// Registered after the engine's Close (cleanups run last first): every
 	// transaction the engine began has ended by the end of the test.
 	t.Cleanup(func() {
-		testenv.Eventually(t, 5*time.Second, "every database/sql connection back in the pool", func() bool {
+		oncetest.Eventually(t, 5*time.Second, "every database/sql connection back in the pool", func() bool {
 			return b.db.Stats().InUse == 0
 		})
 	})
@@ -96,7 +96,7 @@ func untilAnswered(ctx context.Context, do func() (onceonly.Outcome, error)) (on
 // handler once and write one row; every one of them gets its answer.
 func TestSQLExactlyOnceUnderDuplicates(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+	oncetest.OnEachSQLDriver(t, func(t *testing.T, driver string) {
 		b := setupSQL(t, driver, 5*time.Second)
 		const duplicates = 20
 		for _, entry := range []string{"DoSQL", "DoSQLTx"} {
@@ -149,7 +149,7 @@ func TestSQLExactlyOnceUnderDuplicates(t *testing.T) {
 // handler writes through SQLTx and is replayed too.
 func TestSQLReplays(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+	oncetest.OnEachSQLDriver(t, func(t *testing.T, driver string) {
 		b := setupSQL(t, driver, 5*time.Second)
 		first, err := b.engine.DoSQL(b.ctx, "m", "k", []byte("p"), sqlPayment("k", 201, `{"id":1}`))
 		require.NoError(t, err)
@@ -203,7 +203,7 @@ func TestSQLReplays(t *testing.T) {
 // retryable; in DoSQLTx the caller's own writes and transaction survive.
 func TestSQLFailureRollsBackAndIsRetryable(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+	oncetest.OnEachSQLDriver(t, func(t *testing.T, driver string) {
 		b := setupSQL(t, driver, 5*time.Second)
 		boom := errors.New("boom")
 		failing := func(key string) onceonly.SQLHandler {
@@ -276,7 +276,7 @@ func TestSQLFailureRollsBackAndIsRetryable(t *testing.T) {
 // is the only one.
 func TestSQLTakenOverExecutionCannotCommit(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+	oncetest.OnEachSQLDriver(t, func(t *testing.T, driver string) {
 		b := setupSQL(t, driver, time.Hour)
 		b.takeOver(t, func(who string, g *gate) error {
 			_, err := b.engine.DoSQL(b.ctx, "m", "k", []byte("p"), func(ctx context.Context, tx *sql.Tx) (onceonly.Result, error) {
@@ -301,7 +301,7 @@ func TestSQLTakenOverExecutionCannotCommit(t *testing.T) {
 // and returns its connection.
 func TestSQLLostLeaseStopsTheHandler(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+	oncetest.OnEachSQLDriver(t, func(t *testing.T, driver string) {
 		b := setupSQL(t, driver, time.Second) // renewed every third of a second
 		written := make(chan struct{})
 		done := make(chan error)
@@ -321,7 +321,7 @@ func TestSQLLostLeaseStopsTheHandler(t *testing.T) {
 		require.NoError(t, err)
 		require.ErrorIs(t, <-done, onceonly.ErrLeaseLost)
 		require.Equal(t, 0, paymentRows(t, b.ctx, b.pool, "k"))
-		testenv.Eventually(t, 5*time.Second, "the transaction's connection back in the pool", func() bool {
+		oncetest.Eventually(t, 5*time.Second, "the transaction's connection back in the pool", func() bool {
 			return b.db.Stats().InUse == 0
 		})
 	})
@@ -333,7 +333,7 @@ func TestSQLLostLeaseStopsTheHandler(t *testing.T) {
 // write goes through SQLTx too.
 func TestSQLStepThenSQLTx(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+	oncetest.OnEachSQLDriver(t, func(t *testing.T, driver string) {
 		b := setupSQL(t, driver, 2*time.Second)
 		h := &ledgerHandler{remote: newRemote(), sql: true,
 			failCommit: func(a int32) bool { return a == 1 }, loseAnswer: func(a int32) bool { return a == 3 }}
@@ -372,7 +372,7 @@ func TestSQLStepThenSQLTx(t *testing.T) {
 // caller's transaction.
 func TestSQLTxRules(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachSQLDriver(t, func(t *testing.T, driver string) {
+	oncetest.OnEachSQLDriver(t, func(t *testing.T, driver string) {
 		b := setupSQL(t, driver, 5*time.Second)
 		_, err := onceonly.SQLTx(b.ctx)
 		require.ErrorIs(t, err, onceonly.ErrNoExecution)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // SQLHandler is a Handler that writes through a database/sql transaction
@@ -49,12 +49,12 @@ type sqlSavepoint struct {
 	open bool // begun, and neither released nor rolled back
 }
 
-func (s *sqlSavepoint) begin(ctx context.Context) (keystore.Querier, error) {
+func (s *sqlSavepoint) begin(ctx context.Context) (outbox.Querier, error) {
 	if _, err := s.tx.ExecContext(ctx, "SAVEPOINT onceonly"); err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
 	s.open = true
-	return keystore.SQLTx{Tx: s.tx}, nil
+	return outbox.SQLTx{Tx: s.tx}, nil
 }
 
 func (s *sqlSavepoint) release(ctx context.Context) error {

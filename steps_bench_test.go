@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // BenchmarkFirstExecution measures a first execution with the business
@@ -18,14 +18,14 @@ import (
 //
 //	go test -run '^$' -bench FirstExecution -benchtime 2000x -count 3 .
 func BenchmarkFirstExecution(b *testing.B) {
-	ctx := testenv.Context(b)
-	pool := testenv.DB(b)
+	ctx := oncetest.Context(b)
+	pool := oncetest.DB(b)
 	for _, mode := range []struct {
 		name     string
 		twoPhase bool
 	}{{"default", false}, {"twophase", true}} {
 		b.Run(mode.name, func(b *testing.B) {
-			e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: 30 * time.Second, TwoPhase: mode.twoPhase, Logger: testenv.QuietLogger()})
+			e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: 30 * time.Second, TwoPhase: mode.twoPhase, Logger: oncetest.QuietLogger()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func benchmarkFirstExecution(ctx context.Context, b *testing.B, e *onceonly.Engi
 	}
 	for _, name := range []string{"plain", "step"} {
 		b.Run(name, func(b *testing.B) {
-			run := testenv.RandomSuffix(8)
+			run := oncetest.RandomSuffix(8)
 			b.ResetTimer()
 			for i := range b.N {
 				if _, err := e.Run(ctx, name, "bench", run+"-"+strconv.Itoa(i), []byte(`{}`)); err != nil {

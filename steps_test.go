@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // remote is the external system of these tests: it applies each
@@ -244,7 +244,7 @@ func TestLeaseSurvivesAStarvedPool(t *testing.T) {
 		_, err := holder.Run(b.ctx, "ledger", "m", "k4", []byte(`{}`))
 		done <- err
 	}()
-	testenv.Eventually(t, 5*time.Second, "the holder called the remote", func() bool {
+	oncetest.Eventually(t, 5*time.Second, "the holder called the remote", func() bool {
 		calls, _ := h.remote.stats()
 		return calls == 1
 	})
@@ -290,10 +290,10 @@ func TestHolderWithoutPostgresStopsBeforeItsLeaseEnds(t *testing.T) {
 	srv, pool := privatePostgres(t)
 	const lease = 3 * time.Second // the margin, lease/6, dwarfs a loaded machine's lateness
 	const margin = lease / 6
-	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, TwoPhase: true, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: pool, LeaseTimeout: lease, TwoPhase: true, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 
 	stopped := make(chan time.Time, 1)
 	down := make(chan struct{})

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestTracing: an execution is one onceonly.execute span with its outcome,
@@ -24,7 +24,7 @@ func TestTracing(t *testing.T) {
 	recorder := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	e, err := onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, TracerProvider: tp, Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, TracerProvider: tp, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	require.NoError(t, e.Register("charge", func(ctx context.Context, _ *onceonly.Execution) (onceonly.Result, error) {
@@ -93,9 +93,9 @@ func attr(s sdktrace.ReadOnlySpan, key string) attribute.Value {
 //
 //	go test -run '^$' -bench Tracing -benchtime 3000x .
 func BenchmarkTracing(b *testing.B) {
-	ctx := testenv.Context(b)
-	pool := testenv.DB(b)
-	rdb, prefix := testenv.Redis(b)
+	ctx := oncetest.Context(b)
+	pool := oncetest.DB(b)
+	rdb, prefix := oncetest.Redis(b)
 	providers := []struct {
 		name string
 		tp   *sdktrace.TracerProvider // nil: tracing off
@@ -108,7 +108,7 @@ func BenchmarkTracing(b *testing.B) {
 		return onceonly.Result{Status: 201, Body: []byte(`{"id":"` + x.Key() + `"}`)}, nil
 	}
 	for _, p := range providers {
-		cfg := onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: testenv.QuietLogger()}
+		cfg := onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: oncetest.QuietLogger()}
 		if p.tp != nil {
 			cfg.TracerProvider = p.tp
 			b.Cleanup(func() { _ = p.tp.Shutdown(context.Background()) })
@@ -132,7 +132,7 @@ func BenchmarkTracing(b *testing.B) {
 			}
 		})
 		b.Run("first/"+p.name, func(b *testing.B) {
-			run := testenv.RandomSuffix(8)
+			run := oncetest.RandomSuffix(8)
 			for i := range b.N {
 				if _, err := e.Run(ctx, "ok", "bench", run+"-"+strconv.Itoa(i), nil); err != nil {
 					b.Fatal(err)

@@ -7,16 +7,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
 	"github.com/onceonly/onceonly/internal/lease"
 	"github.com/onceonly/onceonly/internal/pgretry"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
 )
 
-// twoPhase is the mode of every execution by default: the claim commits
-// on its own (in progress, with its lease and owner), the engine renews
-// the lease while the handler runs, and the key's completion commits with
-// the handler's writes, fenced by the owner.
+// twoPhase is the mode of an engine with Config.TwoPhase or Config.DB, of
+// DoTx and DoSQLTx, and of a one-commit execution promoted by its first
+// Step: the claim commits on its own (in progress, with its lease and
+// owner), the engine renews the lease while the handler runs, and the key's
+// completion commits with the handler's writes, fenced by the owner. The
+// default mode is singleCommit (single.go).
 type twoPhase struct{ e *Engine }
 
 func (m twoPhase) check(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (Outcome, string, bool, error) {
@@ -66,7 +68,7 @@ func (m twoPhase) sqlTx(ctx context.Context, x *Execution) (*sql.Tx, error) {
 // in one round trip.
 func (m twoPhase) complete(ctx context.Context, x *Execution, res Result) (keystate.Key, bool, error) {
 	return x.commitWith(ctx, func(b *pgx.Batch, stored *keystate.Key) {
-		m.e.store.QueueComplete(b, x.ref, x.fence.Owner, res, stored)
+		m.e.store.QueueComplete(b, x.ref, x.fence.Owner, keystate.Response(res), stored)
 	})
 }
 
@@ -92,7 +94,7 @@ func (twoPhase) callerCommits() bool { return false }
 // would strand the key for a whole lease; execute finds ctx ended after
 // the claim and gives the key back instead. A claim that met a dead pooled
 // connection (Postgres restarted) is tried once more.
-func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim keystore.ClaimResult, err error) {
+func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner keystate.Owner) (claim outbox.ClaimResult, err error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.LeaseTimeout)
 	defer cancel()
 	cctx, span := e.startSpan(cctx, spanClaim)
@@ -102,9 +104,9 @@ func (e *Engine) claim(ctx context.Context, ref keystate.Ref, fp string, owner k
 		}
 		endSpan(span, err)
 	}()
-	return pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (keystore.ClaimResult, error) {
+	return pgretry.OnLiveConnection(ctx, e.cfg.Pool, func() (outbox.ClaimResult, error) {
 		if e.claims != nil {
-			return e.claims.Claim(cctx, keystore.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
+			return e.claims.Claim(cctx, outbox.ClaimRequest{Ref: ref, Fingerprint: fp, Owner: owner})
 		}
 		return e.store.Claim(cctx, e.cfg.Pool, ref, fp, owner, e.cfg.LeaseTimeout)
 	})

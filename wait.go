@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // Pauses of await between two asks.

@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // BenchmarkWait measures what MiddlewareOptions.Wait costs, side by side:
@@ -27,9 +27,9 @@ import (
 //
 //     go test -run '^$' -bench Wait -benchtime 2000x .
 func BenchmarkWait(b *testing.B) {
-	ctx := testenv.Context(b)
-	rdb, prefix := testenv.Redis(b)
-	e, err := New(Config{Pool: testenv.DB(b), Redis: rdb, RedisPrefix: prefix, Logger: testenv.QuietLogger()})
+	ctx := oncetest.Context(b)
+	rdb, prefix := oncetest.Redis(b)
+	e, err := New(Config{Pool: oncetest.DB(b), Redis: rdb, RedisPrefix: prefix, Logger: oncetest.QuietLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func BenchmarkWait(b *testing.B) {
 		}
 	})
 	b.Run("woken", func(b *testing.B) {
-		run := testenv.RandomSuffix(8)
+		run := oncetest.RandomSuffix(8)
 		for i := range b.N {
 			key := run + "-" + strconv.Itoa(i)
 			release, claimed := make(chan struct{}), make(chan struct{})

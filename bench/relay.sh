@@ -40,8 +40,8 @@ psql_() { PGOPTIONS=-cclient_min_messages=warning psql -h 127.0.0.1 -p "$pg_port
 echo "== machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $(psql --version), $(go version | cut -d' ' -f3)"
 echo "== new: $(git rev-parse --short HEAD) + working tree${old_bin:+; old relay: $old_bin}${old_test:+; old tests: $old_test}"
 
-echo "== baseline: redis-benchmark, EVALSHA of internal/cache/lua/apply.lua, pipeline 500, 200-byte value"
-sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cat internal/cache/lua/decode.lua internal/cache/lua/apply.lua)")
+echo "== baseline: redis-benchmark, EVALSHA of lua/apply.lua, pipeline 500, 200-byte value"
+sha=$(redis-cli -p "$redis_port" SCRIPT LOAD "$(cat lua/decode.lua lua/apply.lua)")
 value="completed:1:c0123456789abcdef201$(head -c 200 /dev/zero | tr '\0' x)"
 redis-cli -p "$redis_port" FLUSHALL >/dev/null
 redis-benchmark -p "$redis_port" -q -n "$events" -P 500 -c 4 -r "$events" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The SQL ceiling of a first execution: pgbench runs the statements the
-# engine sends, read from internal/keystore/sql/ at run time, in the engine's
+# engine sends, read from outbox/sql/ at run time, in the engine's
 # round trips, with no Go, no HTTP and no Redis in the loop, beside the bare
 # INSERT of the benchmark's handler and two floors that keep only what each
 # shape cannot do without:
@@ -26,8 +26,8 @@
 # scripts run one after the other, round after round. Prints "NAME TPS" lines.
 # Each named parameter of a statement (@name) goes to pgbench as the variable
 # :name (the values below; :key is the new key of each transaction), and
-# {{key_columns}} markers are expanded as internal/keystore/sql.go expands
-# them; @channel is keystore.NotifyChannel, read from internal/keystore/store.go.
+# {{key_columns}} markers are expanded as outbox/sql.go expands
+# them; @channel is outbox.NotifyChannel, read from outbox/store.go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host=$1 port=$2 db=$3
@@ -39,8 +39,8 @@ dir=${SQLCEILING_DIR:-$(mktemp -d)}
 # The value of each named parameter the statements take, by name: pgbench
 # sends it as the parameter of the prepared statement (-D name=value); key
 # is set per transaction (\set key) instead.
-channel=$(sed -n 's/^const NotifyChannel = "\([^"]*\)"$/\1/p' internal/keystore/store.go)
-[ -n "$channel" ] || { echo "sqlceiling: no const NotifyChannel in internal/keystore/store.go" >&2; exit 1; }
+channel=$(sed -n 's/^const NotifyChannel = "\([^"]*\)"$/\1/p' outbox/store.go)
+[ -n "$channel" ] || { echo "sqlceiling: no const NotifyChannel in outbox/store.go" >&2; exit 1; }
 declare -A value=(
 	[scope]=acct_bench [fingerprint]=v1:bench [owner]=00000000-0000-0000-0000-0000000000b1
 	[lease]='30 seconds' [lease_ms]=30000 [ttl]='24 hours' [channel]=$channel
@@ -51,7 +51,7 @@ declare -A value=(
 defines=()
 for name in "${!value[@]}"; do defines+=(-D "$name=${value[$name]}"); done
 
-# statement NAME: internal/keystore/sql/NAME.sql on one line, as sql.go
+# statement NAME: outbox/sql/NAME.sql on one line, as sql.go
 # loads it: each {{key_columns}} marker replaced by the lines of
 # key_columns.sql after its leading comment, @max_body in them by NULL
 # ({{key_columns}}) or by the marker's parameter ({{key_columns @name}});
@@ -60,8 +60,8 @@ for name in "${!value[@]}"; do defines+=(-D "$name=${value[$name]}"); done
 # as a parameter of the prepared statement. A parameter with no value above,
 # a $N, an unknown marker or a comment inside a line is an error.
 statement() {
-	local file=internal/keystore/sql/$1.sql
-	awk -v file="$file" -v columns_file=internal/keystore/sql/key_columns.sql -v names="key lock_id ${!value[*]}" '
+	local file=outbox/sql/$1.sql
+	awk -v file="$file" -v columns_file=outbox/sql/key_columns.sql -v names="key lock_id ${!value[*]}" '
 		function fail(msg) { print "sqlceiling: " file ": " msg > "/dev/stderr"; failed = 1; exit 1 }
 		BEGIN {
 			split(names, n, " ")

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The demo consumer's topology (docs/consumers.md), as publishers and
@@ -56,13 +56,13 @@ type deadLetter struct {
 
 // natsChaos is a private nats-server.
 type natsChaos struct {
-	srv *testenv.NATSServer
+	srv *oncetest.NATSServer
 	nc  *nats.Conn
 	js  jetstream.JetStream
 }
 
 func newNATSChaos(t *testing.T) *natsChaos {
-	srv := testenv.NewNATSServer(t)
+	srv := oncetest.NewNATSServer(t)
 	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect to nats: %v", err)
@@ -128,14 +128,14 @@ func (b *natsChaos) pending(ctx context.Context) (int, error) {
 // amqpChaos is a private RabbitMQ node. Publishers share one connection,
 // dialled again after the node restarts.
 type amqpChaos struct {
-	srv *testenv.RabbitMQServer
+	srv *oncetest.RabbitMQServer
 
 	mu   sync.Mutex
 	conn *amqp.Connection
 	ch   *amqp.Channel
 }
 
-func newAMQPChaos(t *testing.T) *amqpChaos { return &amqpChaos{srv: testenv.NewRabbitMQServer(t)} }
+func newAMQPChaos(t *testing.T) *amqpChaos { return &amqpChaos{srv: oncetest.NewRabbitMQServer(t)} }
 
 func (b *amqpChaos) url() string { return b.srv.URL() }
 func (b *amqpChaos) restart()    { b.srv.Restart() }

@@ -34,9 +34,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/client"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/reconcile"
 )
 
@@ -162,19 +162,19 @@ func TestChaos(t *testing.T) {
 
 // chaosRedis is the Redis a chaos run uses: one server, or a cluster.
 type chaosRedis struct {
-	env     string                 // REDIS_URL=… or REDIS_CLUSTER_URL=…
-	servers []*testenv.RedisServer // the server, or the cluster's masters
-	cluster *testenv.RedisCluster  // nil for a single server
+	env     string                  // REDIS_URL=… or REDIS_CLUSTER_URL=…
+	servers []*oncetest.RedisServer // the server, or the cluster's masters
+	cluster *oncetest.RedisCluster  // nil for a single server
 	client  redis.UniversalClient
 }
 
 func newChaosRedis(t *testing.T, target string) *chaosRedis {
 	if target == "cluster" {
-		c := testenv.NewRedisCluster(t)
+		c := oncetest.NewRedisCluster(t)
 		return &chaosRedis{env: "REDIS_CLUSTER_URL=" + c.URL(), servers: c.Nodes, cluster: c, client: c.Client(t)}
 	}
-	srv := testenv.NewRedisServer(t)
-	return &chaosRedis{env: "REDIS_URL=" + srv.URL(), servers: []*testenv.RedisServer{srv}, client: testenv.RedisClient(t, srv.URL())}
+	srv := oncetest.NewRedisServer(t)
+	return &chaosRedis{env: "REDIS_URL=" + srv.URL(), servers: []*oncetest.RedisServer{srv}, client: oncetest.RedisClient(t, srv.URL())}
 }
 
 // flush empties every server.
@@ -239,7 +239,7 @@ var violationKey = regexp.MustCompile(`chaos-[0-9]+`)
 // stops early leaves what it measured in s.
 func runChaos(t *testing.T, bins, target string, duration time.Duration, payments int, s *Summary) {
 	timeout := loadTimeout(t, duration)
-	ctx := testenv.ContextFor(t, timeout)
+	ctx := oncetest.ContextFor(t, timeout)
 	violate := func(msg string) {
 		s.Violations = append(s.Violations, msg)
 		t.Error(msg)
@@ -252,13 +252,13 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		}
 		t.Logf("chaos summary:\n%s", out)
 	}()
-	pg := testenv.NewPostgresServer(t)
+	pg := oncetest.NewPostgresServer(t)
 	rds := newChaosRedis(t, target)
 	env := []string{"DATABASE_URL=" + pg.URL(), rds.env, "LOG_LEVEL=warn"}
 	if _, err := runOnce(ctx, bins+"/api", env, "migrate", "up"); err != nil {
 		t.Fatal(err)
 	}
-	gw := newProc(t, "gateway", bins+"/gateway", testenv.FreeAddr(t), "DATABASE_URL="+pg.URL(), "LOG_LEVEL=warn",
+	gw := newProc(t, "gateway", bins+"/gateway", oncetest.FreeAddr(t), "DATABASE_URL="+pg.URL(), "LOG_LEVEL=warn",
 		"SLOW_GATEWAY_DELAY=300ms", "GATEWAY_FAULTS="+gatewayFaults, "GATEWAY_HANG="+gatewayHang.String())
 	// The apis name their connections, so the sampler below finds their
 	// transactions.
@@ -266,14 +266,14 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 		"LEASE_TIMEOUT=" + leaseTimeout.String(), "RESUME_INTERVAL=" + resumeInterval.String(),
 		"GATEWAY_URL=http://" + gw.addr, "GATEWAY_TIMEOUT=" + gatewayTimeout.String(), "API_KEYS=sk_chaos=acct_chaos"}
 	apis := []*proc{
-		newProc(t, "api1", bins+"/api", testenv.FreeAddr(t), append(apiEnv, "DATABASE_URL="+pg.URL()+"&application_name=chaos_api1")...),
-		newProc(t, "api2", bins+"/api", testenv.FreeAddr(t), append(apiEnv, "DATABASE_URL="+pg.URL()+"&application_name=chaos_api2")...),
+		newProc(t, "api1", bins+"/api", oncetest.FreeAddr(t), append(apiEnv, "DATABASE_URL="+pg.URL()+"&application_name=chaos_api1")...),
+		newProc(t, "api2", bins+"/api", oncetest.FreeAddr(t), append(apiEnv, "DATABASE_URL="+pg.URL()+"&application_name=chaos_api2")...),
 	}
 	relays := []*proc{ // one listens, one polls (as behind PgBouncer without DATABASE_SESSION_URL)
-		newProc(t, "relay1", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms", "DATABASE_SESSION_URL="+pg.URL())...),
-		newProc(t, "relay2", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms")...),
+		newProc(t, "relay1", bins+"/relay", oncetest.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms", "DATABASE_SESSION_URL="+pg.URL())...),
+		newProc(t, "relay2", bins+"/relay", oncetest.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms")...),
 	}
-	reconciler := newProc(t, "reconciler", bins+"/reconciler", testenv.FreeAddr(t),
+	reconciler := newProc(t, "reconciler", bins+"/reconciler", oncetest.FreeAddr(t),
 		append(env, "RECONCILE_SCHEDULE=@every "+reconcileInterval.String(), "REAP_GRACE="+reapGrace.String())...)
 	all := append(append(append([]*proc{gw}, apis...), relays...), reconciler)
 	for _, p := range all {
@@ -371,11 +371,11 @@ func runChaos(t *testing.T, bins, target string, duration time.Duration, payment
 	}
 
 	s.Reached = "checks"
-	ctx = testenv.ContextFor(t, checksTimeout(t, duration))
+	ctx = oncetest.ContextFor(t, checksTimeout(t, duration))
 	if rds.cluster != nil {
 		rds.cluster.WaitHealthy()
 	}
-	pool := testenv.Pool(t, pg.URL())
+	pool := oncetest.Pool(t, pg.URL())
 	checkCharges(ctx, pool, answers, s, violate)
 	checkInvariants(t, ctx, pool, rds.client, bins, env, reconciler, answers, violate)
 	for _, p := range all {
@@ -558,7 +558,7 @@ func checkInvariants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rdb 
 		violate("I7: reconciler --once after quiescing found drift: " + out)
 	}
 	c := cache.New(rdb, cache.Options{})
-	for _, d := range testenv.Drift(t, ctx, pool, c, "%") {
+	for _, d := range oncetest.Drift(t, ctx, pool, c, "%") {
 		violate("I7: " + d)
 	}
 	// I1 and I2, key by key.
@@ -794,5 +794,5 @@ func awaitReconcilePasses(p *proc, n int, timeout time.Duration) bool {
 
 // settle polls cond for up to timeout and reports whether it held.
 func settle(timeout time.Duration, cond func() bool) bool {
-	return testenv.Poll(timeout, cond)
+	return oncetest.Poll(timeout, cond)
 }

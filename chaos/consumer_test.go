@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The consumer chaos test (issue 25): the demo consumer, two processes of
@@ -143,9 +143,9 @@ func (r *ccRun) violatef(format string, args ...any) {
 }
 
 func runConsumerChaos(t *testing.T, bins, broker string, duration time.Duration, messages int, s *ConsumerSummary) {
-	ctx := testenv.ContextFor(t, loadTimeout(t, duration))
-	pg := testenv.NewPostgresServer(t)
-	rds := testenv.NewRedisServer(t)
+	ctx := oncetest.ContextFor(t, loadTimeout(t, duration))
+	pg := oncetest.NewPostgresServer(t)
+	rds := oncetest.NewRedisServer(t)
 	r := &ccRun{t: t, s: s, redis: rds.Client(t)}
 	if broker == "nats" {
 		r.broker = newNATSChaos(t)
@@ -157,17 +157,17 @@ func runConsumerChaos(t *testing.T, bins, broker string, duration time.Duration,
 	if _, err := runOnce(ctx, bins+"/api", env, "migrate", "up"); err != nil {
 		t.Fatal(err)
 	}
-	gw := newProc(t, "gateway", bins+"/gateway", testenv.FreeAddr(t), "DATABASE_URL="+pg.URL(), "LOG_LEVEL=warn",
+	gw := newProc(t, "gateway", bins+"/gateway", oncetest.FreeAddr(t), "DATABASE_URL="+pg.URL(), "LOG_LEVEL=warn",
 		"SLOW_GATEWAY_DELAY=300ms", "GATEWAY_FAULTS="+ccGatewayFaults, "GATEWAY_HANG="+gatewayHang.String())
 	consumerEnv := append([]string{"BROKER_URL=" + r.broker.url(), "LEASE_TIMEOUT=" + leaseTimeout.String(),
 		"RESUME_INTERVAL=" + resumeInterval.String(), "GATEWAY_URL=http://" + gw.addr, "GATEWAY_TIMEOUT=" + gatewayTimeout.String(),
 		fmt.Sprintf("CONSUMER_MAX_FAILURES=%d", ccMaxFailures)}, env...)
 	r.consumers = []*proc{
-		newProc(t, "consumer1", bins+"/consumer", testenv.FreeAddr(t), consumerEnv...),
-		newProc(t, "consumer2", bins+"/consumer", testenv.FreeAddr(t), consumerEnv...),
+		newProc(t, "consumer1", bins+"/consumer", oncetest.FreeAddr(t), consumerEnv...),
+		newProc(t, "consumer2", bins+"/consumer", oncetest.FreeAddr(t), consumerEnv...),
 	}
-	relay := newProc(t, "relay", bins+"/relay", testenv.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms", "DATABASE_SESSION_URL="+pg.URL())...)
-	reconciler := newProc(t, "reconciler", bins+"/reconciler", testenv.FreeAddr(t),
+	relay := newProc(t, "relay", bins+"/relay", oncetest.FreeAddr(t), append(env, "RELAY_POLL_INTERVAL=200ms", "DATABASE_SESSION_URL="+pg.URL())...)
+	reconciler := newProc(t, "reconciler", bins+"/reconciler", oncetest.FreeAddr(t),
 		append(env, "RECONCILE_SCHEDULE=@every "+reconcileInterval.String(), "REAP_GRACE="+reapGrace.String())...)
 	r.all = append([]*proc{gw, relay, reconciler}, r.consumers...)
 	for _, p := range r.all {
@@ -189,7 +189,7 @@ func runConsumerChaos(t *testing.T, bins, broker string, duration time.Duration,
 	if !settle(30*time.Second, func() bool { return r.consumers[0].ready() && r.consumers[1].ready() }) {
 		t.Fatalf("the consumers are not ready:\n%s\n%s", r.consumers[0].tail(), r.consumers[1].tail())
 	}
-	r.pool = testenv.Pool(t, pg.URL())
+	r.pool = oncetest.Pool(t, pg.URL())
 
 	s.Reached = "load"
 	plan := ccPlan(messages, s)
@@ -209,7 +209,7 @@ func runConsumerChaos(t *testing.T, bins, broker string, duration time.Duration,
 	}
 
 	s.Reached = "settle"
-	ctx = testenv.ContextFor(t, checksTimeout(t, duration))
+	ctx = oncetest.ContextFor(t, checksTimeout(t, duration))
 	settledAt := time.Now()
 	var left, deadN int
 	if !settle(ccSettleLimit, func() bool {

@@ -17,9 +17,20 @@ import (
 // histRun is one handler run, as history_runs holds it.
 type histRun struct {
 	ID, Attempt, Worker, Scope, Key, Mode, Payload string
-	Start                                          time.Time
-	End                                            time.Time // zero: none recorded (its process died)
-	Result                                         string    // ok, failed, canceled, panic; "" without an end
+	// Version is the version of the claim the run holds its key by (0: a
+	// one-commit execution's lock, or a claim in the caller's transaction
+	// that may roll back and be claimed again at the same version).
+	Version int64
+	// EndVersion is the claim's version when the run ended: above 0 for a
+	// one-commit run whose step promoted it (it held a row from then on).
+	EndVersion int64
+	Start      time.Time // the handler was entered
+	Recorded   time.Time // its start reached Postgres (zero in made-up histories)
+	End        time.Time // zero: none recorded (its process died)
+	// Result is ok, failed, canceled (its sleep stopped by its context),
+	// panic, lost (it found its lease lost before its first action: it did
+	// nothing), or "" without an end.
+	Result string
 }
 
 // histCall is one call a caller made, as history_calls holds it.
@@ -60,6 +71,7 @@ func refOf(scope, key string) string { return scope + "/" + key }
 const (
 	vOverlap        = "I4 overlapping runs"
 	vAfterCommit    = "I13 run after a committed run"
+	vStaleStart     = "I4 run started on a claim taken over"
 	vHeldCommit     = "I4 claim during a one-commit's commit"
 	vLostNoTakeover = "told lost/taken over, nothing took over"
 	vOtherPayload   = "key accepted another payload"
@@ -78,11 +90,20 @@ const (
 	bug3     = "bug3 cross-mode runs beside a one-commit execution"
 	bug5     = "bug5 one-commit overrun leaves no row"
 	bugOther = "unattributed"
+	// bug6: a handler started on a claim older than its lease, after a
+	// later claim had taken the key over (the resumer wrote Redis for its
+	// batch, one key after another, before it started the batch's
+	// resumptions, and the engine started a handler without looking at its
+	// lease; fixed since: a claim older than its lease never starts its
+	// handler). A resumption after a committed resumption, in the history.
+	bug6 = "bug6 handler started on a claim older than its lease"
 	// bugLostAfterCommit: a committed run's caller told its lease was
-	// lost (its writes rolled back): the lease ended, or was given up,
-	// while the commit was in flight, and the commit landed (not one of
-	// the known bugs; seen on a starved machine, calls about a lease long).
-	bugLostAfterCommit = "new: committed, but its caller told lost"
+	// lost (its writes rolled back): once the commit landed the key was no
+	// longer in progress, so the lease keeper's next renewal gave the
+	// lease up (or the lease ran out, no renewal extending it any more),
+	// and the lease's end canceled the commit's answer on its way back
+	// (fixed since: the completion goes with the caller's context).
+	bugLostAfterCommit = "bug7 committed, but its caller told lost"
 )
 
 // violation is one breach of an invariant, with the bug it is put down to.
@@ -105,13 +126,15 @@ type checker struct {
 	paused     map[*histRun]bool      // stopped by a pause of its process
 	committed  map[string]*histRun    // scope/key → the run whose business row exists
 	calls      map[string]histCall    // by attempt
+	stale      map[*histRun]*histRun  // a run → the later claim's run it started after (checkClaimOrder)
 	violations []violation
 }
 
 // check returns every violation of h.
 func check(h *history) []violation {
 	c := &checker{h: h, byKey: map[string][]*histRun{}, byAttempt: map[string]*histRun{},
-		end: map[*histRun]time.Time{}, paused: map[*histRun]bool{}, committed: map[string]*histRun{}, calls: map[string]histCall{}}
+		end: map[*histRun]time.Time{}, paused: map[*histRun]bool{}, committed: map[string]*histRun{}, calls: map[string]histCall{},
+		stale: map[*histRun]*histRun{}}
 	for _, call := range h.Calls {
 		c.calls[call.Attempt] = call
 	}
@@ -129,6 +152,7 @@ func check(h *history) []violation {
 	}
 	c.checkEffects()
 	for _, ref := range slices.Sorted(maps.Keys(c.byKey)) {
+		c.checkClaimOrder(ref)
 		c.checkOverlaps(ref)
 		c.checkAfterCommit(ref)
 		c.checkPayloads(ref)
@@ -140,7 +164,9 @@ func check(h *history) []violation {
 // effectiveEnd is when r stopped acting on its key: its recorded end; for
 // a run of a killed process, the kill (or its lease's end, whichever is
 // first); for a run whose process was paused while it ran, the pause (its
-// lease ended during the pause, and what it does after is fenced).
+// lease ended during the pause, and what it does after is fenced); for a
+// run that found its lease lost before its first action, its start (it
+// did nothing; its start's record may have waited past the lease).
 func (c *checker) effectiveEnd(r *histRun) time.Time {
 	end := r.End
 	if end.IsZero() {
@@ -153,6 +179,9 @@ func (c *checker) effectiveEnd(r *histRun) time.Time {
 		if p.Worker == r.Worker && p.From.After(r.Start) && p.From.Before(end) {
 			end, c.paused[r] = p.From, true
 		}
+	}
+	if r.Result == "lost" {
+		return r.Start // paused or not before it found out
 	}
 	return end
 }
@@ -170,10 +199,37 @@ func (c *checker) describe(r *histRun) string {
 	if result == "" {
 		result = "killed"
 	}
-	return fmt.Sprintf("%s [%s %s %s–%s %s]", r.ID, r.Mode, r.Payload, r.Start.Format("15:04:05.000"), end, result)
+	claim := ""
+	if r.Version > 0 {
+		claim = fmt.Sprintf(" v%d", r.Version)
+	}
+	return fmt.Sprintf("%s [%s%s %s %s–%s %s]", r.ID, r.Mode, claim, r.Payload, r.Start.Format("15:04:05.000"), end, result)
 }
 
 func oneCommit(r *histRun) bool { return oneCommitModes[r.Mode] }
+
+// lockHeld reports whether r held its key by a one-commit transaction's
+// lock to its end: a run of a one-commit mode that no step promoted to a
+// row (a promoted one is taken over, and told so, as a two-phase one is).
+func lockHeld(r *histRun) bool { return oneCommit(r) && r.EndVersion == 0 }
+
+// rowClaimed reports whether r holds its key by a row claimed in a
+// transaction of its own, whose version orders it among the key's claims:
+// two-phase, Config.DB, a resumption, a one-commit entry point on a key
+// that had a row. Not a one-commit execution's lock (no version), nor a
+// claim in the caller's transaction (rolled back, its version is claimed
+// again).
+func rowClaimed(r *histRun) bool {
+	return r.Version > 0 && (r.Mode == entryDo2 || r.Mode == entryDoSQL || r.Mode == modeResume || strings.HasSuffix(r.Mode, rowSuffix))
+}
+
+// stoodStillBefore reports whether r's process was paused, or stalled,
+// within the lease before r started: it may have started on a claim it
+// had checked before it stood still, one taken over since (I4's limits);
+// its writes are fenced.
+func (c *checker) stoodStillBefore(r *histRun) bool {
+	return c.pausedDuring(r.Worker, r.Start.Add(-c.h.Lease), r.Start)
+}
 
 // crossMode puts a violation between a and b down to bug3 when one of
 // them held its key by a one-commit transaction's lock and the other by a
@@ -189,9 +245,10 @@ func crossMode(a, b *histRun, same string) string {
 }
 
 // overran reports whether r ran past its lease: it was stopped by its
-// canceled context, or ran longer than the lease.
+// canceled context (or found its lease lost at once), or ran longer than
+// the lease.
 func (c *checker) overran(r *histRun) bool {
-	return r.Result == "canceled" || (!r.End.IsZero() && r.End.Sub(r.Start) >= c.h.Lease)
+	return r.Result == "canceled" || r.Result == "lost" || (!r.End.IsZero() && r.End.Sub(r.Start) >= c.h.Lease)
 }
 
 // checkEffects checks the business rows against the keys' rows: exactly
@@ -240,6 +297,9 @@ func (c *checker) checkOverlaps(ref string) {
 			if !b.Start.Before(c.end[a].Add(-slack)) {
 				break // sorted by start: no later run starts sooner
 			}
+			if c.stale[b] == a {
+				continue // checkClaimOrder said so
+			}
 			// Two holders of the lock at once: the first must have given it
 			// up at its step's promotion (the claim row holds the key from
 			// then on), which the second's probe did not see: bug1.
@@ -250,15 +310,49 @@ func (c *checker) checkOverlaps(ref string) {
 
 // checkAfterCommit: no run of a key starts after a run of it that
 // committed has ended (I13): the key is held from that run's start until
-// its commit, and completed after.
+// its commit, and completed after. A run that found its lease lost at once
+// after its process stood still did nothing (I4's limits); one that started
+// on a claim older than the committed run's is bug6.
 func (c *checker) checkAfterCommit(ref string) {
 	a := c.committed[ref]
 	if a == nil {
 		return
 	}
 	for _, b := range c.byKey[ref] {
-		if b != a && b.Start.After(c.end[a]) {
-			c.addf(vAfterCommit, crossMode(a, b, bug1), "%s: %s started after committed %s", ref, c.describe(b), c.describe(a))
+		if b == a || !b.Start.After(c.end[a]) || c.stale[b] != nil || (b.Result == "lost" && c.stoodStillBefore(b)) {
+			continue
+		}
+		bug := crossMode(a, b, bug1)
+		if rowClaimed(a) && rowClaimed(b) && b.Version < a.Version {
+			bug = bug6
+		}
+		c.addf(vAfterCommit, bug, "%s: %s started after committed %s", ref, c.describe(b), c.describe(a))
+	}
+}
+
+// checkClaimOrder judges the runs that hold their key by a row claimed on
+// its own (rowClaimed) by the order of their claims, their versions,
+// rather than by when their starts were recorded: a claim takes a key over
+// only once the lease of the claim before it ran out in Postgres, and a
+// handler starts only while its claim's lease holds, so the run of an
+// older claim started before the run of a newer one. One that started
+// after it started on a claim taken over already: bug6 — unless its
+// process stood still before it started (a pause, a stall: it checked its
+// lease before).
+func (c *checker) checkClaimOrder(ref string) {
+	for _, b := range c.byKey[ref] {
+		if !rowClaimed(b) || c.stoodStillBefore(b) {
+			continue
+		}
+		for _, a := range c.byKey[ref] { // by start
+			if !a.Start.Before(b.Start) {
+				break
+			}
+			if rowClaimed(a) && a.Version > b.Version {
+				c.stale[b] = a
+				c.addf(vStaleStart, bug6, "%s: %s started after %s, of a later claim, had started", ref, c.describe(b), c.describe(a))
+				break
+			}
 		}
 	}
 }
@@ -292,7 +386,7 @@ func (c *checker) checkPayloads(ref string) {
 			overrun = nil
 		}
 		switch {
-		case oneCommit(b) && c.overran(b) && !c.paused[b]:
+		case lockHeld(b) && c.overran(b) && !c.paused[b]:
 			if overrun == nil {
 				overrun = b
 			}
@@ -314,7 +408,7 @@ func (c *checker) leftRow(r *histRun) bool {
 	switch {
 	case r.End.IsZero() || c.paused[r] || callerTxModes[r.Mode]:
 		return false
-	case !oneCommit(r):
+	case !lockHeld(r):
 		return true
 	}
 	call, ok := c.calls[r.Attempt]
@@ -413,24 +507,24 @@ func (c *checker) checkLost(ref string, call histCall, r *histRun) {
 		before += ", before " + c.describe(next)
 	}
 	switch {
-	case oneCommit(r) && (c.overran(r) || took >= c.h.Lease):
+	case lockHeld(r) && (c.overran(r) || took >= c.h.Lease):
 		if ranBeside(r.Start.Add(c.h.Lease)) == nil {
 			c.addf(vLostNoTakeover, bug5, "%s: %s overran (call %s), its caller (%s) told %s; %s", ref, c.describe(r), took.Round(time.Millisecond), call.Entry, call.Told, before)
 		}
 		return
-	case oneCommit(r) && prev != nil && oneCommit(prev) && prev.Result != "ok" && !c.end[prev].After(r.Start):
+	case lockHeld(r) && prev != nil && oneCommit(prev) && prev.Result != "ok" && !c.end[prev].After(r.Start):
 		c.addf(vLostNoTakeover, bug2, "%s: %s caller (%s) told %s right %s", ref, c.describe(r), call.Entry, call.Told, before)
 		return
 	}
 	b := ranBeside(call.End)
 	switch {
-	case b == nil && !expired && oneCommit(r) && c.claimedBeside(ref, r, call) != nil:
+	case b == nil && !expired && lockHeld(r) && c.claimedBeside(ref, r, call) != nil:
 		o := c.claimedBeside(ref, r, call)
 		c.addf(vHeldCommit, bug3, "%s: a %s call (%s–%s, told %s, its handler never ran) claimed the key beside %s (its caller told lost)",
 			ref, o.Entry, o.Start.Format("15:04:05.000"), o.End.Format("15:04:05.000"), o.Told, c.describe(r))
 	case b == nil && !expired:
 		c.addf(vLostNoTakeover, bugOther, "%s: %s caller (%s) told %s after %s; %s", ref, c.describe(r), call.Entry, call.Told, took.Round(time.Millisecond), before)
-	case b != nil && oneCommit(r) && !oneCommit(b) && b.Start.After(r.End):
+	case b != nil && lockHeld(r) && !oneCommit(b) && b.Start.After(r.End):
 		c.addf(vHeldCommit, bug3, "%s: %s claimed the key while %s was committing (its caller told lost)", ref, c.describe(b), c.describe(r))
 	}
 }

@@ -30,6 +30,7 @@ func TestHistoryChecker(t *testing.T) {
 	}
 	withPayload := func(r histRun, p string) histRun { r.Payload = p; return r }
 	withWorker := func(r histRun, w string) histRun { r.Worker = w; return r }
+	claimed := func(r histRun, version int64) histRun { r.Version = version; return r }
 
 	type want struct{ kind, bug string }
 	cases := []struct {
@@ -72,6 +73,79 @@ func TestHistoryChecker(t *testing.T) {
 		}(),
 		want: []want{{vAfterCommit, bug1}},
 	}, {
+		// The resumption of claim v3 was entered within its lease; the
+		// record of its start waited (a starved machine) past the lease,
+		// the resumer claimed v4, ran and committed; v3's run found its
+		// lease lost and stopped before acting. By recorded ends it runs
+		// beside v4's run (the rule before: I4), by the record of its
+		// start after v4's commit (I13).
+		name: "a resumption that found its lease lost before acting, beside a later claim's commit: nothing",
+		h: func() history {
+			keys, effects := completed("r2")
+			return history{
+				Runs: []histRun{claimed(run("r1", modeResume, 0, 1700, "lost"), 3), claimed(run("r2", modeResume, 1600, 1610, "ok"), 4)},
+				Keys: keys, Effects: effects,
+			}
+		}(),
+	}, {
+		// The same resumption entered after v4's commit (its batch held it
+		// up past its lease): it started on a claim taken over, though it
+		// did nothing; a lost lease excuses no late start.
+		name: "a resumption started on a claim older than a committed later claim's: told once, by claim order: bug6",
+		h: func() history {
+			keys, effects := completed("r2")
+			return history{
+				Runs: []histRun{claimed(run("r1", modeResume, 1700, 1701, "lost"), 3), claimed(run("r2", modeResume, 1600, 1610, "ok"), 4)},
+				Keys: keys, Effects: effects,
+			}
+		}(),
+		want: []want{{vStaleStart, bug6}},
+	}, {
+		name: "a two-phase run started on a claim a failed later claim had taken over: I4 by claim order, bug6",
+		h: history{
+			Runs: []histRun{claimed(run("r1", entryDo2, 1620, 1630, "failed"), 3), claimed(run("r2", entryDoSQL, 1600, 1610, "failed"), 4)},
+			Keys: map[string]histKey{"s/k": {Status: "failed"}},
+		},
+		want: []want{{vStaleStart, bug6}},
+	}, {
+		name: "a lost run after a commit, its process stalled before it started: nothing",
+		h: func() history {
+			keys, effects := completed("r2")
+			return history{
+				Runs:   []histRun{claimed(run("r1", modeResume, 1700, 1701, "lost"), 3), claimed(run("r2", modeResume, 1600, 1610, "ok"), 4)},
+				Pauses: []histPause{{Worker: "p0", From: at(200), To: at(1690)}},
+				Keys:   keys, Effects: effects,
+			}
+		}(),
+	}, {
+		// Its process paused (its transaction ended by Postgres, no row
+		// left) before it found its lease lost: another payload may run.
+		name: "another payload after a lost one-commit run whose process paused: nothing",
+		h: history{
+			Runs: []histRun{withWorker(run("r1", entryConsumer, 0, 2600, "lost"), "w1.1"),
+				withPayload(withWorker(run("r2", entryConsumer, 2300, 2320, "failed"), "w1.1"), "p2")},
+			Pauses: []histPause{{Worker: "w1.1", From: at(50), To: at(2250)}},
+			Keys:   map[string]histKey{"s/k": {Status: "failed"}},
+		},
+	}, {
+		name: "another payload after a lost one-commit run: bug5",
+		h: history{
+			Runs: []histRun{run("r1", entryConsumer, 0, 2600, "lost"), withPayload(run("r2", entryConsumer, 2300, 2320, "failed"), "p2")},
+			Keys: map[string]histKey{"s/k": {Status: "failed"}},
+		},
+		want: []want{{vOtherPayload, bug5}},
+	}, {
+		name: "a lost one-commit run after a commit: I13, bug1",
+		h: func() history {
+			keys, effects := completed("r1")
+			return history{
+				Runs:  []histRun{run("r1", entryDo1, 0, 10, "ok"), run("r2", entryRun, 20, 21, "lost")},
+				Calls: []histCall{call("r1", entryDo1, 0, 12, toldOK, "r1"), call("r2", entryRun, 19, 32, toldReplayed, "r1")},
+				Keys:  keys, Effects: effects,
+			}
+		}(),
+		want: []want{{vAfterCommit, bug1}},
+	}, {
 		name: "a one-commit retry refused right after a failed one-commit run: bug2",
 		h: func() history {
 			keys, effects := completed("r3")
@@ -94,6 +168,20 @@ func TestHistoryChecker(t *testing.T) {
 			}
 		}(),
 		want: []want{{vLostNoTakeover, bug5}, {vOtherPayload, bug5}},
+	}, {
+		// Its step promoted it (a row from then on): when its lease ran
+		// out, a resumption took it over, after the lease, and committed.
+		name: "a promoted run-step that overran, told lost, resumed after its lease: nothing",
+		h: func() history {
+			keys, effects := completed("r2")
+			r1 := run("r1", entryRunStep, 0, 2050, "ok")
+			r1.EndVersion = 2
+			return history{
+				Runs:  []histRun{r1, claimed(run("r2", modeResume, 2650, 2840, "ok"), 3)},
+				Calls: []histCall{call("r1", entryRunStep, 0, 3880, toldLost, "")},
+				Keys:  keys, Effects: effects,
+			}
+		}(),
 	}, {
 		name: "another payload after a failed two-phase run",
 		h: history{

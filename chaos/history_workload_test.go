@@ -22,7 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The history test's workload: the callers, the handlers they run and
@@ -32,7 +32,10 @@ import (
 // process and the checker reads one history.
 
 // historySchema holds the history: one row per handler run (its start
-// from clock_timestamp(), its end written when the handler returns), one
+// taken as the handler is entered, before its record waits for a
+// connection, and when the record was written; the version of the claim
+// it runs under, 0 for a one-commit execution's lock, at its start and at
+// its end; its end written when the handler returns), one
 // business row per handler that got as far as its write, through the
 // execution's transaction (deliberately not unique on (scope, key): a
 // second row is what the checker counts), and one row per call a caller
@@ -47,8 +50,11 @@ CREATE TABLE history_runs (
 	key        text NOT NULL,
 	mode       text NOT NULL,
 	payload    text NOT NULL,
+	version    bigint NOT NULL,
 	started_at timestamptz NOT NULL,
+	recorded_at timestamptz NOT NULL,
 	ended_at   timestamptz,
+	end_version bigint,
 	result     text
 );
 CREATE TABLE history_effects (
@@ -249,7 +255,7 @@ func newHarness(ctx context.Context, cfg harnessConfig) (*harness, error) {
 		e, err := onceonly.New(onceonly.Config{
 			Pool: pool, DB: db, Redis: h.rdb, RedisPrefix: cfg.RedisPrefix, TwoPhase: twoPhase,
 			LeaseTimeout: cfg.Lease, FailedTTL: time.Hour, ResumeInterval: 300 * time.Millisecond,
-			Logger: testenv.QuietLogger(),
+			Logger: oncetest.QuietLogger(),
 			Daemons: onceonly.Daemons{ReconcileSchedule: "@every 1s", ReapGrace: 100 * time.Millisecond,
 				PollInterval: 200 * time.Millisecond},
 		})
@@ -402,31 +408,48 @@ type runBody struct {
 // run's start, behaves as its attempt says (a nil attempt, a resumption,
 // just succeeds), writes the business row through write (the execution's
 // transaction), and records the run's end and result before it returns.
+//
+// The run's start is the time the handler is entered, not the time its
+// record reaches Postgres: on a starved machine that record may wait for a
+// connection past the run's lease, while another claim runs and commits.
+// A run that finds its lease lost once its start is recorded, before its
+// first action (step, sleep or write), stops there: it is recorded "lost",
+// a run that did nothing.
 func (h *harness) handle(ctx context.Context, a *attempt, mode string, step func(ctx context.Context) error, write func(ctx context.Context, runID string) error) (onceonly.Result, error) {
+	entered := time.Now()
 	attemptID, scope, key, payload := "", "", "", ""
 	var b behaviour
+	var version int64
+	x, isExecution := onceonly.ExecutionOf(ctx)
+	if isExecution {
+		version = x.Fence().Version
+	}
 	if a != nil {
 		attemptID, scope, key, payload, b = a.id, a.scope, a.key, a.payload, a.behave
-	} else if x, ok := onceonly.ExecutionOf(ctx); ok {
+	} else if isExecution {
 		scope, key, payload = x.Scope(), x.Key(), string(x.Request())
 		b = behaviour{Outcome: "ok"}
 	}
-	if x, ok := onceonly.ExecutionOf(ctx); ok && oneCommitModes[mode] && x.Fence().Version > 0 {
+	if oneCommitModes[mode] && version > 0 {
 		// A one-commit entry point on a key that had a row (failed, taken
 		// over) claims it two-phase: the run holds the key by that row.
 		mode += rowSuffix
 	}
 	runID := h.newID("r")
 	if _, err := h.history.Exec(context.WithoutCancel(ctx), `INSERT INTO history_runs
-		(run_id, attempt_id, worker, scope, key, mode, payload, started_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())`,
-		runID, attemptID, h.cfg.Worker, scope, key, mode, payload); err != nil {
+		(run_id, attempt_id, worker, scope, key, mode, payload, version, started_at, recorded_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, clock_timestamp())`,
+		runID, attemptID, h.cfg.Worker, scope, key, mode, payload, version, entered); err != nil {
 		h.recordErr(fmt.Errorf("record run start: %w", err))
 		return onceonly.Result{}, err
 	}
 	end := func(result string) {
+		ended, endVersion := time.Now(), int64(0)
+		if isExecution {
+			endVersion = x.Fence().Version // above 0 once a step promoted a one-commit execution
+		}
 		if _, err := h.history.Exec(context.WithoutCancel(ctx),
-			`UPDATE history_runs SET ended_at = $2, result = $3 WHERE run_id = $1`, runID, time.Now(), result); err != nil {
+			`UPDATE history_runs SET ended_at = $2, result = $3, end_version = $4 WHERE run_id = $1`, runID, ended, result, endVersion); err != nil {
 			h.recordErr(fmt.Errorf("record run end: %w", err))
 		}
 	}
@@ -439,6 +462,10 @@ func (h *harness) handle(ctx context.Context, a *attempt, mode string, step func
 		case <-ctx.Done():
 			return fmt.Errorf("handler stopped: %w", context.Cause(ctx))
 		}
+	}
+	if errors.Is(context.Cause(ctx), onceonly.ErrLeaseLost) {
+		end("lost")
+		return onceonly.Result{}, fmt.Errorf("handler stopped before acting: %w", context.Cause(ctx))
 	}
 	if step != nil {
 		if err := step(ctx); err != nil {

@@ -17,12 +17,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The network-fault test (issue 24): two api processes, each with its
 // in-process gateway on its own Postgres, reach Postgres and Redis through
-// fault proxies (testenv.FaultProxy). Payments are sent by clients that
+// fault proxies (oncetest.FaultProxy). Payments are sent by clients that
 // retry while, phase by phase, Postgres goes down (connections reset), is
 // cut off (a blackhole) or slow (latency), Redis goes down or is cut off,
 // and one api is killed (SIGKILL). Each phase has keys of its own, so the
@@ -114,18 +114,18 @@ func (r *nfRun) committedAt(key string) (time.Time, bool) {
 // them.
 func TestNetworkFaults(t *testing.T) {
 	began := time.Now()
-	apiBin := testenv.BuildBinary(t, "../cmd/api")
-	dbURL := testenv.DatabaseURL(t)
-	_, prefix := testenv.Redis(t)
-	pgProxy, pgURL := testenv.NewFaultProxyFor(t, dbURL)
-	redisProxy, redisURL := testenv.NewFaultProxyFor(t, testenv.RedisURL(t))
-	pool := testenv.Pool(t, dbURL) // direct: the test's own reads see no fault
-	ctx := testenv.ContextFor(t, 2*time.Minute)
+	apiBin := oncetest.BuildBinary(t, "../cmd/api")
+	dbURL := oncetest.DatabaseURL(t)
+	_, prefix := oncetest.Redis(t)
+	pgProxy, pgURL := oncetest.NewFaultProxyFor(t, dbURL)
+	redisProxy, redisURL := oncetest.NewFaultProxyFor(t, oncetest.RedisURL(t))
+	pool := oncetest.Pool(t, dbURL) // direct: the test's own reads see no fault
+	ctx := oncetest.ContextFor(t, 2*time.Minute)
 
 	env := []string{"DATABASE_URL=" + pgURL, "REDIS_URL=" + redisURL, "REDIS_PREFIX=" + prefix,
 		"GATEWAY_URL=", "API_KEYS=", "LEASE_TIMEOUT=" + nfLease.String(), "RESUME_INTERVAL=" + nfResume.String(),
 		"SLOW_GATEWAY_DELAY=" + nfSlowDelay.String()}
-	daemons := []*testenv.Daemon{testenv.StartDaemon(t, apiBin, env...), testenv.StartDaemon(t, apiBin, env...)}
+	daemons := []*oncetest.Daemon{oncetest.StartDaemon(t, apiBin, env...), oncetest.StartDaemon(t, apiBin, env...)}
 	run := &nfRun{
 		http: &http.Client{Timeout: nfAttemptTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 		apis: []string{daemons[0].Addr, daemons[1].Addr}, committed: map[string]time.Time{},
@@ -138,16 +138,16 @@ func TestNetworkFaults(t *testing.T) {
 		name  string
 		fault func() time.Time // injects the fault, ends it, and returns when it ended
 	}{
-		{"pg_down", func() time.Time { return hold(pgProxy, testenv.Reset) }},
-		{"pg_blackhole", func() time.Time { return hold(pgProxy, testenv.Blackhole) }},
+		{"pg_down", func() time.Time { return hold(pgProxy, oncetest.Reset) }},
+		{"pg_blackhole", func() time.Time { return hold(pgProxy, oncetest.Blackhole) }},
 		{"pg_latency", func() time.Time {
 			pgProxy.SetLatency(nfLatency)
 			time.Sleep(nfFaultHold) // the fault's length
-			pgProxy.SetMode(testenv.Pass)
+			pgProxy.SetMode(oncetest.Pass)
 			return time.Now()
 		}},
-		{"redis_down", func() time.Time { return hold(redisProxy, testenv.Reset) }},
-		{"redis_blackhole", func() time.Time { return hold(redisProxy, testenv.Blackhole) }},
+		{"redis_down", func() time.Time { return hold(redisProxy, oncetest.Reset) }},
+		{"redis_blackhole", func() time.Time { return hold(redisProxy, oncetest.Blackhole) }},
 		{"api_kill", func() time.Time {
 			// The kill is the whole fault: what the dead api held is
 			// settled after its lease, by the other api or a retry.
@@ -155,7 +155,7 @@ func TestNetworkFaults(t *testing.T) {
 			_ = killed.Cmd.Process.Kill()
 			at := time.Now()
 			_ = killed.Cmd.Wait()
-			daemons = append(daemons, testenv.StartDaemon(t, apiBin, env...))
+			daemons = append(daemons, oncetest.StartDaemon(t, apiBin, env...))
 			run.mu.Lock()
 			run.apis[0] = daemons[len(daemons)-1].Addr
 			run.mu.Unlock()
@@ -174,7 +174,7 @@ func TestNetworkFaults(t *testing.T) {
 	}()
 	for _, ph := range phases {
 		for _, d := range run.apis {
-			testenv.WaitReady(t, d)
+			oncetest.WaitReady(t, d)
 		}
 		began := time.Now()
 		p := run.runPhase(t, ctx, pool, ph.name, ph.fault)
@@ -209,10 +209,10 @@ func TestNetworkFaults(t *testing.T) {
 
 // hold puts proxy in mode for nfFaultHold, then back to Pass, and returns
 // when it did.
-func hold(proxy *testenv.FaultProxy, mode testenv.FaultMode) time.Time {
+func hold(proxy *oncetest.FaultProxy, mode oncetest.FaultMode) time.Time {
 	proxy.SetMode(mode)
 	time.Sleep(nfFaultHold) // the fault's length, not a wait for an event
-	proxy.SetMode(testenv.Pass)
+	proxy.SetMode(oncetest.Pass)
 	return time.Now()
 }
 
@@ -247,7 +247,7 @@ func (r *nfRun) runPhase(t *testing.T, ctx context.Context, pool *pgxpool.Pool, 
 			wg.Go(func() { r.client(ctx, p, key, "tok_visa", body, i+j, at.Add(jitter)) })
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, name+": the slow payments in flight at the gateway", func() bool {
+	oncetest.Eventually(t, 10*time.Second, name+": the slow payments in flight at the gateway", func() bool {
 		var calls, processing int
 		err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processing') FROM gateway.charges
 			WHERE reference = ANY($1)`, slowRefs).Scan(&calls, &processing)
@@ -544,7 +544,7 @@ func quantiles(xs []float64) (p50, maxX float64) {
 
 // dumpLogs logs what the apis said about the first keys the violations
 // name, and the end of each api's log.
-func dumpLogs(t *testing.T, daemons []*testenv.Daemon, violations []string) {
+func dumpLogs(t *testing.T, daemons []*oncetest.Daemon, violations []string) {
 	t.Helper()
 	var keys []string
 	for _, v := range violations {

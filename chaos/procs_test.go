@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // buildCommands builds api, relay, reconciler, gateway and consumer
@@ -68,7 +68,7 @@ func (p *proc) start() error {
 	}
 	p.cmd = cmd
 	var lastErr error
-	if testenv.Poll(20*time.Second, func() bool {
+	if oncetest.Poll(20*time.Second, func() bool {
 		res, err := p.get("/healthz")
 		if err == nil {
 			res.Body.Close()

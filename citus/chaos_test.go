@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly/client"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/reconcile"
 )
 
@@ -29,7 +29,7 @@ const merchants = 8
 // CITUS_CHAOS_PAYMENTS (default 200) and CITUS_CHAOS_DURATION (default 15s)
 // size the run.
 func TestChaos(t *testing.T) {
-	payments := testenv.EnvInt(t, "CITUS_CHAOS_PAYMENTS", 200)
+	payments := oncetest.EnvInt(t, "CITUS_CHAOS_PAYMENTS", 200)
 	duration := 15 * time.Second
 	if v := os.Getenv("CITUS_CHAOS_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -38,7 +38,7 @@ func TestChaos(t *testing.T) {
 		}
 		duration = d
 	}
-	rds := testenv.NewRedisServer(t)
+	rds := oncetest.NewRedisServer(t)
 	s := newStack(t, "REDIS_URL="+rds.URL())
 	keys := make([]string, merchants)
 	for i := range keys {
@@ -46,14 +46,14 @@ func TestChaos(t *testing.T) {
 	}
 	gw := s.start(t, "gateway", "gateway", "SLOW_GATEWAY_DELAY=300ms")
 	apiEnv := []string{"GATEWAY_URL=" + baseURL(gw), "LEASE_TIMEOUT=3s", "RESUME_INTERVAL=300ms", "API_KEYS=" + strings.Join(keys, ",")}
-	apis := []*testenv.Daemon{s.start(t, "api1", "api", apiEnv...), s.start(t, "api2", "api", apiEnv...)}
-	relays := []*testenv.Daemon{
+	apis := []*oncetest.Daemon{s.start(t, "api1", "api", apiEnv...), s.start(t, "api2", "api", apiEnv...)}
+	relays := []*oncetest.Daemon{
 		s.start(t, "relay1", "relay", "RELAY_POLL_INTERVAL=200ms", "DATABASE_SESSION_URL="+s.db),
 		s.start(t, "relay2", "relay", "RELAY_POLL_INTERVAL=200ms"),
 	}
 	reconciler := s.start(t, "reconciler", "reconciler", "RECONCILE_SCHEDULE=@every 1s", "REAP_GRACE=100ms")
 
-	ctx := testenv.ContextFor(t, 2*duration+3*time.Minute)
+	ctx := oncetest.ContextFor(t, 2*duration+3*time.Minute)
 	loadCtx, endLoad := context.WithCancel(ctx)
 	faults := map[string]int{}
 	var faultErrs []string
@@ -110,7 +110,7 @@ func TestChaos(t *testing.T) {
 	t.Logf("%d payments, %d requests with their duplicates", payments, copies)
 
 	// One payment row per key, none twice.
-	pool := testenv.Pool(t, s.db)
+	pool := oncetest.Pool(t, s.db)
 	var rows, distinct int
 	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT (merchant_id, idempotency_key)) FROM payments`).Scan(&rows, &distinct); err != nil {
 		t.Fatalf("count the payments: %v", err)
@@ -121,7 +121,7 @@ func TestChaos(t *testing.T) {
 
 	// The outbox drains.
 	var pending int
-	if !testenv.Poll(60*time.Second, func() bool {
+	if !oncetest.Poll(60*time.Second, func() bool {
 		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&pending) == nil && pending == 0
 	}) {
 		t.Errorf("the outbox did not drain within 60 s: %d events left", pending)
@@ -132,14 +132,14 @@ func TestChaos(t *testing.T) {
 	// pass that finds nothing to repair, then stop everything and check
 	// once more.
 	var last string
-	if !testenv.Poll(30*time.Second, func() bool {
+	if !oncetest.Poll(30*time.Second, func() bool {
 		last = s.run(t, "reconciler", "--once", "--dry-run")
 		var rep reconcile.Report
 		return json.Unmarshal([]byte(last), &rep) == nil && rep.Drift() == 0 && rep.InSync == rep.Scanned
 	}) {
 		t.Errorf("Redis did not converge within 30 s of the last fault: %s", last)
 	}
-	for _, d := range append(append([]*testenv.Daemon{gw, reconciler}, apis...), relays...) {
+	for _, d := range append(append([]*oncetest.Daemon{gw, reconciler}, apis...), relays...) {
 		if err := d.Stop(); err != nil {
 			t.Error(err)
 		}
@@ -170,7 +170,7 @@ var sources = []string{"tok_visa", "tok_visa", "tok_visa", "tok_visa", "tok_visa
 // chaosLoad sends each of n payments two to four times over duration: the
 // first two copies at once to different apis, the others a moment later.
 // It returns every copy's final answer by key.
-func chaosLoad(ctx context.Context, apis []*testenv.Daemon, n int, duration time.Duration) map[string][]answer {
+func chaosLoad(ctx context.Context, apis []*oncetest.Daemon, n int, duration time.Duration) map[string][]answer {
 	c := &client.Client{HTTP: &http.Client{Timeout: 5 * time.Second}, MaxAttempts: 40,
 		MinDelay: 50 * time.Millisecond, MaxDelay: 700 * time.Millisecond}
 	var mu sync.Mutex

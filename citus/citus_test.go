@@ -20,12 +20,12 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv("TEST_CITUS_URL") == "" {
-		fmt.Fprintf(os.Stderr, "TEST_CITUS_URL is not set: %s\n", testenv.HowToStartCitus)
+		fmt.Fprintf(os.Stderr, "TEST_CITUS_URL is not set: %s\n", oncetest.HowToStartCitus)
 		os.Exit(1)
 	}
 	dir, err := buildCommands()
@@ -51,7 +51,7 @@ func buildCommands() (string, error) {
 		return "", fmt.Errorf("make the commands' folder: %w", err)
 	}
 	out, err := exec.CommandContext(context.Background(), "go", "build", "-o", dir+"/", "../cmd/api", "../cmd/relay",
-		"../cmd/reconciler", "../cmd/gateway", "../cmd/consumer", "../examples/tour").CombinedOutput()
+		"../cmd/reconciler", "../cmd/gateway", "../cmd/consumer", "../demo/tour").CombinedOutput()
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return "", fmt.Errorf("build the commands: %w\n%s", err, out)

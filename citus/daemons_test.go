@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly/client"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/reconcile"
 )
 
@@ -34,8 +34,8 @@ func TestOnceCommands(t *testing.T) {
 		t.Fatalf("relay --once printed %q: %v", out, err)
 	}
 	t.Logf("relay --once: %s", out)
-	ctx := testenv.Context(t)
-	pool := testenv.Pool(t, s.db)
+	ctx := oncetest.Context(t)
+	pool := oncetest.Pool(t, s.db)
 	var pending int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&pending); err != nil {
 		t.Fatalf("count the outbox: %v", err)
@@ -60,9 +60,9 @@ func TestOnceCommands(t *testing.T) {
 
 // pay sends n payments (keys name-0 … name-n-1, cards that charge) to api
 // and fails the test unless each is created (201).
-func pay(t *testing.T, api *testenv.Daemon, name string, n int) {
+func pay(t *testing.T, api *oncetest.Daemon, name string, n int) {
 	t.Helper()
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	c := &client.Client{HTTP: &http.Client{Timeout: 10 * time.Second}, MaxAttempts: 10}
 	for i := range n {
 		res, err := c.Do(ctx, client.Request{Method: "POST", URL: baseURL(api) + "/v1/payments",

@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // citusTable is a row of Citus's citus_tables view.
@@ -22,18 +22,18 @@ type citusTable struct {
 // version floor and the gateway's tables as reference tables. A second
 // `api migrate up` changes nothing.
 func TestMigrateDistributes(t *testing.T) {
-	db := testenv.CitusDatabaseURL(t)
+	db := oncetest.CitusDatabaseURL(t)
 	migrateUp(t, db)
 	// The gateway creates its schema when it starts (unless `api migrate
 	// up` made it already).
-	gw := testenv.StartDaemon(t, bins+"/gateway", "DATABASE_URL="+db, "LOG_LEVEL=warn")
+	gw := oncetest.StartDaemon(t, bins+"/gateway", "DATABASE_URL="+db, "LOG_LEVEL=warn")
 	if err := gw.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	migrateUp(t, db)
 
-	ctx := testenv.Context(t)
-	pool := testenv.Pool(t, db)
+	ctx := oncetest.Context(t)
+	pool := oncetest.Pool(t, db)
 	rows, err := pool.Query(ctx, `SELECT table_name::text AS table_name, citus_table_type::text AS citus_table_type,
 		distribution_column::text AS distribution_column, colocation_id::int AS colocation_id FROM citus_tables`)
 	if err != nil {

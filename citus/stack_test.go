@@ -3,7 +3,7 @@ package citus
 import (
 	"testing"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // stack is the system on a migrated Citus database of the test's own.
@@ -21,10 +21,10 @@ type stack struct {
 func newStack(t *testing.T, redisEnv ...string) *stack {
 	t.Helper()
 	if len(redisEnv) == 0 {
-		_, prefix := testenv.Redis(t)
-		redisEnv = []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix}
+		_, prefix := oncetest.Redis(t)
+		redisEnv = []string{"REDIS_URL=" + oncetest.RedisURL(t), "REDIS_PREFIX=" + prefix}
 	}
-	s := &stack{db: testenv.CitusDatabaseURL(t)}
+	s := &stack{db: oncetest.CitusDatabaseURL(t)}
 	migrateUp(t, s.db)
 	s.env = append([]string{"DATABASE_URL=" + s.db, "LOG_LEVEL=warn"}, redisEnv...)
 	return s
@@ -33,9 +33,9 @@ func newStack(t *testing.T, redisEnv ...string) *stack {
 // start starts the command bin (of bins) with s.env and extra, and waits
 // until it is ready; if the test fails, the end of its log is shown under
 // name.
-func (s *stack) start(t *testing.T, name, bin string, extra ...string) *testenv.Daemon {
+func (s *stack) start(t *testing.T, name, bin string, extra ...string) *oncetest.Daemon {
 	t.Helper()
-	d := testenv.StartDaemon(t, bins+"/"+bin, append(append([]string{}, s.env...), extra...)...)
+	d := oncetest.StartDaemon(t, bins+"/"+bin, append(append([]string{}, s.env...), extra...)...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			logs := d.Logs.String()
@@ -46,7 +46,7 @@ func (s *stack) start(t *testing.T, name, bin string, extra ...string) *testenv.
 }
 
 // baseURL returns a daemon's base URL.
-func baseURL(d *testenv.Daemon) string { return "http://" + d.Addr }
+func baseURL(d *oncetest.Daemon) string { return "http://" + d.Addr }
 
 // run runs the command bin with args to completion, with s.env, and returns
 // its stdout.

@@ -4,17 +4,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
-// TestTour runs the tour (make tour: examples/tour) against the whole
+// TestTour runs the tour (make tour: demo/tour) against the whole
 // system on Citus: the gateway, the api, the relay, the reconciler and the
 // demo consumer on NATS JetStream, all with DATABASE_URL at the
 // coordinator. The tour fails on the first step that does not behave; it
 // must also run every step (none skipped).
 func TestTour(t *testing.T) {
 	s := newStack(t)
-	nats := testenv.NewNATSServer(t)
+	nats := oncetest.NewNATSServer(t)
 	gw := s.start(t, "gateway", "gateway")
 	charge := "GATEWAY_URL=" + baseURL(gw)
 	api := s.start(t, "api", "api", charge)

@@ -25,7 +25,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/backoff"
+	"github.com/onceonly/onceonly/backoff"
 )
 
 // Header names used by the client.

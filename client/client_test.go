@@ -2,6 +2,8 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -9,34 +11,64 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/client"
-	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/testenv"
-	"github.com/onceonly/onceonly/payments"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
-// api starts the demo payments API on real Postgres and Redis.
+// api serves a small payments endpoint of its own on real Postgres and
+// Redis, behind onceonly's middleware: the source "tok_slow" takes 700ms,
+// "tok_chargeDeclined" answers 402 and "tok_gatewayError" 502.
 func api(t *testing.T) http.Handler {
 	t.Helper()
-	return apiOn(t, testenv.DB(t))
+	h, _ := slowAPI(t)
+	return h
 }
 
-// apiOn is api on pool.
-func apiOn(t *testing.T, pool *pgxpool.Pool) http.Handler {
+// slowAPI is api, and a channel that receives when a "tok_slow" payment
+// starts.
+func slowAPI(t *testing.T) (http.Handler, <-chan struct{}) {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
+	pool := oncetest.DB(t)
+	slow := make(chan struct{}, 8)
+	rdb, prefix := oncetest.Redis(t)
 	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 10 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
-	return payments.NewHandler(payments.Config{
-		Engine: engine, Pool: pool, APIKeys: map[string]string{"sk_test_c": "acct_c"},
-		Gateway: testenv.Gateway(t, pool, gateway.Config{SlowDelay: 700 * time.Millisecond}),
-		Logger:  testenv.QuietLogger(),
+	var charges atomic.Int64
+	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Source string `json:"source"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		switch req.Source {
+		case "tok_slow":
+			slow <- struct{}{}
+			time.Sleep(700 * time.Millisecond)
+		case "tok_chargeDeclined":
+			http.Error(w, `{"error":"card_declined"}`, http.StatusPaymentRequired)
+			return
+		case "tok_gatewayError":
+			http.Error(w, `{"error":"gateway_error"}`, http.StatusBadGateway)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = fmt.Fprintf(w, `{"id":"pay_%d"}`, charges.Add(1))
 	})
+	return engine.Middleware(onceonly.MiddlewareOptions{
+		Scope: func(r *http.Request) (string, error) {
+			if r.Header.Get("Authorization") != "Bearer sk_test_c" {
+				return "", &onceonly.HTTPError{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "bad API key"}
+			}
+			return "acct_c", nil
+		},
+	})(pay), slow
 }
 
 func payment(srvURL, source string) client.Request {
@@ -55,7 +87,7 @@ func TestFirstCallThenReplay(t *testing.T) {
 	srv := httptest.NewServer(api(t))
 	defer srv.Close()
 	c := fastClient()
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	req := payment(srv.URL, "tok_visa")
 	first, err := c.Do(ctx, req)
 	require.NoError(t, err)
@@ -72,10 +104,10 @@ func TestFirstCallThenReplay(t *testing.T) {
 }
 
 func TestWaitsOutAnInFlightDuplicate(t *testing.T) {
-	pool := testenv.DB(t)
-	srv := httptest.NewServer(apiOn(t, pool))
+	h, slow := slowAPI(t)
+	srv := httptest.NewServer(h)
 	defer srv.Close()
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	req := payment(srv.URL, "tok_slow")
 	req.Key = client.NewKey()
 
@@ -83,7 +115,11 @@ func TestWaitsOutAnInFlightDuplicate(t *testing.T) {
 	var firstErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { first, firstErr = fastClient().Do(ctx, req) })
-	testenv.AwaitClaimed(t, ctx, pool, req.Key)
+	select {
+	case <-slow:
+	case <-ctx.Done():
+		t.Fatal("the slow payment never started")
+	}
 	began := time.Now()
 	second, err := fastClient().Do(ctx, req)
 	require.NoError(t, err)
@@ -99,7 +135,7 @@ func TestWaitsOutAnInFlightDuplicate(t *testing.T) {
 func TestNeverRetriesOtherClientErrors(t *testing.T) {
 	srv := httptest.NewServer(api(t))
 	defer srv.Close()
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	req := payment(srv.URL, "tok_visa")
 	req.Key = client.NewKey()
 	_, err := fastClient().Do(ctx, req)
@@ -141,10 +177,10 @@ func TestRetriesGatewayErrorsUpToTheLimit(t *testing.T) {
 	defer srv.Close()
 	c := fastClient()
 	c.MaxAttempts = 3
-	res, err := c.Do(testenv.Context(t), payment(srv.URL, "tok_gatewayError"))
+	res, err := c.Do(oncetest.Context(t), payment(srv.URL, "tok_gatewayError"))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadGateway, res.StatusCode)
-	require.Equal(t, 3, res.Attempts, "a failed key runs again on every retry")
+	require.Equal(t, 3, res.Attempts, "a 5xx answer is retried up to the limit")
 }
 
 func TestRetriesNetworkErrorsWithTheSameKey(t *testing.T) {
@@ -172,7 +208,7 @@ func TestRetriesNetworkErrorsWithTheSameKey(t *testing.T) {
 		handler.ServeHTTP(w, r)
 	}))
 	defer srv.Close()
-	res, err := fastClient().Do(testenv.Context(t), payment(srv.URL, "tok_visa"))
+	res, err := fastClient().Do(oncetest.Context(t), payment(srv.URL, "tok_visa"))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, res.StatusCode)
 	require.Equal(t, 3, res.Attempts)

@@ -48,6 +48,7 @@ require (
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nats.go v1.55.0
+	github.com/onceonly/onceonly/demo v0.1.0
 	github.com/onceonly/onceonly/onceamqp v0.1.0
 	github.com/onceonly/onceonly/oncenats v0.1.0
 	github.com/opencontainers/go-digest v1.0.0 // indirect

@@ -48,8 +48,9 @@ type series struct {
 }
 
 // column is one bar of a chart: its label (shown for some columns) and
-// tooltip, and one value per series; a marked column is drawn full height
-// in the "mark" class instead (a failed pass).
+// tooltip, and one value per series; a marked column (a failed pass) is
+// drawn full height in the "mark" class behind its values (what the pass
+// found before it failed), which count in the legend as any others.
 type column struct {
 	label, title string
 	values       []float64
@@ -110,7 +111,6 @@ func barChart(label string, width int, ss []series, cols []column) chart {
 		}
 		if col.mark {
 			c.Rects = append(c.Rects, chartRect{X: num(x), Y: num(chartTop), W: num(w), H: num(plotH), Class: "mark", Title: col.title})
-			continue
 		}
 		y := baseY
 		for j, v := range col.values {

@@ -20,7 +20,7 @@
 // markup shows as text. Every page is behind HTTP Basic authentication
 // compared in constant time (or the host's own, Config.Authorize); every
 // action is a POST form carrying a CSRF token. A GET never writes: its reads
-// run in a read-only transaction, and Redis is only read (GET, PTTL). Stored
+// run in a read-only transaction, and Redis is only read (GET, PTTL, TIME). Stored
 // bodies and requests sit behind a toggle (details/summary) and are never
 // shown with Config.Redact.
 //
@@ -45,7 +45,8 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/reconcile"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // DefaultPrefix is the path the console is served under unless
@@ -86,9 +87,46 @@ type Config struct {
 	// SampleInterval is how often Start samples the engine's request
 	// counters for the overview's chart (DefaultSampleInterval).
 	SampleInterval time.Duration
+	// Thresholds colour the overview's figures; each zero field takes its
+	// default, DefaultThresholds's.
+	Thresholds Thresholds
 	// Logger receives the errors pages could not show (slog.Default when
 	// nil).
 	Logger *slog.Logger
+}
+
+// Thresholds say when the overview colours a figure as a warning or an
+// alert. The defaults match the shipped alert rules
+// (deploy/prometheus/alerts.yml) at the default settings: change them with
+// the rules.
+type Thresholds struct {
+	// PendingWarn and PendingAlert are ages of the oldest event waiting in
+	// the outbox: 5s, as OnceonlyRelayLagHigh, and 1m, as
+	// OnceonlyRelayBehind (normal is about RELAY_POLL_INTERVAL).
+	PendingWarn, PendingAlert time.Duration
+	// StuckWarn and StuckAlert are how long the lease of an execution with
+	// a step started has been over: 1s, REAP_GRACE, past which the
+	// reconciler counts it stuck (onceonly_reconcile_stuck_executions),
+	// and 10m, as OnceonlyStuckExecutions (stuck for 10 minutes).
+	StuckWarn, StuckAlert time.Duration
+}
+
+// DefaultThresholds are the thresholds of the shipped alert rules.
+var DefaultThresholds = Thresholds{
+	PendingWarn: 5 * time.Second, PendingAlert: time.Minute,
+	StuckWarn: reconcile.DefaultReapGrace, StuckAlert: 10 * time.Minute,
+}
+
+// level is the colour of a figure: "" (none), "warn" or "alert", the
+// classes of console.css.
+func level(d, warn, alert time.Duration) string {
+	switch {
+	case d > alert:
+		return "alert"
+	case d > warn:
+		return "warn"
+	}
+	return ""
 }
 
 // Console serves the console's pages. It is an http.Handler; Start runs its
@@ -123,6 +161,10 @@ func New(cfg Config) (*Console, error) {
 		return nil, fmt.Errorf("console: Prefix %q must start with /", cfg.Prefix)
 	}
 	defaults.Positive(&cfg.SampleInterval, DefaultSampleInterval)
+	defaults.Positive(&cfg.Thresholds.PendingWarn, DefaultThresholds.PendingWarn)
+	defaults.Positive(&cfg.Thresholds.PendingAlert, DefaultThresholds.PendingAlert)
+	defaults.Positive(&cfg.Thresholds.StuckWarn, DefaultThresholds.StuckWarn)
+	defaults.Positive(&cfg.Thresholds.StuckAlert, DefaultThresholds.StuckAlert)
 	defaults.Logger(&cfg.Logger)
 	g, err := newGuard(cfg.Auth, cfg.Authorize, cfg.CSRFKey)
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/console"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 const (
@@ -44,21 +44,26 @@ type testBundle struct {
 
 type setupOpts struct {
 	readOnly, redact bool
+	thresholds       console.Thresholds
 }
 
 func setup(t *testing.T, opts setupOpts) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t)}
-	b.rdb, b.prefix = testenv.Redis(t)
-	var err error
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t)}
+	b.rdb, b.prefix = oncetest.Redis(t)
+	// The application's table the handlers write (the engine's migrations
+	// create none since the demo's schema moved to the demo).
+	_, err := b.pool.Exec(b.ctx, `CREATE TABLE payments (id text PRIMARY KEY, merchant_id text NOT NULL,
+		idempotency_key text NOT NULL, amount bigint NOT NULL, currency text NOT NULL, customer text NOT NULL, status text NOT NULL)`)
+	require.NoError(t, err)
 	b.engine, err = onceonly.New(onceonly.Config{
-		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, Logger: testenv.QuietLogger(), LeaseTimeout: 10 * time.Second,
+		Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, Logger: oncetest.QuietLogger(), LeaseTimeout: 10 * time.Second,
 	})
 	require.NoError(t, err)
 	t.Cleanup(b.engine.Close)
 	b.console, err = console.New(console.Config{
 		Engine: b.engine, Pool: b.pool, Auth: user + ":" + password,
-		ReadOnly: opts.readOnly, Redact: opts.redact, Logger: testenv.QuietLogger(),
+		ReadOnly: opts.readOnly, Redact: opts.redact, Thresholds: opts.thresholds, Logger: oncetest.QuietLogger(),
 	})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
@@ -178,7 +183,7 @@ func (b *testBundle) holdInStep(t *testing.T, key, request, outcome string) {
 		}
 		<-done
 	})
-	testenv.Eventually(t, 10*time.Second, "the step's outcome recorded", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the step's outcome recorded", func() bool {
 		var n int
 		_ = b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idempotency_keys WHERE key = $1 AND steps->'charge' ? 'outcome'`, key).Scan(&n)
 		return n == 1
@@ -253,14 +258,22 @@ func TestKeyPageShowsBothSides(t *testing.T) {
 	// A value that does not decode: differs, and repairable.
 	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("pay/1?x#y"), "garbage", time.Minute).Err())
 	page = b.get(t, path)
-	require.Contains(t, page.body, `data-sync="differs"`)
+	require.Contains(t, page.body, `data-sync="differs" data-drift="corrupt">Differs (corrupt)`)
 	require.Contains(t, page.body, "Repair Redis from Postgres")
+
+	// Another version: stale; another state at the same version: wrong state.
+	version, err := strconv.Atoi(regexp.MustCompile(`data-field="version"><th>version</th><td class="pg">(\d+)<`).FindStringSubmatch(page.body)[1])
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("pay/1?x#y"), fmt.Sprintf("failed:%d:c12345678", version-1), time.Minute).Err())
+	require.Contains(t, b.get(t, path).body, fmt.Sprintf(`data-sync="differs" data-drift="stale">Differs (stale): Redis holds version %d, Postgres version %d.`, version-1, version))
+	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("pay/1?x#y"), fmt.Sprintf("failed:%d:c12345678", version), time.Minute).Err())
+	require.Contains(t, b.get(t, path).body, `data-sync="differs" data-drift="wrong_state">Differs (wrong state): Redis holds failed, Postgres completed, at the same version.`)
 
 	// A Redis value for a key Postgres does not have: differs (orphaned).
 	require.NoError(t, b.rdb.Set(b.ctx, b.redisKey("ghost"), "failed:3:", time.Minute).Err())
 	page = b.get(t, keyPath("acct_a", "ghost"))
 	require.Equal(t, http.StatusOK, page.status)
-	require.Contains(t, page.body, `data-sync="differs"`)
+	require.Contains(t, page.body, `data-sync="differs" data-drift="orphaned"`)
 
 	// Neither side: 404.
 	require.Equal(t, http.StatusNotFound, b.get(t, keyPath("acct_a", "never")).status)
@@ -604,13 +617,106 @@ func TestOverviewAnswersTheOnCallQuestions(t *testing.T) {
 	require.Equal(t, http.StatusOK, page.status, page.body)
 	require.Contains(t, page.body, `data-figure="last-pass">failed, 59s ago`)
 	require.Regexp(t, `data-figure="pending">\d+<`, page.body)
-	require.Regexp(t, `oldest waiting</dt><dd>\d+m?s`, page.body)
+	require.Regexp(t, `oldest waiting</dt><dd[^>]*>\d+m?s`, page.body)
 	require.Regexp(t, `<tr data-state="completed"><td><a [^>]*>completed</a></td><td>1</td>`, page.body)
 	require.Regexp(t, `<tr data-state="failed"><td><a [^>]*>failed</a></td><td>1</td>`, page.body)
 	require.Contains(t, page.body, `class="mark"`, "the failed pass in the drift chart")
 	require.Contains(t, page.body, "<svg", "charts drawn on the server")
 	require.Contains(t, page.body, "replayed_cache <b>1</b>")
 	require.Contains(t, page.body, "executed <b>1</b>")
+}
+
+// TestOverviewColoursByThresholds: the oldest waiting event and the stuck
+// executions are coloured as the shipped alert rules would fire, or by the
+// thresholds the console is given.
+func TestOverviewColoursByThresholds(t *testing.T) {
+	t.Parallel()
+	seed := func(t *testing.T, b *testBundle) {
+		t.Helper()
+		_, err := b.pool.Exec(b.ctx, `INSERT INTO outbox (scope, key, version, created_at) VALUES
+			('acct_a', 'k9', 1, now() - interval '90 seconds'), ('acct_a', 'k8', 1, now() - interval '3 seconds')`)
+		require.NoError(t, err)
+		// An execution that started a step, its lease over 11 minutes ago.
+		_, err = b.pool.Exec(b.ctx, `INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, owner,
+				lease_expires_at, handler, steps, expires_at)
+			VALUES ('acct_a', 'k-stuck', 'in_progress', 1, 'v1:x', gen_random_uuid(), now() - interval '11 minutes',
+				'gone', '{}', now() + interval '1 hour')`)
+		require.NoError(t, err)
+	}
+	levels := func(t *testing.T, b *testBundle) (backlog, oldest, stuck string, body string) {
+		t.Helper()
+		page := b.get(t, "/console/")
+		require.Equal(t, http.StatusOK, page.status, page.body)
+		find := func(figure string) string {
+			m := regexp.MustCompile(`data-figure="` + figure + `"[^>]*data-level="([a-z]*)"`).FindStringSubmatch(page.body)
+			require.NotNil(t, m, figure)
+			return m[1]
+		}
+		return find("backlog"), find("oldest-pending"), find("awaiting-resumption"), page.body
+	}
+
+	b := setup(t, setupOpts{})
+	seed(t, b)
+	backlog, oldest, stuck, body := levels(t, b)
+	require.Contains(t, body, `data-figure="backlog" data-level="alert">2 waiting, oldest 1m30s</p>`)
+	require.Equal(t, "alert", backlog, "over a minute: OnceonlyRelayBehind")
+	require.Equal(t, "alert", oldest)
+	require.Equal(t, "alert", stuck, "over 10 minutes: OnceonlyStuckExecutions")
+	require.Regexp(t, `<tr class="over alert"><td><a [^>]*>acct_a / k-stuck</a>`, body)
+
+	b = setup(t, setupOpts{thresholds: console.Thresholds{PendingWarn: time.Minute, PendingAlert: time.Hour, StuckWarn: time.Minute, StuckAlert: time.Hour}})
+	seed(t, b)
+	backlog, _, stuck, body = levels(t, b)
+	require.Equal(t, "warn", backlog)
+	require.Equal(t, "warn", stuck)
+	require.Regexp(t, `<tr class="over warn"><td><a [^>]*>acct_a / k-stuck</a>`, body)
+
+	b = setup(t, setupOpts{thresholds: console.Thresholds{PendingWarn: time.Hour, PendingAlert: 2 * time.Hour, StuckWarn: time.Hour, StuckAlert: 2 * time.Hour}})
+	seed(t, b)
+	backlog, _, stuck, body = levels(t, b)
+	require.Empty(t, backlog)
+	require.Empty(t, stuck)
+	require.Regexp(t, `<tr class="over"><td><a [^>]*>acct_a / k-stuck</a>`, body)
+
+	b = setup(t, setupOpts{})
+	require.Contains(t, b.get(t, "/console/").body, `data-figure="backlog" data-level="">none waiting</p>`)
+}
+
+// TestKeyPageShowsTheRedisLease: an in-progress value holds its lease
+// deadline, and the key page shows it beside Postgres's.
+func TestKeyPageShowsTheRedisLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.holdInStep(t, "k-held", "req", "ch_1")
+	oncetest.Eventually(t, 10*time.Second, "an in-progress value in Redis", func() bool {
+		v, err := b.rdb.Get(b.ctx, b.redisKey("k-held")).Result()
+		return err == nil && strings.HasPrefix(v, "in_progress:")
+	})
+	page := b.get(t, keyPath(scope, "k-held"))
+	require.Equal(t, http.StatusOK, page.status, page.body)
+	require.Regexp(t, `data-field="lease"><th>lease</th><td class="pg">in \d+m?s</td><td class="redis">in \d+m?s</td>`, page.body)
+}
+
+// TestAFailedPassCountsInTheChartAsInTheTable: a failed pass's report holds
+// what it found before it failed; the table of the last pass shows it, and
+// the chart's legend counts it too.
+func TestAFailedPassCountsInTheChartAsInTheTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO reconcile_passes (started_at, finished_at, result, report, error)
+		VALUES (now() - interval '2 minutes', now() - interval '119 seconds', 'ok', '{"scanned":2,"missing":1,"stale":2}', ''),
+		       (now() - interval '1 minute', now() - interval '59 seconds', 'failed', '{"scanned":9,"missing":1,"corrupt":3}', 'reconcile: Redis went away')`)
+	require.NoError(t, err)
+	page := b.get(t, "/console/")
+	require.Equal(t, http.StatusOK, page.status, page.body)
+	require.Contains(t, page.body, `data-figure="last-pass">failed, 59s ago`)
+	require.Contains(t, page.body, `<caption>Found by the last pass before it failed</caption>`)
+	require.Regexp(t, `<tr><td>1</td><td>0</td><td>0</td><td>3</td><td>0</td>`, page.body, "the table: the failed pass's missing 1, corrupt 3")
+	for kind, total := range map[string]int{"missing": 2, "stale": 2, "wrong state": 0, "corrupt": 3, "orphaned": 0} {
+		require.Contains(t, page.body, fmt.Sprintf(`</span>%s <b>%d</b></span>`, kind, total), "the legend's %s", kind)
+	}
+	require.Regexp(t, `class="d-corrupt"><title>[^<]*failed: reconcile: Redis went away — corrupt: 3</title>`, page.body)
+	require.Contains(t, page.body, `class="mark"`)
 }
 
 func TestAGetNeverWrites(t *testing.T) {

@@ -36,7 +36,10 @@ const (
 type keyPage struct {
 	Scope, Key string
 	// Sync is in_sync, missing or differs; SyncText says it for people.
-	Sync, SyncText string
+	// Drift names how a differing value differs, in the reconciler's
+	// words (stale, wrong_state, corrupt, orphaned; in_flight for a claim
+	// Postgres has not heard of yet, unknown when Redis could not be read).
+	Sync, SyncText, Drift string
 	// Fields are the row and the value side by side.
 	Fields []fieldRow
 	// InPostgres and InRedis say whether each side holds the key (a live
@@ -206,7 +209,7 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	v.InPostgres = pg != nil && pg.ExpiresIn > 0
 	v.RowExpired = pg != nil && pg.ExpiresIn <= 0
 	v.InRedis = in.RedisFound
-	v.Sync, v.SyncText = syncOf(in)
+	v.Sync, v.Drift, v.SyncText = syncOf(in)
 	v.CanRepair = in.RedisEnabled && v.Sync != syncInSync && (in.RedisErr == nil || in.RedisFound) // not when Redis cannot be read
 	switch {
 	case !in.RedisEnabled:
@@ -239,13 +242,16 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	field("version", pVersion, rVersion)
 	field("owner", pOwner, rOwner)
 	field("stored status", pStatus, rStatus)
-	var pFingerprint, pLease, pExpiry, rTTL, pFailures string
+	var pFingerprint, pLease, rLease, pExpiry, rTTL, pFailures string
 	if pg != nil {
 		pFingerprint, pFailures = pg.Fingerprint, strconv.Itoa(pg.Failures)
 		if pg.Status == onceonly.StatusInProgress {
 			pLease = relative(pg.LeaseRemaining.Milliseconds())
 		}
 		pExpiry = relative(pg.ExpiresIn.Milliseconds())
+	}
+	if rd != nil && rd.LeaseRead {
+		rLease = relative(rd.LeaseRemaining.Milliseconds())
 	}
 	if in.RedisFound && in.RedisTTL > 0 {
 		rTTL = "in " + span(in.RedisTTL.Milliseconds())
@@ -255,7 +261,7 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	}
 	v.Fields = append(v.Fields,
 		fieldRow{Name: "fingerprint", Postgres: pFingerprint, Redis: digestNote(rd)},
-		fieldRow{Name: "lease", Postgres: pLease},
+		fieldRow{Name: "lease", Postgres: pLease, Redis: rLease},
 		fieldRow{Name: "failed executions", Postgres: pFailures},
 		fieldRow{Name: "expiry", Postgres: pExpiry, Redis: rTTL,
 			Differs: pg != nil && rd != nil && !closeDurations(pg.ExpiresIn, in.RedisTTL)})
@@ -274,25 +280,44 @@ func (c *Console) describe(v *keyPage, in onceonly.Inspection, d *keyDetail) {
 	}
 }
 
+// The kinds of drift the key page names, as the reconciler counts them
+// (reconcile.Report), and the two that are not drift.
+const (
+	driftStale      = "stale"
+	driftWrongState = "wrong_state"
+	driftCorrupt    = "corrupt"
+	driftOrphaned   = "orphaned"
+	driftInFlight   = "in_flight"
+	driftUnknown    = "unknown"
+)
+
 // syncOf judges the agreement of Redis with Postgres, as Inspection.InSync
-// does: in_sync, missing (a live row, no Redis value) or differs.
-func syncOf(in onceonly.Inspection) (string, string) {
+// does: in_sync, missing (a live row, no Redis value) or differs, and for
+// differs, how, as the reconciler classifies it (reconcile's compare).
+func syncOf(in onceonly.Inspection) (sync, drift, text string) {
 	live := in.Postgres != nil && in.Postgres.ExpiresIn > 0
+	pg, rd := in.Postgres, in.Redis
 	switch {
 	case !in.RedisEnabled:
-		return syncMissing, "No Redis: the engine runs from Postgres alone."
+		return syncMissing, "", "No Redis: the engine runs from Postgres alone."
 	case in.RedisErr != nil && !in.RedisFound:
-		return syncDiffers, "Unknown: Redis could not be read."
+		return syncDiffers, driftUnknown, "Unknown: Redis could not be read."
 	case in.InSync() && live:
-		return syncInSync, "In sync: Redis holds the Postgres state and version."
+		return syncInSync, "", "In sync: Redis holds the Postgres state and version."
 	case in.InSync():
-		return syncInSync, "In sync: no live row, and no Redis value."
+		return syncInSync, "", "In sync: no live row, and no Redis value."
 	case live && !in.RedisFound:
-		return syncMissing, "Missing: Postgres holds a live row, Redis no value (a request reads Postgres; the relay or the next reconcile pass writes it)."
+		return syncMissing, "", "Missing: Postgres holds a live row, Redis no value (a request reads Postgres; the relay or the next reconcile pass writes it)."
 	case !live:
-		return syncDiffers, "Differs: Redis holds a value for a key Postgres no longer has (orphaned)."
+		return syncDiffers, driftOrphaned, "Differs (orphaned): Redis holds a value for a key Postgres no longer has."
+	case rd == nil:
+		return syncDiffers, driftCorrupt, "Differs (corrupt): Redis holds a value that does not decode."
+	case rd.Provisional && rd.Version == pg.Version:
+		return syncDiffers, driftInFlight, "In flight: Redis holds a claim a request made that Postgres has not confirmed yet (not drift: Postgres hears of it next)."
+	case rd.Version != pg.Version:
+		return syncDiffers, driftStale, fmt.Sprintf("Differs (stale): Redis holds version %d, Postgres version %d.", rd.Version, pg.Version)
 	}
-	return syncDiffers, "Differs: Redis holds another state or version than Postgres."
+	return syncDiffers, driftWrongState, fmt.Sprintf("Differs (wrong state): Redis holds %s, Postgres %s, at the same version.", rd.Status, pg.Status)
 }
 
 // digestNote is what the key page says of the Redis copy's fingerprint:

@@ -201,7 +201,11 @@ type executionsView struct {
 	// LongestOver is how long the oldest lease has been over ("" when none
 	// is).
 	LongestOver string
-	Oldest      []leaseRow
+	// Stuck colours the executions awaiting resumption by how long the
+	// oldest one's lease has been over (Thresholds.Stuck*): "", "warn" or
+	// "alert"; StuckFor says how long.
+	Stuck, StuckFor string
+	Oldest          []leaseRow
 }
 
 type leaseRow struct {
@@ -209,6 +213,8 @@ type leaseRow struct {
 	Version                  int64
 	Lease, Age               string
 	Over, Stepped            bool
+	// Level colours a stuck execution (a step started, the lease over).
+	Level string
 }
 
 // capped formats a count of at most limit rows.
@@ -219,16 +225,19 @@ func capped(n, limit int64) string {
 	return count(n)
 }
 
-func readExecutions(ctx context.Context, rd reader) (executionsView, error) {
+func readExecutions(ctx context.Context, rd reader, th Thresholds) (executionsView, error) {
 	var v executionsView
-	var held, resumable, reapable, overMs int64
-	if err := rd.queryRow(ctx, executionsSQL, pgx.NamedArgs{"cap": executionsCap}).Scan(&held, &resumable, &reapable, &overMs); err != nil {
+	var held, resumable, reapable, overMs, stuckMs int64
+	if err := rd.queryRow(ctx, executionsSQL, pgx.NamedArgs{"cap": executionsCap}).Scan(&held, &resumable, &reapable, &overMs, &stuckMs); err != nil {
 		return v, fmt.Errorf("count executions: %w", err)
 	}
 	v.InProgress = capped(held, executionsCap)
 	v.AwaitingResumption, v.AwaitingReap = capped(resumable, executionsCap), capped(reapable, executionsCap)
 	if overMs > 0 {
 		v.LongestOver = span(overMs)
+	}
+	if resumable > 0 {
+		v.Stuck, v.StuckFor = stuckLevel(stuckMs, th), span(stuckMs)
 	}
 	rows, err := rd.query(ctx, oldestLeasesSQL, pgx.NamedArgs{paramLimit: oldestLeases})
 	if err != nil {
@@ -242,6 +251,9 @@ func readExecutions(ctx context.Context, rd reader) (executionsView, error) {
 			return v, fmt.Errorf("read the oldest leases: %w", err)
 		}
 		r.Lease, r.Age, r.Over = relative(leaseMs), span(ageMs), leaseMs <= 0
+		if r.Over && r.Stepped {
+			r.Level = stuckLevel(-leaseMs, th)
+		}
 		v.Oldest = append(v.Oldest, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -250,21 +262,33 @@ func readExecutions(ctx context.Context, rd reader) (executionsView, error) {
 	return v, nil
 }
 
+// stuckLevel colours an execution whose lease has been over for overMs,
+// a step started.
+func stuckLevel(overMs int64, th Thresholds) string {
+	return level(time.Duration(overMs)*time.Millisecond, th.StuckWarn, th.StuckAlert)
+}
+
 // backlogView: the relay's backlog.
 type backlogView struct {
 	Pending, Parked             string
 	OldestPending, OldestParked string
 	HasParked                   bool
+	// Summary says the backlog in a line: "N waiting, oldest Ns"; Level
+	// colours it by the oldest waiting event's age (Thresholds.Pending*).
+	Summary, Level string
 }
 
-func readBacklog(ctx context.Context, rd reader) (backlogView, error) {
+func readBacklog(ctx context.Context, rd reader, th Thresholds) (backlogView, error) {
 	var pending, parked, pendingMs, parkedMs int64
 	if err := rd.queryRow(ctx, outboxBacklogSQL, pgx.NamedArgs{"cap": countCap}).Scan(&pending, &parked, &pendingMs, &parkedMs); err != nil {
 		return backlogView{}, fmt.Errorf("read the outbox backlog: %w", err)
 	}
 	v := backlogView{Pending: capped(pending, countCap), Parked: capped(parked, countCap), HasParked: parked > 0}
+	v.Summary = "none waiting"
 	if pending > 0 {
 		v.OldestPending = span(pendingMs)
+		v.Summary = v.Pending + " waiting, oldest " + v.OldestPending
+		v.Level = level(time.Duration(pendingMs)*time.Millisecond, th.PendingWarn, th.PendingAlert)
 	}
 	if parked > 0 {
 		v.OldestParked = span(parkedMs)
@@ -332,8 +356,9 @@ func readPasses(ctx context.Context, rd reader) (passesView, error) {
 		c.title = p.Ago + " ago, " + p.Result
 		c.label = "-" + p.Ago
 		if p.Result == passFailed {
+			// What it found before it failed, as the table shows for the
+			// last pass: the legend counts it too.
 			c.mark, c.title = true, c.title+": "+p.Error
-			continue
 		}
 		c.values = driftOf(p.Report)
 	}
@@ -352,10 +377,10 @@ func (c *Console) serveOverview(w http.ResponseWriter, r *http.Request) {
 		if v.States, err = readStates(ctx, rd); err != nil {
 			return err
 		}
-		if v.Executions, err = readExecutions(ctx, rd); err != nil {
+		if v.Executions, err = readExecutions(ctx, rd, c.cfg.Thresholds); err != nil {
 			return err
 		}
-		if v.Backlog, err = readBacklog(ctx, rd); err != nil {
+		if v.Backlog, err = readBacklog(ctx, rd, c.cfg.Thresholds); err != nil {
 			return err
 		}
 		v.Passes, err = readPasses(ctx, rd)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/console"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // BenchmarkPagesAtScale measures the key page and the key list, filtered,
@@ -30,9 +30,9 @@ func BenchmarkPagesAtScale(b *testing.B) {
 		keys, err = strconv.Atoi(s)
 		require.NoError(b, err)
 	}
-	ctx := testenv.Context(b)
-	pool := testenv.DB(b)
-	rdb, prefix := testenv.Redis(b)
+	ctx := oncetest.Context(b)
+	pool := oncetest.DB(b)
+	rdb, prefix := oncetest.Redis(b)
 	start := time.Now()
 	_, err := pool.Exec(ctx, `INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, owner, lease_expires_at,
 			response_status, response_content_type, response_body, expires_at, steps, handler)
@@ -52,10 +52,10 @@ func BenchmarkPagesAtScale(b *testing.B) {
 	require.NoError(b, err)
 	b.Logf("%d keys written and analyzed in %s", keys, time.Since(start).Round(time.Second))
 
-	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: testenv.QuietLogger()})
+	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: oncetest.QuietLogger()})
 	require.NoError(b, err)
 	b.Cleanup(engine.Close)
-	c, err := console.New(console.Config{Engine: engine, Pool: pool, Auth: user + ":" + password, Logger: testenv.QuietLogger()})
+	c, err := console.New(console.Config{Engine: engine, Pool: pool, Auth: user + ":" + password, Logger: oncetest.QuietLogger()})
 	require.NoError(b, err)
 
 	var aKey string

@@ -14,7 +14,7 @@ ALTER TABLE idempotency_keys
     ADD COLUMN steps jsonb;
 
 -- Until v0.9 this migration also added the demo's payments.charge_id; the
--- demo's own schema (payments/schema) has it now.
+-- demo's own schema (demo/payments/schema) has it now.
 
 -- +goose Down
 ALTER TABLE idempotency_keys DROP COLUMN steps, DROP COLUMN request, DROP COLUMN handler;

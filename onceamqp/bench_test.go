@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceamqp"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // BenchmarkConsume measures messages per second through the consumer
@@ -35,18 +35,18 @@ import (
 // resumer) started beside it as a consumer process runs them
 // (Engine.Start). It reports each variant's rate and its ratio to bare's.
 func BenchmarkConsume(b *testing.B) {
-	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
-	workers := testenv.EnvInt(b, "BENCH_WORKERS", 4)
+	messages := oncetest.EnvInt(b, "BENCH_MESSAGES", 2000)
+	workers := oncetest.EnvInt(b, "BENCH_WORKERS", 4)
 	tb := setup(b)
 	require.NoError(b, tb.engine.Start(tb.ctx))
-	variant := func(name string, drain func(b *testing.B, tb *testBundle, round string, messages, workers int) time.Duration) testenv.Variant {
-		return testenv.Variant{Name: name, Drain: func(b *testing.B, i int) time.Duration {
+	variant := func(name string, drain func(b *testing.B, tb *testBundle, round string, messages, workers int) time.Duration) oncetest.Variant {
+		return oncetest.Variant{Name: name, Drain: func(b *testing.B, i int) time.Duration {
 			round := fmt.Sprintf("%d.%s", i, name)
 			tb.publishBacklog(b, round, messages)
 			return drain(b, tb, round, messages, workers)
 		}}
 	}
-	testenv.CompareRates(b, messages,
+	oncetest.CompareRates(b, messages,
 		variant("bare", drainBare), variant("tx", drainConsumer(false)), variant("run", drainConsumer(true)))
 }
 

@@ -17,8 +17,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/consume"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/consume"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Message is one logical message as a handler sees it.

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceamqp"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // A message published three times at once has one effect, and every copy
@@ -36,7 +36,7 @@ func TestCopiesHaveOneEffect(t *testing.T) {
 	require.Equal(t, 1, b.settled(t, "ack", "executed"))
 	require.Equal(t, 2, b.settled(t, "ack", "replayed"))
 
-	require.Zero(t, testenv.Metric(t, b.reg, "onceonly_amqp_settle_errors_total", nil), "an ack did not reach the broker")
+	require.Zero(t, oncetest.Metric(t, b.reg, "onceonly_amqp_settle_errors_total", nil), "an ack did not reach the broker")
 	c.Stop() // anything left unacked would be requeued now
 	require.Zero(t, b.ready(t, b.queue.Name))
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
@@ -283,7 +283,7 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	// ends it at the lease (I5), so the redelivery would run afresh rather
 	// than replay; a two-phase one keeps its claim renewed while it waits.
 	b := setup(t, func(c *onceonly.Config) { c.TwoPhase = true })
-	name := "onceamqp-test-conn." + testenv.RandomSuffix(8)
+	name := "onceamqp-test-conn." + oncetest.RandomSuffix(8)
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
 	entered, closed := make(chan struct{}), make(chan struct{})
@@ -305,28 +305,28 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 		b.publish(t, ch, fmt.Sprintf("order-%d", i), fmt.Sprintf(`{"amount":%d}`, i))
 	}
 	<-entered
-	require.Equal(t, 1, testenv.CloseAMQPConnections(t, name))
+	require.Equal(t, 1, oncetest.CloseAMQPConnections(t, name))
 	// The close reaches the client through the broker and amqp091's reader:
 	// seconds on a loaded machine. The consumer may have reconnected by the
 	// time this polls (a poll late under load missed the moment it was
 	// down): a second connect says it noticed too.
-	testenv.Eventually(t, 30*time.Second, "the consumer noticed", func() bool {
-		return !c.Connected() || testenv.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}) >= 2
+	oncetest.Eventually(t, 30*time.Second, "the consumer noticed", func() bool {
+		return !c.Connected() || oncetest.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}) >= 2
 	})
 	release()
 
-	testenv.Eventually(t, 20*time.Second, "every message handled once", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "every message handled once", func() bool {
 		var keys int
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(DISTINCT key) FROM effects`).Scan(&keys))
 		return keys == n
 	})
 	// order-0's ack was lost with its channel: its redelivery is settled
 	// as a replay, possibly after a second as a copy in flight.
-	testenv.Eventually(t, 20*time.Second, "order-0's redelivery replayed", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "order-0's redelivery replayed", func() bool {
 		return b.settled(t, "ack", "replayed") >= 1
 	})
-	testenv.Eventually(t, 20*time.Second, "the queue drained", func() bool {
-		return c.Connected() && b.ready(t, b.queue.Name) == 0 && testenv.Metric(t, b.reg, "onceonly_amqp_held_deliveries", nil) == 0
+	oncetest.Eventually(t, 20*time.Second, "the queue drained", func() bool {
+		return c.Connected() && b.ready(t, b.queue.Name) == 0 && oncetest.Metric(t, b.reg, "onceonly_amqp_held_deliveries", nil) == 0
 	})
 	c.Stop()
 	require.Zero(t, b.ready(t, b.queue.Name))
@@ -334,8 +334,8 @@ func TestReconnectsAfterConnectionLoss(t *testing.T) {
 	for i := range n {
 		require.Len(t, b.effects(t, fmt.Sprintf("order-%d", i)), 1)
 	}
-	require.GreaterOrEqual(t, testenv.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}), 2.0)
-	require.GreaterOrEqual(t, testenv.Metric(t, b.reg, "onceonly_amqp_settle_errors_total", nil), 1.0, "the lost ack of order-0")
+	require.GreaterOrEqual(t, oncetest.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}), 2.0)
+	require.GreaterOrEqual(t, oncetest.Metric(t, b.reg, "onceonly_amqp_settle_errors_total", nil), 1.0, "the lost ack of order-0")
 	require.GreaterOrEqual(t, b.settled(t, "ack", "replayed"), 1, "order-0's redelivery")
 }
 
@@ -360,7 +360,7 @@ func TestStopFinishesExecutionsUnderWay(t *testing.T) {
 		c.Stop()
 		close(stopped)
 	}()
-	testenv.Eventually(t, 10*time.Second, "the consumer stopped consuming", func() bool { return !c.Connected() })
+	oncetest.Eventually(t, 10*time.Second, "the consumer stopped consuming", func() bool { return !c.Connected() })
 	select {
 	case <-stopped:
 		t.Fatal("Stop returned before the execution under way finished")
@@ -394,7 +394,7 @@ func TestStopIsBounded(t *testing.T) {
 	require.GreaterOrEqual(t, took, bound)
 	require.Less(t, took, bound+3*time.Second)
 	// The broker requeues a closed channel's deliveries on its own time.
-	testenv.Eventually(t, 10*time.Second, "the delivery back in the queue", func() bool { return b.ready(t, b.queue.Name) == 1 })
+	oncetest.Eventually(t, 10*time.Second, "the delivery back in the queue", func() bool { return b.ready(t, b.queue.Name) == 1 })
 	require.Empty(t, b.effects(t, "order-1"))
 }
 

@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/consume"
+	"github.com/onceonly/onceonly/consume"
 )
 
 // MessageID is the default Options.Key: the message-id property. A

@@ -14,15 +14,15 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceamqp"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestMain fails the package's tests when a goroutine outlives them, and
 // gives the runnable examples what a service reads: DATABASE_URL and
 // REDIS_URL of their own, and AMQP_URL (the test RabbitMQ).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "onceamqp"))
+	goleak.VerifyTestMain(oncetest.WithExampleEnv(m, "onceamqp"))
 }
 
 // testBundle is what a test runs on: a database of its own with an
@@ -42,13 +42,13 @@ type testBundle struct {
 
 func setup(t testing.TB, configure ...func(*onceonly.Config)) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), url: testenv.AMQPURL(t), reg: prometheus.NewRegistry()}
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t), url: oncetest.AMQPURL(t), reg: prometheus.NewRegistry()}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (key text NOT NULL, payload text NOT NULL)`)
 	require.NoError(t, err)
-	rdb, prefix := testenv.Redis(t)
+	rdb, prefix := oncetest.Redis(t)
 	cfg := onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 3 * time.Second,
-		ResumeInterval: 100 * time.Millisecond, Logger: testenv.QuietLogger(),
+		ResumeInterval: 100 * time.Millisecond, Logger: oncetest.QuietLogger(),
 	}
 	for _, f := range configure {
 		f(&cfg)
@@ -60,7 +60,7 @@ func setup(t testing.TB, configure ...func(*onceonly.Config)) *testBundle {
 	b.conn, err = amqp.Dial(b.url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.conn.Close() })
-	name := "onceamqp-test." + testenv.RandomSuffix(10)
+	name := "onceamqp-test." + oncetest.RandomSuffix(10)
 	b.queue = onceamqp.Queue{Name: name, DeadLetterExchange: name + ".dead", DeadLetterQueue: name + ".dead"}
 	b.declare(t, b.queue)
 	return b
@@ -105,7 +105,7 @@ func (b *testBundle) options(opts onceamqp.Options) onceamqp.Options {
 	}
 	opts.Registerer = b.reg
 	if opts.Logger == nil {
-		opts.Logger = testenv.QuietLogger()
+		opts.Logger = oncetest.QuietLogger()
 	}
 	return opts
 }
@@ -125,7 +125,7 @@ func (b *testBundle) run(t *testing.T, c *onceamqp.Consumer) *onceamqp.Consumer 
 	t.Helper()
 	require.NoError(t, c.Start(b.ctx))
 	t.Cleanup(c.Stop)
-	testenv.Eventually(t, 10*time.Second, "the consumer connected", c.Connected)
+	oncetest.Eventually(t, 10*time.Second, "the consumer connected", c.Connected)
 	return c
 }
 
@@ -201,7 +201,7 @@ func (b *testBundle) deadLetter(t *testing.T) amqp.Delivery {
 func next(t *testing.T, ch *amqp.Channel, queue string, autoAck bool) amqp.Delivery {
 	t.Helper()
 	var d amqp.Delivery
-	testenv.Eventually(t, 10*time.Second, "a message in "+queue, func() bool {
+	oncetest.Eventually(t, 10*time.Second, "a message in "+queue, func() bool {
 		var ok bool
 		var err error
 		d, ok, err = ch.Get(queue, autoAck)
@@ -232,14 +232,14 @@ func (b *testBundle) settled(t *testing.T, disposition, reason string) int {
 	if reason != "" {
 		want["reason"] = reason
 	}
-	return int(testenv.Metric(t, b.reg, "onceonly_amqp_deliveries_total", want))
+	return int(oncetest.Metric(t, b.reg, "onceonly_amqp_deliveries_total", want))
 }
 
 // awaitSettled waits until n deliveries were settled with disposition and
 // reason.
 func (b *testBundle) awaitSettled(t *testing.T, n int, disposition, reason string) {
 	t.Helper()
-	testenv.Eventually(t, 20*time.Second, disposition+" "+reason, func() bool {
+	oncetest.Eventually(t, 20*time.Second, disposition+" "+reason, func() bool {
 		return b.settled(t, disposition, reason) >= n
 	})
 }

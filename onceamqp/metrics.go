@@ -3,7 +3,7 @@ package onceamqp
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceonly/onceonly/internal/promutil"
+	"github.com/onceonly/onceonly/consume"
 )
 
 // metrics are a consumer's Prometheus metrics, labeled with its queue.
@@ -41,19 +41,19 @@ func newMetrics(reg prometheus.Registerer, queue string) (*metrics, error) {
 		Help: "Deliveries held for a later requeue (a key in flight, a failed or handed-off execution), by queue; each holds a prefetch slot.",
 	}, []string{labelQueue})
 	var err error
-	if deliveries, err = promutil.Shared(reg, deliveries); err != nil {
+	if deliveries, err = consume.SharedCollector(reg, deliveries); err != nil {
 		return nil, err
 	}
-	if settleErrors, err = promutil.Shared(reg, settleErrors); err != nil {
+	if settleErrors, err = consume.SharedCollector(reg, settleErrors); err != nil {
 		return nil, err
 	}
-	if connects, err = promutil.Shared(reg, connects); err != nil {
+	if connects, err = consume.SharedCollector(reg, connects); err != nil {
 		return nil, err
 	}
-	if connected, err = promutil.Shared(reg, connected); err != nil {
+	if connected, err = consume.SharedCollector(reg, connected); err != nil {
 		return nil, err
 	}
-	if held, err = promutil.Shared(reg, held); err != nil {
+	if held, err = consume.SharedCollector(reg, held); err != nil {
 		return nil, err
 	}
 	q := prometheus.Labels{labelQueue: queue}

@@ -10,7 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/onceonly/onceonly/internal/backoff"
+	"github.com/onceonly/onceonly/backoff"
 )
 
 // session is one connection to the broker and the channel consuming on

@@ -16,8 +16,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceamqp"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // DeclareQueue declares the same topology twice without complaint, and
@@ -116,7 +116,7 @@ func TestNoDeliveryLimitByDefault(t *testing.T) {
 	for i := range 25 {
 		require.NoError(t, next(t, ch, b.queue.Name, false).Nack(false, true), "return %d", i+1)
 	}
-	testenv.Eventually(t, 10*time.Second, "the message ready", func() bool { return b.ready(t, b.queue.Name) == 1 })
+	oncetest.Eventually(t, 10*time.Second, "the message ready", func() bool { return b.ready(t, b.queue.Name) == 1 })
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
 }
 
@@ -147,14 +147,14 @@ func TestQueueDeclaredBefore(t *testing.T) {
 	require.Contains(t, err.Error(), "set them with a policy")
 	require.NotContains(t, err.Error(), "\n")
 
-	policy := "onceamqp-test-" + testenv.RandomSuffix(8)
+	policy := "onceamqp-test-" + oncetest.RandomSuffix(8)
 	definition := `{"dead-letter-strategy":"at-least-once","overflow":"reject-publish"}`
 	if unlimited(b.conn) != nil {
 		definition = `{"dead-letter-strategy":"at-least-once","overflow":"reject-publish","delivery-limit":-1}`
 	}
-	testenv.RabbitMQCtl(t, "set_policy", policy, "^"+regexp.QuoteMeta(old.Name)+"$", definition, "--apply-to", "queues")
-	t.Cleanup(func() { testenv.RabbitMQCtl(t, "clear_policy", policy) })
-	require.Contains(t, testenv.RabbitMQCtl(t, "-s", "list_queues", "name", "policy"), old.Name+"\t"+policy+"\n")
+	oncetest.RabbitMQCtl(t, "set_policy", policy, "^"+regexp.QuoteMeta(old.Name)+"$", definition, "--apply-to", "queues")
+	t.Cleanup(func() { oncetest.RabbitMQCtl(t, "clear_policy", policy) })
+	require.Contains(t, oncetest.RabbitMQCtl(t, "-s", "list_queues", "name", "policy"), old.Name+"\t"+policy+"\n")
 	old.DeadLetters = onceamqp.AtMostOnce
 	old.DeliveryLimit = onceamqp.DeliveryLimitUnset
 	require.NoError(t, onceamqp.DeclareQueue(b.conn, old))
@@ -182,9 +182,9 @@ func TestDeadLettersSurviveRestarts(t *testing.T) {
 // tests) with dead letters as strategy says.
 func deadLettersAcrossRestarts(t *testing.T, strategy onceamqp.DeadLetterStrategy) {
 	const rounds, perRound = 3, 300
-	srv := testenv.NewRabbitMQServer(t)
+	srv := oncetest.NewRabbitMQServer(t)
 	b := setup(t)
-	name := "onceamqp-test-restart." + testenv.RandomSuffix(8)
+	name := "onceamqp-test-restart." + oncetest.RandomSuffix(8)
 	q := onceamqp.Queue{Name: name, DeadLetterExchange: name + ".dead", DeadLetterQueue: name + ".dead", DeadLetters: strategy}
 	conn := func() *amqp.Connection {
 		conn, err := amqp.Dial(srv.URL())
@@ -195,7 +195,7 @@ func deadLettersAcrossRestarts(t *testing.T, strategy onceamqp.DeadLetterStrateg
 	require.NoError(t, onceamqp.DeclareQueue(conn(), q))
 
 	refused := errors.New("refused by the test")
-	var logs testenv.LogBuffer
+	var logs oncetest.LogBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for round := range rounds {
 		publishAll(t, b.ctx, conn(), name, round, perRound)
@@ -218,20 +218,20 @@ func deadLettersAcrossRestarts(t *testing.T, strategy onceamqp.DeadLetterStrateg
 		// queues take consumers again.
 		want := float64((round + 1) * perRound)
 		rejected := func() float64 {
-			return testenv.Metric(t, b.reg, "onceonly_amqp_deliveries_total", map[string]string{"disposition": "dead_letter"})
+			return oncetest.Metric(t, b.reg, "onceonly_amqp_deliveries_total", map[string]string{"disposition": "dead_letter"})
 		}
-		if !testenv.Poll(3*time.Minute, func() bool { return rejected() >= want }) {
+		if !oncetest.Poll(3*time.Minute, func() bool { return rejected() >= want }) {
 			t.Fatalf("round %d: %v of %v messages rejected within 3 minutes of the restart; connects %v ok, %v failed; the consumer's warnings:\n%s",
 				round, rejected(), want,
-				testenv.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}),
-				testenv.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "error"}),
+				oncetest.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "ok"}),
+				oncetest.Metric(t, b.reg, "onceonly_amqp_connects_total", map[string]string{"result": "error"}),
 				lastLines(logs.String(), "dead-lettering the message", 20))
 		}
 		// The count includes a rejection sent on a connection lost before
 		// the broker took it, whose redelivery is rejected again: the
 		// round ends when the work queue holds none of its messages,
 		// ready or delivered.
-		testenv.Eventually(t, 4*time.Minute, "the work queue empty", func() bool { return inQueue(srv, name) == 0 })
+		oncetest.Eventually(t, 4*time.Minute, "the work queue empty", func() bool { return inQueue(srv, name) == 0 })
 		c.Stop()
 	}
 
@@ -243,7 +243,7 @@ func deadLettersAcrossRestarts(t *testing.T, strategy onceamqp.DeadLetterStrateg
 	ch, err := conn().Channel()
 	require.NoError(t, err)
 	seen := map[string]int{}
-	if !testenv.Poll(4*time.Minute, func() bool {
+	if !oncetest.Poll(4*time.Minute, func() bool {
 		for {
 			d, ok, err := ch.Get(q.DeadLetterQueue, true)
 			require.NoError(t, err)
@@ -268,7 +268,7 @@ func deadLettersAcrossRestarts(t *testing.T, strategy onceamqp.DeadLetterStrateg
 
 // inQueue returns how many messages queue holds on srv, ready or
 // delivered and not settled.
-func inQueue(srv *testenv.RabbitMQServer, queue string) int {
+func inQueue(srv *oncetest.RabbitMQServer, queue string) int {
 	for line := range strings.Lines(srv.Ctl("-s", "list_queues", "name", "messages")) {
 		if name, n, ok := strings.Cut(strings.TrimSpace(line), "\t"); ok && name == queue {
 			if v, err := strconv.Atoi(n); err == nil {

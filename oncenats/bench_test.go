@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/oncenats"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // BenchmarkConsumer measures what the exactly-once consumer costs against
@@ -24,10 +24,10 @@ import (
 // Every round drains two backlogs back to back, in alternating order, so
 // both see the same machine; it reports both rates and their ratio.
 func BenchmarkConsumer(b *testing.B) {
-	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
-	workers := testenv.EnvInt(b, "BENCH_WORKERS", 8)
-	variant := func(name string, drain func(bd *testBundle, tb testing.TB, workers int)) testenv.Variant {
-		return testenv.Variant{Name: name, Drain: func(b *testing.B, _ int) time.Duration {
+	messages := oncetest.EnvInt(b, "BENCH_MESSAGES", 2000)
+	workers := oncetest.EnvInt(b, "BENCH_WORKERS", 8)
+	variant := func(name string, drain func(bd *testBundle, tb testing.TB, workers int)) oncetest.Variant {
+		return oncetest.Variant{Name: name, Drain: func(b *testing.B, _ int) time.Duration {
 			bd := setup(b, setupOpts{ackWait: 30 * time.Second})
 			bd.publishBacklog(b, messages)
 			b.StartTimer()
@@ -41,7 +41,7 @@ func BenchmarkConsumer(b *testing.B) {
 			return took
 		}}
 	}
-	testenv.CompareRates(b, messages, variant("bare", (*testBundle).drainBare), variant("oncenats", (*testBundle).drainConsumer))
+	oncetest.CompareRates(b, messages, variant("bare", (*testBundle).drainBare), variant("oncenats", (*testBundle).drainConsumer))
 }
 
 // publishBacklog publishes n messages with keys of their own and waits
@@ -138,7 +138,7 @@ func (b *testBundle) drainBare(tb testing.TB, workers int) {
 // unacknowledged.
 func (b *testBundle) awaitDrained(tb testing.TB) {
 	tb.Helper()
-	testenv.Eventually(tb, 5*time.Minute, "the backlog drained", func() bool {
+	oncetest.Eventually(tb, 5*time.Minute, "the backlog drained", func() bool {
 		ci, err := b.cons.Info(b.ctx)
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
 	})

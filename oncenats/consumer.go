@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/consume"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/consume"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Message is one logical message as a handler sees it.

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/oncenats"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 func TestCopiesRunOnce(t *testing.T) {
@@ -187,7 +187,7 @@ func TestCopyOfKeyInFlightComesBack(t *testing.T) {
 	b.publish(t, "order-1", `{"amount":100}`)
 	<-started
 	b.publish(t, "order-1", `{"amount":100}`) // a copy while the first runs
-	testenv.Eventually(t, 10*time.Second, "the copy turned away while the key is in flight", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the copy turned away while the key is in flight", func() bool {
 		return b.count(t, "retry", "in_flight") >= 1
 	})
 	require.Zero(t, b.count(t, "ack", "replayed"))
@@ -252,7 +252,7 @@ func TestLongExecutionKeepsItsMessage(t *testing.T) {
 
 func TestServerRestart(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewNATSServer(t)
+	srv := oncetest.NewNATSServer(t)
 	b := setup(t, setupOpts{natsURL: srv.URL()})
 	b.run(t, func(ctx context.Context, msg oncenats.Message) error {
 		time.Sleep(10 * time.Millisecond) // keep some messages in flight when the server dies
@@ -268,7 +268,7 @@ func TestServerRestart(t *testing.T) {
 		}
 	}
 	publishAll(0, keys/2)
-	testenv.Eventually(t, 20*time.Second, "some messages executed", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "some messages executed", func() bool {
 		return b.count(t, "ack", "executed") >= 5
 	})
 	srv.Restart() // SIGKILL, then the same store
@@ -296,14 +296,14 @@ func TestConsumerDeclaredAndDeclaredAgain(t *testing.T) {
 	c, err := oncenats.NewConsumer(b.engine, effect, opts)
 	require.NoError(t, err)
 	b.runConsumer(t, c)
-	testenv.Eventually(t, 10*time.Second, "order-1 done", func() bool { return b.rows(t, "order-1") == 1 })
+	oncetest.Eventually(t, 10*time.Second, "order-1 done", func() bool { return b.rows(t, "order-1") == 1 })
 	require.True(t, c.Connected())
 
 	// …and again when it is deleted under the running consumer: the
 	// messages published meanwhile are consumed by the new one.
 	require.NoError(t, stream.DeleteConsumer(b.ctx, b.topo.Consumer))
 	b.publish(t, "order-2", `{"amount":200}`)
-	testenv.Eventually(t, 20*time.Second, "order-2 done by the declared-again consumer", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "order-2 done by the declared-again consumer", func() bool {
 		return b.rows(t, "order-2") == 1
 	})
 	require.Equal(t, 1, b.rows(t, "order-1"))
@@ -370,7 +370,7 @@ func TestShutdownBound(t *testing.T) {
 func TestRunEndsWhenTheConnectionCloses(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	nc, err := nats.Connect(testenv.NATSURL(t)) // a connection of the consumer's own, closed below
+	nc, err := nats.Connect(oncetest.NATSURL(t)) // a connection of the consumer's own, closed below
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -381,7 +381,7 @@ func TestRunEndsWhenTheConnectionCloses(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(b.ctx) }()
 	<-c.Started()
-	testenv.Eventually(t, 10*time.Second, "connected", c.Connected)
+	oncetest.Eventually(t, 10*time.Second, "connected", c.Connected)
 	nc.Close()
 	select {
 	case err := <-done:

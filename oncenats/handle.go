@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/consume"
+	"github.com/onceonly/onceonly/consume"
 )
 
 // HeaderKey returns an Options.Key that takes the key from header name. A

@@ -15,14 +15,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/oncenats"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestMain fails the package's tests when a goroutine outlives them, and
 // gives the runnable example DATABASE_URL, REDIS_URL and NATS_URL.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "oncenats"))
+	goleak.VerifyTestMain(oncetest.WithExampleEnv(m, "oncenats"))
 }
 
 // leaseTimeout is the engine's lease in these tests.
@@ -44,7 +44,7 @@ type testBundle struct {
 
 // setupOpts vary setup.
 type setupOpts struct {
-	natsURL string        // default: the shared test server (testenv.NATSURL)
+	natsURL string        // default: the shared test server (oncetest.NATSURL)
 	ackWait time.Duration // default 2s
 	lease   time.Duration // the engine's; default leaseTimeout
 }
@@ -54,31 +54,31 @@ type setupOpts struct {
 // own on the NATS server.
 func setup(t testing.TB, opts setupOpts) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), reg: prometheus.NewRegistry()}
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t), reg: prometheus.NewRegistry()}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (scope text NOT NULL, key text NOT NULL, payload text NOT NULL)`)
 	require.NoError(t, err)
-	rdb, prefix := testenv.Redis(t)
+	rdb, prefix := oncetest.Redis(t)
 	lease := opts.lease
 	if lease == 0 {
 		lease = leaseTimeout
 	}
 	b.engine, err = onceonly.New(onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: lease,
-		ResumeInterval: 100 * time.Millisecond, Logger: testenv.QuietLogger(),
+		ResumeInterval: 100 * time.Millisecond, Logger: oncetest.QuietLogger(),
 	})
 	require.NoError(t, err)
 	t.Cleanup(b.engine.Close)
 
 	url := opts.natsURL
 	if url == "" {
-		url = testenv.NATSURL(t)
+		url = oncetest.NATSURL(t)
 	}
 	b.nc, err = nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(b.nc.Close)
 	b.js, err = jetstream.New(b.nc)
 	require.NoError(t, err)
-	sfx := testenv.RandomSuffix(10)
+	sfx := oncetest.RandomSuffix(10)
 	b.topo = oncenats.Topology{
 		Stream:            "T_" + sfx,
 		Subject:           "t." + sfx + ".charge",
@@ -117,7 +117,7 @@ func (b *testBundle) options() oncenats.Options {
 		Policy:            onceonly.SettlePolicy{MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond},
 		Workers:           4,
 		LeaseTimeout:      leaseTimeout,
-		Logger:            testenv.QuietLogger(),
+		Logger:            oncetest.QuietLogger(),
 		Registerer:        b.reg,
 		Settled: func(_ jetstream.Msg, s onceonly.Settlement) {
 			b.mu.Lock()
@@ -235,7 +235,7 @@ func (b *testBundle) info(t testing.TB) *jetstream.ConsumerInfo {
 // settled: none pending delivery, none waiting for an ack.
 func (b *testBundle) awaitSettled(t testing.TB, timeout time.Duration) {
 	t.Helper()
-	testenv.Eventually(t, timeout, "every message settled", func() bool {
+	oncetest.Eventually(t, timeout, "every message settled", func() bool {
 		ci, err := b.cons.Info(b.ctx)
 		if err != nil {
 			return false // the server may be restarting
@@ -274,7 +274,7 @@ func (b *testBundle) deadLetters(t testing.TB) []jetstream.Msg {
 func (b *testBundle) awaitDeadLetters(t testing.TB, n int) []jetstream.Msg {
 	t.Helper()
 	var msgs []jetstream.Msg
-	testenv.Eventually(t, 10*time.Second, "dead letters", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "dead letters", func() bool {
 		msgs = b.deadLetters(t)
 		return len(msgs) >= n
 	})
@@ -285,5 +285,5 @@ func (b *testBundle) awaitDeadLetters(t testing.TB, n int) []jetstream.Msg {
 // count reads onceonly_nats_messages_total{disposition, reason}.
 func (b *testBundle) count(t testing.TB, disposition, reason string) int {
 	t.Helper()
-	return int(testenv.Metric(t, b.reg, "onceonly_nats_messages_total", map[string]string{"disposition": disposition, "reason": reason}))
+	return int(oncetest.Metric(t, b.reg, "onceonly_nats_messages_total", map[string]string{"disposition": disposition, "reason": reason}))
 }

@@ -3,7 +3,7 @@ package oncenats
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceonly/onceonly/internal/promutil"
+	"github.com/onceonly/onceonly/consume"
 )
 
 // The reason label of onceonly_nats_messages_total, besides the
@@ -52,16 +52,16 @@ func newMetrics(reg prometheus.Registerer, stream, consumer string) (*metrics, e
 		Help: "Calls to the server that failed, by stream, consumer and op (ack, nak, term, in_progress, dead_letter, consume); an unsettled message comes back after AckWait.",
 	}, append(labels, "op"))
 	var err error
-	if messages, err = promutil.Shared(reg, messages); err != nil {
+	if messages, err = consume.SharedCollector(reg, messages); err != nil {
 		return nil, err
 	}
-	if duration, err = promutil.Shared(reg, duration); err != nil {
+	if duration, err = consume.SharedCollector(reg, duration); err != nil {
 		return nil, err
 	}
-	if inFlight, err = promutil.Shared(reg, inFlight); err != nil {
+	if inFlight, err = consume.SharedCollector(reg, inFlight); err != nil {
 		return nil, err
 	}
-	if settleErrors, err = promutil.Shared(reg, settleErrors); err != nil {
+	if settleErrors, err = consume.SharedCollector(reg, settleErrors); err != nil {
 		return nil, err
 	}
 	l := prometheus.Labels{"stream": stream, "consumer": consumer}

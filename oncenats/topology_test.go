@@ -9,19 +9,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/oncenats"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 func TestDeclare(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t)
-	nc, err := nats.Connect(testenv.NATSURL(t))
+	ctx := oncetest.Context(t)
+	nc, err := nats.Connect(oncetest.NATSURL(t))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	sfx := testenv.RandomSuffix(10)
+	sfx := oncetest.RandomSuffix(10)
 	topo := oncenats.Topology{
 		Stream: "D_" + sfx, Subject: "d." + sfx + ".charge", DeadLetterSubject: "d." + sfx + ".dead",
 		Consumer: "c", AckWait: 20 * time.Second,

@@ -15,7 +15,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/gateway"
+	"github.com/onceonly/onceonly/demo/gateway"
 	"github.com/onceonly/onceonly/migrations"
 	"github.com/onceonly/onceonly/onceriver"
 )

@@ -16,19 +16,19 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/onceriver/internal/chargejob"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestMain fails the package's tests when a goroutine outlives them, and
 // gives the runnable examples DATABASE_URL and REDIS_URL of their own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "onceriver"))
+	goleak.VerifyTestMain(oncetest.WithExampleEnv(m, "onceriver"))
 }
 
 // migrateRiver creates River's tables in the database of pool.
 func migrateRiver(ctx context.Context, pool *pgxpool.Pool) error {
-	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: testenv.QuietLogger()})
+	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: oncetest.QuietLogger()})
 	if err != nil {
 		return err
 	}
@@ -47,13 +47,13 @@ type testBundle struct {
 // further by configure.
 func setup(t *testing.T, configure ...func(*onceonly.Config)) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t)}
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t)}
 	require.NoError(t, migrateRiver(b.ctx, b.pool))
 	require.NoError(t, chargejob.Migrate(b.ctx, b.pool))
-	rdb, prefix := testenv.Redis(t)
+	rdb, prefix := oncetest.Redis(t)
 	cfg := onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 2 * time.Second,
-		ResumeInterval: 100 * time.Millisecond, Logger: testenv.QuietLogger(),
+		ResumeInterval: 100 * time.Millisecond, Logger: oncetest.QuietLogger(),
 	}
 	for _, f := range configure {
 		f(&cfg)
@@ -80,7 +80,7 @@ func (b *testBundle) start(t *testing.T, workers *river.Workers) *river.Client[p
 		FetchCooldown:     20 * time.Millisecond,
 		FetchPollInterval: 50 * time.Millisecond,
 		TestOnly:          true,
-		Logger:            testenv.QuietLogger(),
+		Logger:            oncetest.QuietLogger(),
 	})
 	require.NoError(t, err)
 	require.NoError(t, client.Start(b.ctx))
@@ -112,7 +112,7 @@ var finalStates = []rivertype.JobState{rivertype.JobStateCompleted, rivertype.Jo
 func (b *testBundle) waitFinal(t *testing.T, client *river.Client[pgx.Tx], ids ...int64) []*rivertype.JobRow {
 	t.Helper()
 	rows := make([]*rivertype.JobRow, len(ids))
-	testenv.Eventually(t, 20*time.Second, "jobs finished", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "jobs finished", func() bool {
 		for i, id := range ids {
 			row, err := client.JobGet(b.ctx, id)
 			require.NoError(t, err)

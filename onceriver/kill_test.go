@@ -14,9 +14,10 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/demo/demotest"
+	"github.com/onceonly/onceonly/demo/gateway"
 	"github.com/onceonly/onceonly/onceriver/internal/chargejob"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // killFigures is what a kill left behind, counted once the process is dead.
@@ -35,25 +36,25 @@ type killFigures struct {
 // cancelled.
 func TestKilledWorkersChargeOncePerOrder(t *testing.T) {
 	began := time.Now()
-	bin := testenv.BuildBinary(t, "./internal/testworker")
+	bin := oncetest.BuildBinary(t, "./internal/testworker")
 	built := time.Now()
-	dbURL := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, dbURL)
-	ctx := testenv.Context(t)
+	dbURL := oncetest.DatabaseURL(t)
+	pool := oncetest.Pool(t, dbURL)
+	ctx := oncetest.Context(t)
 	require.NoError(t, migrateRiver(ctx, pool))
 	require.NoError(t, chargejob.Migrate(ctx, pool))
 	// A third of the charges hang for a second after charging: the window
 	// where a dead worker leaves a charge without its ledger row.
-	gw := testenv.Gateway(t, pool, gateway.Config{
+	gw := demotest.Gateway(t, pool, gateway.Config{
 		Latency: 30 * time.Millisecond, Faults: gateway.Faults{ChargeThenHang: 0.3}, Hang: time.Second,
 	})
-	_, prefix := testenv.Redis(t)
+	_, prefix := oncetest.Redis(t)
 	env := []string{
-		"DATABASE_URL=" + dbURL, "GATEWAY_URL=" + gw.BaseURL, "REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix,
+		"DATABASE_URL=" + dbURL, "GATEWAY_URL=" + gw.BaseURL, "REDIS_URL=" + oncetest.RedisURL(t), "REDIS_PREFIX=" + prefix,
 		"LEASE_TIMEOUT=4s", "RESUME_INTERVAL=200ms", "JOB_TIMEOUT=3s", "RESCUE_AFTER=5s", "RETRY_DELAY=200ms",
 		"STEP_PAUSE=200ms", "MAX_WORKERS=4",
 	}
-	var procs []*testenv.Daemon
+	var procs []*oncetest.Daemon
 	t.Cleanup(func() {
 		if t.Failed() {
 			for i, p := range procs {
@@ -61,16 +62,16 @@ func TestKilledWorkersChargeOncePerOrder(t *testing.T) {
 			}
 		}
 	})
-	start := func() (*testenv.Daemon, string, time.Time) {
+	start := func() (*oncetest.Daemon, string, time.Time) {
 		id := "w" + strconv.Itoa(len(procs)+1)
-		d := testenv.StartDaemon(t, bin, append(env, "WORKER_ID="+id)...)
+		d := oncetest.StartDaemon(t, bin, append(env, "WORKER_ID="+id)...)
 		procs = append(procs, d)
 		var now time.Time
 		require.NoError(t, pool.QueryRow(ctx, `SELECT now()`).Scan(&now))
 		return d, id, now
 	}
 
-	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: testenv.QuietLogger()})
+	inserter, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	const orders, kills = 24, 4
 	enqueue := func(ids ...int) {
@@ -100,7 +101,7 @@ func TestKilledWorkersChargeOncePerOrder(t *testing.T) {
 		} else {
 			// A worker just started (a -race binary) fetches and runs a job:
 			// seconds on a loaded machine.
-			testenv.Eventually(t, 30*time.Second, "a job running in "+id, func() bool { return runningIn(t, ctx, pool, id) > 0 })
+			oncetest.Eventually(t, 30*time.Second, "a job running in "+id, func() bool { return runningIn(t, ctx, pool, id) > 0 })
 			time.Sleep(time.Duration(150+rand.IntN(450)) * time.Millisecond) // a random point of the job's run to kill at
 		}
 		require.NoError(t, proc.Cmd.Process.Kill()) // SIGKILL
@@ -112,7 +113,7 @@ func TestKilledWorkersChargeOncePerOrder(t *testing.T) {
 	killed := time.Now()
 
 	total := len(first) + 6
-	testenv.Eventually(t, 75*time.Second, "every job completed", func() bool {
+	oncetest.Eventually(t, 75*time.Second, "every job completed", func() bool {
 		var done, failed int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'completed'),
 			count(*) FILTER (WHERE state IN ('cancelled', 'discarded')) FROM river_job`).Scan(&done, &failed))
@@ -185,7 +186,7 @@ func waitUncommittedCharge(t *testing.T, ctx context.Context, pool *pgxpool.Pool
 	t.Helper()
 	// The worker may have just started: seconds on a loaded machine before
 	// it charges.
-	testenv.Eventually(t, 30*time.Second, "a charge without its ledger row", func() bool {
+	oncetest.Eventually(t, 30*time.Second, "a charge without its ledger row", func() bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges c
 			WHERE c.status <> 'processing' AND c.charged_at > $1

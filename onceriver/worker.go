@@ -14,7 +14,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/canonjson"
 )
 
 // Keyed is implemented by job args that carry the idempotency key of the
@@ -313,7 +312,7 @@ func (e *handlerError) Unwrap() error { return e.err }
 // order and whitespace do not count), the payload the key is fingerprinted
 // on; args that are not valid JSON are used as they are.
 func canonicalArgs(encoded []byte) []byte {
-	if c, err := canonjson.Canonical(encoded); err == nil {
+	if c, err := onceonly.CanonicalJSON(encoded); err == nil {
 		return c
 	}
 	return encoded

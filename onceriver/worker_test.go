@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/demo/demotest"
+	"github.com/onceonly/onceonly/demo/gateway"
 	"github.com/onceonly/onceonly/onceriver"
 	"github.com/onceonly/onceonly/onceriver/internal/chargejob"
 )
@@ -219,7 +219,7 @@ func TestFailingHandlerIsCancelledAfterMaxFailures(t *testing.T) {
 func TestStepWorkerChargesOncePerOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	gw := testenv.Gateway(t, b.pool, gateway.Config{Latency: 50 * time.Millisecond})
+	gw := demotest.Gateway(t, b.pool, gateway.Config{Latency: 50 * time.Millisecond})
 	charge := chargejob.Handler(gw, 0)
 	var withoutJob atomic.Int32
 	w, err := onceriver.NewWorker(b.engine, func(ctx context.Context, args chargejob.Args) error {

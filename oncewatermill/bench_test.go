@@ -15,7 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/oncewatermill"
 )
 
@@ -32,19 +32,19 @@ import (
 // it (its batch commits after). No relay runs beside the engine. It
 // reports each variant's rate and the ratio.
 func BenchmarkRouter(b *testing.B) {
-	messages := testenv.EnvInt(b, "BENCH_MESSAGES", 2000)
+	messages := oncetest.EnvInt(b, "BENCH_MESSAGES", 2000)
 	// The rounds open their own publishers and subscribers.
 	tb := setup(b, pubSub{name: "sql-queue", joined: true, open: func(testing.TB, *testBundle) (message.Publisher, message.Subscriber) {
 		return nil, nil
 	}})
-	variant := func(name string, middleware bool) testenv.Variant {
-		return testenv.Variant{Name: name, Drain: func(b *testing.B, i int) time.Duration {
+	variant := func(name string, middleware bool) oncetest.Variant {
+		return oncetest.Variant{Name: name, Drain: func(b *testing.B, i int) time.Duration {
 			topic := fmt.Sprintf("bench_%d_%s", i, name)
 			tb.publishBacklog(b, topic, messages)
 			return tb.drain(b, topic, messages, middleware)
 		}}
 	}
-	testenv.CompareRates(b, messages, variant("bare", false), variant("oncewatermill", true))
+	oncetest.CompareRates(b, messages, variant("bare", false), variant("oncewatermill", true))
 }
 
 // queueSchema is watermill-sql's Postgres queue: rows deleted on ack.
@@ -96,7 +96,7 @@ func (b *testBundle) drain(t *testing.B, topic string, n int, once bool) time.Du
 		require.NoError(t, err)
 		poison, err := middleware.PoisonQueueWithFilter(pub, topic+"_poison", oncewatermill.IsDeadLetter)
 		require.NoError(t, err)
-		mw, err := oncewatermill.NewMiddleware(b.engine, oncewatermill.Options{Scope: "bench", Logger: testenv.QuietLogger()})
+		mw, err := oncewatermill.NewMiddleware(b.engine, oncewatermill.Options{Scope: "bench", Logger: oncetest.QuietLogger()})
 		require.NoError(t, err)
 		router.AddMiddleware(poison, mw)
 	}

@@ -20,14 +20,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/oncewatermill"
 )
 
 // TestMain fails the package's tests when a goroutine outlives them, and
 // gives the runnable examples DATABASE_URL and REDIS_URL of their own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "oncewatermill"))
+	goleak.VerifyTestMain(oncetest.WithExampleEnv(m, "oncewatermill"))
 }
 
 // pubSub is a Watermill pub/sub the tests run on: watermill-sql on the
@@ -78,13 +78,13 @@ type testBundle struct {
 
 func setup(t testing.TB, ps pubSub) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t), ps: ps, logger: watermill.NewSlogLogger(testenv.QuietLogger())}
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t), ps: ps, logger: watermill.NewSlogLogger(oncetest.QuietLogger())}
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE effects (key text NOT NULL, payload text NOT NULL)`)
 	require.NoError(t, err)
-	rdb, prefix := testenv.Redis(t)
+	rdb, prefix := oncetest.Redis(t)
 	cfg := onceonly.Config{
 		Pool: b.pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 3 * time.Second,
-		Logger: testenv.QuietLogger(),
+		Logger: oncetest.QuietLogger(),
 	}
 	b.engine, err = onceonly.New(cfg)
 	require.NoError(t, err)
@@ -98,7 +98,7 @@ func setup(t testing.TB, ps pubSub) *testBundle {
 	b.elsewhere, err = onceonly.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(b.elsewhere.Close)
-	suffix := testenv.RandomSuffix(8)
+	suffix := oncetest.RandomSuffix(8)
 	b.in, b.out, b.poison = "orders_"+suffix, "receipts_"+suffix, "poison_"+suffix
 	b.pub, b.sub = ps.open(t, b)
 	return b
@@ -139,7 +139,7 @@ func openSQL(t testing.TB, b *testBundle, db wsql.Beginner) (message.Publisher, 
 // are deleted when it ends.
 func openAMQP(t testing.TB, b *testBundle) (message.Publisher, message.Subscriber) {
 	t.Helper()
-	url := testenv.AMQPURL(t)
+	url := oncetest.AMQPURL(t)
 	cfg := wamqp.NewDurableQueueConfig(url)
 	pub, err := wamqp.NewPublisher(cfg, b.logger)
 	require.NoError(t, err)
@@ -225,7 +225,7 @@ func (b *testBundle) startRouter(t *testing.T, handle message.HandlerFunc, ro ro
 		opts.Policy = onceonly.SettlePolicy{MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
 	}
 	if opts.Logger == nil {
-		opts.Logger = testenv.QuietLogger()
+		opts.Logger = oncetest.QuietLogger()
 	}
 	once, err := oncewatermill.NewMiddleware(b.engine, opts)
 	require.NoError(t, err)
@@ -339,7 +339,7 @@ func (b *testBundle) effects(t *testing.T, key string) int {
 // the message (watermill-sql: at the end of its batch).
 func (b *testBundle) awaitOneEffect(t *testing.T, key string) {
 	t.Helper()
-	testenv.Eventually(t, 10*time.Second, "one effect row of "+key, func() bool { return b.effects(t, key) == 1 })
+	oncetest.Eventually(t, 10*time.Second, "one effect row of "+key, func() bool { return b.effects(t, key) == 1 })
 }
 
 // runs counts the handler's runs per key.

@@ -4,8 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/consume"
-	"github.com/onceonly/onceonly/internal/promutil"
+	"github.com/onceonly/onceonly/consume"
 )
 
 // metrics are the middleware's Prometheus metrics.
@@ -25,10 +24,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "Messages the oncewatermill middleware holds until their retry delay passes and it nacks them; each holds its handler goroutine and its place in the subscription.",
 	})
 	var err error
-	if messages, err = promutil.Shared(reg, messages); err != nil {
+	if messages, err = consume.SharedCollector(reg, messages); err != nil {
 		return nil, err
 	}
-	if waiting, err = promutil.Shared(reg, waiting); err != nil {
+	if waiting, err = consume.SharedCollector(reg, waiting); err != nil {
 		return nil, err
 	}
 	return &metrics{messages: messages, waiting: waiting}, nil

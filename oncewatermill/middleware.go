@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/consume"
+	"github.com/onceonly/onceonly/consume"
 )
 
 // DefaultKeyMetadata is the metadata field that carries a message's

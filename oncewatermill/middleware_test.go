@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/oncewatermill"
 )
 
@@ -46,7 +46,7 @@ func TestCopiesRunOnce(t *testing.T) {
 		}
 		require.Equal(t, 2, replayed)
 		messages := func(disposition, reason string) float64 {
-			return testenv.Metric(t, reg, "onceonly_watermill_messages_total",
+			return oncetest.Metric(t, reg, "onceonly_watermill_messages_total",
 				map[string]string{"handler": handlerName, "disposition": disposition, "reason": reason})
 		}
 		require.Equal(t, 2.0, messages("ack", "executed"))
@@ -343,7 +343,7 @@ func TestJoinedTransactionCommitsTheKeyWithTheAck(t *testing.T) {
 			// deduplicate.
 			first, second := receive(t, receipts), receive(t, receipts)
 			require.Equal(t, first.UUID, second.UUID)
-			testenv.Eventually(t, 10*time.Second, "the key committed", func() bool {
+			oncetest.Eventually(t, 10*time.Second, "the key committed", func() bool {
 				var status string
 				err := b.pool.QueryRow(b.ctx, `SELECT status FROM idempotency_keys WHERE key = 'order-1'`).Scan(&status)
 				return err == nil && status == "completed"

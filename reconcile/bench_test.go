@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // benchReconciler returns a Reconciler on the servers bench/reconcile.sh
@@ -37,7 +37,7 @@ func benchReconciler(b *testing.B) *Reconciler {
 	b.Cleanup(func() { _ = rdb.Close() })
 	r, err := New(Config{
 		Pool: pool, Redis: rdb,
-		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry(),
+		Logger: oncetest.QuietLogger(), Registerer: prometheus.NewRegistry(),
 	})
 	require.NoError(b, err)
 	return r

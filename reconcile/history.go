@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // recordTimeout bounds the write of a pass's record: a pass that ended
@@ -26,7 +26,7 @@ func (r *Reconciler) remember(ctx context.Context, result string, rep Report, to
 	if err == nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 		defer cancel()
-		err = r.store.RecordPass(rctx, r.cfg.Pool, keystore.Pass{
+		err = r.store.RecordPass(rctx, r.cfg.Pool, outbox.Pass{
 			Result: result, Report: report, Err: passErr, Duration: took,
 		})
 	}

@@ -8,8 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 func TestPassesAreRecorded(t *testing.T) {
@@ -42,18 +42,18 @@ func TestPassesAreRecorded(t *testing.T) {
 	require.Equal(t, 1, n)
 
 	// The table keeps the last passes only.
-	for range keystore.KeptPasses + 5 {
-		require.NoError(t, r.store.RecordPass(b.Ctx, b.Pool, keystore.Pass{Result: "ok", Report: []byte("{}")}))
+	for range outbox.KeptPasses + 5 {
+		require.NoError(t, r.store.RecordPass(b.Ctx, b.Pool, outbox.Pass{Result: "ok", Report: []byte("{}")}))
 	}
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM reconcile_passes`).Scan(&n))
-	require.Equal(t, keystore.KeptPasses, n)
+	require.Equal(t, outbox.KeptPasses, n)
 }
 
 func TestAFailedPassIsRecordedWithItsError(t *testing.T) {
 	t.Parallel()
-	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	dead := redis.NewClient(&redis.Options{Addr: oncetest.FreeAddr(t), MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { _ = dead.Close() })
-	b := setup(t, testenv.OnRedis(dead))
+	b := setup(t, oncetest.OnRedis(dead))
 	b.complete(t, "k1")
 	_, err := b.reconciler(t, Config{}).Pass(b.Ctx, false)
 	require.Error(t, err)

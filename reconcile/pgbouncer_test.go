@@ -9,15 +9,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // setupBouncer returns a stack whose pool reaches the test's database
 // through PgBouncer in transaction mode, in pgx query mode mode.
 func setupBouncer(t *testing.T, mode string) *bundle {
 	t.Helper()
-	return setup(t, testenv.OnPool(testenv.Pool(t, testenv.PgBouncerURL(t, testenv.DatabaseURL(t), mode))))
+	return setup(t, oncetest.OnPool(oncetest.Pool(t, oncetest.PgBouncerURL(t, oncetest.DatabaseURL(t), mode))))
 }
 
 // TestPassesThroughPgBouncer: behind PgBouncer in transaction mode every
@@ -37,7 +37,7 @@ func TestPassesThroughPgBouncer(t *testing.T) {
 			require.NoError(t, err)
 			_, err = b.Pool.Exec(b.Ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1s' WHERE key = 'k0'`)
 			require.NoError(t, err)
-			testenv.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, time.Millisecond)
+			oncetest.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, time.Millisecond)
 
 			r := b.reconciler(t, Config{ReapGrace: time.Millisecond, PageSize: 7})
 			first := b.pass(t, r, false)

@@ -34,11 +34,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 
-	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Defaults of Config.
@@ -141,7 +141,7 @@ func (r *Report) Drift() int64 {
 type Reconciler struct {
 	life    startstop.Base
 	cfg     Config
-	store   *keystore.Store
+	store   *outbox.Store
 	cache   *cache.Cache
 	log     *slog.Logger
 	metrics *metrics
@@ -175,7 +175,7 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	return &Reconciler{
 		cfg:      cfg,
-		store:    keystore.New(keystore.Config{FailedTTL: cfg.FailedTTL}),
+		store:    outbox.New(outbox.Config{FailedTTL: cfg.FailedTTL}),
 		cache:    cache.New(cfg.Redis, cache.Options{Prefix: cfg.RedisPrefix, MaxBody: cfg.MaxCachedBody, WriteLayout1: cfg.RedisWriteLayout1}),
 		log:      cfg.Logger,
 		metrics:  m,

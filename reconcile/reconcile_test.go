@@ -14,20 +14,20 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // bundle is a test's stack, with the reconciler's helpers.
-type bundle struct{ *testenv.Stack }
+type bundle struct{ *oncetest.Stack }
 
 // setup returns a stack on the shared test servers unless opts say
-// otherwise (testenv.OnRedis, testenv.OnPool).
-func setup(t testing.TB, opts ...testenv.StackOption) *bundle {
+// otherwise (oncetest.OnRedis, oncetest.OnPool).
+func setup(t testing.TB, opts ...oncetest.StackOption) *bundle {
 	t.Helper()
-	return &bundle{testenv.NewStack(t, opts...)}
+	return &bundle{oncetest.NewStack(t, opts...)}
 }
 
 // reconciler returns a reconciler on the stack, configured by cfg
@@ -75,8 +75,8 @@ func (b *bundle) set(t *testing.T, name, value string) {
 // the report's counts, the repaired state, and that a second pass is clean.
 func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		for i := range 8 {
 			b.complete(t, fmt.Sprintf("k%d", i))
 		}
@@ -108,7 +108,7 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 		extended, err := b.Redis.PExpire(b.Ctx, b.Cache.Key(keystate.Ref{Scope: "s", Key: "abandoned"}), time.Hour).Result()
 		require.NoError(t, err)
 		require.True(t, extended, "the claim outlived its lease before the test could extend it")
-		testenv.AwaitCacheLeaseOver(t, b.Ctx, b.Cache, keystate.Ref{Scope: "s", Key: "abandoned"}) // an orphan now
+		oncetest.AwaitCacheLeaseOver(t, b.Ctx, b.Cache, keystate.Ref{Scope: "s", Key: "abandoned"}) // an orphan now
 
 		dry := b.pass(t, r, true)
 		rep = b.pass(t, r, false)
@@ -148,8 +148,8 @@ func TestEveryDriftKindIsFoundAndRepaired(t *testing.T) {
 
 func TestFlushedRedisIsRefilled(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewRedisServer(t)
-	b := setup(t, testenv.OnRedis(testenv.RedisClient(t, srv.URL())))
+	srv := oncetest.NewRedisServer(t)
+	b := setup(t, oncetest.OnRedis(oncetest.RedisClient(t, srv.URL())))
 	for i := range 25 {
 		b.complete(t, fmt.Sprintf("k%d", i))
 	}
@@ -164,14 +164,14 @@ func TestFlushedRedisIsRefilled(t *testing.T) {
 
 func TestDeadLeasesAreReaped(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		_, err := b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, "v1:fp", owner, time.Millisecond)
 		require.NoError(t, err)
 		_, err = b.Store.Claim(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "alive"}, "v1:fp", owner, time.Hour)
 		require.NoError(t, err)
 		const grace = 10 * time.Millisecond
-		testenv.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, grace)
+		oncetest.AwaitLeaseOver(t, b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, grace)
 		r := b.reconciler(t, Config{ReapGrace: grace})
 
 		dry := b.pass(t, r, true)
@@ -193,7 +193,7 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 		b.RequireConverged(t)
 		// The dead worker can no longer complete.
 		_, err = b.Store.Complete(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "dead"}, owner, keystate.Response{Status: 201})
-		require.ErrorIs(t, err, keystore.ErrLeaseLost)
+		require.ErrorIs(t, err, outbox.ErrLeaseLost)
 		alive, _, err := b.Store.Get(b.Ctx, b.Pool, keystate.Ref{Scope: "s", Key: "alive"})
 		require.NoError(t, err)
 		require.Equal(t, keystate.InProgress, alive.Status)
@@ -204,8 +204,8 @@ func TestDeadLeasesAreReaped(t *testing.T) {
 // are found and deleted on every master, not just the one a SCAN reaches.
 func TestOrphanScanCoversEveryMaster(t *testing.T) {
 	t.Parallel()
-	rdb := testenv.RedisClusterClient(t)
-	b := setup(t, testenv.OnRedis(rdb))
+	rdb := oncetest.RedisClusterClient(t)
+	b := setup(t, oncetest.OnRedis(rdb))
 	b.complete(t, "live")
 	const orphans = 60
 	for i := range orphans {
@@ -243,7 +243,7 @@ func TestOrphanScanCoversEveryMaster(t *testing.T) {
 // the next pass is whole and refills it.
 func TestMasterDownMakesAPartialPass(t *testing.T) {
 	t.Parallel()
-	st, cluster := testenv.NewClusterStack(t)
+	st, cluster := oncetest.NewClusterStack(t)
 	b := &bundle{st}
 	const keys = 30
 	b.CompleteKeys(t, "s", "k", keys)
@@ -285,8 +285,8 @@ func TestMasterDownMakesAPartialPass(t *testing.T) {
 
 func TestExpiredKeysAreDeletedInBatches(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		for i := range 7 {
 			b.complete(t, fmt.Sprintf("old%d", i))
 		}
@@ -366,8 +366,8 @@ func TestOnePassAtATime(t *testing.T) {
 // found by looking up only the few keys of its hash bucket.
 func TestOnlyDisagreeingBucketsAreProbed(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		const keys = 300
 		b.CompleteKeys(t, "s", "k", keys)
 		r := b.reconciler(t, Config{PageSize: 50})
@@ -466,7 +466,7 @@ func TestStartStop(t *testing.T) {
 	finished.Store(false)
 	require.NoError(t, r.Start(b.Ctx))
 	<-entered
-	testenv.Eventually(t, 5*time.Second, "the restarted schedule runs a pass", finished.Load)
+	oncetest.Eventually(t, 5*time.Second, "the restarted schedule runs a pass", finished.Load)
 	r.Stop()
 }
 
@@ -504,7 +504,7 @@ func TestStaleWhileAStepRunsIsExplained(t *testing.T) {
 	require.True(t, claim.Claimed)
 	require.NoError(t, b.Store.RecordStep(b.Ctx, b.Pool, ref, owner, "authorize", []byte(`{"outcome":"ok"}`), "h", []byte("{}"), false))
 	require.NoError(t, b.Store.RecordStep(b.Ctx, b.Pool, ref, owner, "charge", []byte(`{}`), "h", nil, false))
-	logs := &testenv.LogBuffer{}
+	logs := &oncetest.LogBuffer{}
 	r := b.reconciler(t, Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 
 	rep := b.pass(t, r, false)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // shutdownWait is how long a stop waits for a running pass before

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 // TestRecreatedKeyOutranksACopyOfItsEarlierLife: a key deleted by retention

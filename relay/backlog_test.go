@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestBacklogGauges: the relay's count reports the events waiting, the
@@ -28,7 +28,7 @@ func TestBacklogGauges(t *testing.T) {
 		r.countEvents(ctx)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	testenv.Eventually(t, 10*time.Second, "the first count", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the first count", func() bool {
 		return testutil.ToFloat64(r.metrics.pendingEvents) == 2
 	})
 	require.InDelta(t, 1, testutil.ToFloat64(r.metrics.parkedEvents), 0)

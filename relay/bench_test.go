@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The relay benchmarks run on the servers of TEST_DATABASE_URL,
@@ -69,11 +69,11 @@ func BenchmarkDrain(b *testing.B) {
 					b.StopTimer()
 					var rdb redis.UniversalClient
 					if target == "cluster" {
-						rdb = testenv.RedisClusterClient(b)
+						rdb = oncetest.RedisClusterClient(b)
 					} else {
-						rdb = testenv.RedisClient(b, testenv.RedisURL(b))
+						rdb = oncetest.RedisClient(b, oncetest.RedisURL(b))
 					}
-					bd := setup(b, testenv.OnRedis(rdb))
+					bd := setup(b, oncetest.OnRedis(rdb))
 					seedBacklog(b, bd, events)
 					rs := make([]*Relay, relays)
 					for i := range rs {

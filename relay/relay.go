@@ -31,12 +31,12 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceonly/onceonly/internal/backoff"
-	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/backoff"
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/defaults"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Defaults of Config.
@@ -113,11 +113,14 @@ type Config struct {
 type Relay struct {
 	life    startstop.Base
 	cfg     Config
-	store   *keystore.Store
+	store   *outbox.Store
 	cache   *cache.Cache
 	log     *slog.Logger
 	metrics *metrics
 	wake    chan struct{}
+	// outage counts the failed batches since the last delivered one, across
+	// the workers, so that recovery is logged once.
+	outage outage
 	// replicas, when set, holds every batch until Redis replicas have it.
 	replicas *replicaWait
 	// afterPush, when set (tests), runs after Redis acknowledged a batch
@@ -125,7 +128,7 @@ type Relay struct {
 	// at that point would.
 	afterPush func() error
 	// delivered, when set (benchmarks), sees every committed batch.
-	delivered func(events []keystore.Event, failed []keystore.FailedEvent, at batchTimes)
+	delivered func(events []outbox.Event, failed []outbox.FailedEvent, at batchTimes)
 }
 
 // New returns a Relay.
@@ -152,7 +155,7 @@ func New(cfg Config) (*Relay, error) {
 	}
 	return &Relay{
 		cfg:     cfg,
-		store:   keystore.New(keystore.Config{}),
+		store:   outbox.New(outbox.Config{}),
 		cache:   c,
 		log:     cfg.Logger,
 		metrics: m,
@@ -243,18 +246,59 @@ func (r *Relay) work(ctx context.Context) {
 		for {
 			err := r.drain(ctx)
 			if err == nil || ctx.Err() != nil {
+				if err == nil {
+					r.recovered()
+				}
 				retry.Reset()
 				break
 			}
 			if errors.Is(err, ErrReplicasBehind) {
 				retry.Reset() // the batch has waited already: try again soon
 			}
+			r.outage.fail(time.Now())
 			d := retry.Next()
 			r.log.Warn("relay batch failed, retrying", "err", err, "retry_in", d.String())
 			if backoff.Sleep(ctx, d) != nil {
 				return
 			}
 		}
+	}
+}
+
+// outage is a run of failed batches: how many, and since when.
+type outage struct {
+	mu    sync.Mutex
+	n     int
+	since time.Time
+}
+
+// fail counts a failed batch at now.
+func (o *outage) fail(now time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == 0 {
+		o.since = now
+	}
+	o.n++
+}
+
+// end ends the run: it returns how many batches failed and since when,
+// n 0 when none did.
+func (o *outage) end() (n int, since time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n, since = o.n, o.since
+	o.n = 0
+	return n, since
+}
+
+// recovered logs, once, that batches are delivered again after failures:
+// the warnings said each retry, this says the outage is over.
+func (r *Relay) recovered() {
+	if n, since := r.outage.end(); n > 0 {
+		d := time.Since(since).Round(time.Millisecond)
+		r.log.Info(fmt.Sprintf("relay delivering again: recovered after %d failures for %s", n, d),
+			"failures", n, "outage", d.String())
 	}
 }
 
@@ -341,8 +385,8 @@ func (r *Relay) deliverBatch(ctx context.Context, full func()) (batchResult, err
 
 	var (
 		res            batchResult
-		batch          keystore.Batch
-		failed         []keystore.FailedEvent
+		batch          outbox.Batch
+		failed         []outbox.FailedEvent
 		taken, ackedAt time.Time
 		span           = noSpan
 	)
@@ -402,7 +446,7 @@ type batchTimes struct{ began, taken, acked time.Time }
 // the deletion of the events; on a failure it rolls tx back, which puts
 // every event back. It returns the refused events and when Redis
 // acknowledged the batch.
-func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch keystore.Batch, res *batchResult) (failed []keystore.FailedEvent, ackedAt time.Time, err error) {
+func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch outbox.Batch, res *batchResult) (failed []outbox.FailedEvent, ackedAt time.Time, err error) {
 	committed := false
 	defer func() {
 		if !committed {
@@ -439,7 +483,7 @@ func (r *Relay) push(ctx context.Context, tx pgx.Tx, batch keystore.Batch, res *
 
 // firstUnavailable returns the error of the first event deferred for want
 // of Redis.
-func firstUnavailable(failed []keystore.FailedEvent) error {
+func firstUnavailable(failed []outbox.FailedEvent) error {
 	for _, f := range failed {
 		if f.Unavailable {
 			return f.Err
@@ -450,7 +494,7 @@ func firstUnavailable(failed []keystore.FailedEvent) error {
 
 // failedEvents returns the events whose key's update Redis refused, and
 // logs each.
-func (r *Relay) failedEvents(batch keystore.Batch, results []cache.ApplyResult) []keystore.FailedEvent {
+func (r *Relay) failedEvents(batch outbox.Batch, results []cache.ApplyResult) []outbox.FailedEvent {
 	var refused map[keystate.Ref]error
 	for i, res := range results {
 		if res.Err != nil {
@@ -463,14 +507,14 @@ func (r *Relay) failedEvents(batch keystore.Batch, results []cache.ApplyResult) 
 	if len(refused) == 0 {
 		return nil
 	}
-	var failed []keystore.FailedEvent
+	var failed []outbox.FailedEvent
 	for _, e := range batch.Events {
 		err, ok := refused[e.Ref()]
 		if !ok {
 			continue
 		}
 		unavailable := errors.Is(err, cache.ErrUnavailable)
-		failed = append(failed, keystore.FailedEvent{Event: e, Err: err, Unavailable: unavailable})
+		failed = append(failed, outbox.FailedEvent{Event: e, Err: err, Unavailable: unavailable})
 		if unavailable {
 			continue // counted and logged once for the batch
 		}
@@ -489,7 +533,7 @@ func (r *Relay) failedEvents(batch keystore.Batch, results []cache.ApplyResult) 
 // observe records a committed batch in the metrics. The lag of an event runs
 // from its write in Postgres (the Postgres clock) to Redis acknowledging it
 // (this process's clock).
-func (r *Relay) observe(res batchResult, events []keystore.Event, failed []keystore.FailedEvent, ackedAt time.Time) {
+func (r *Relay) observe(res batchResult, events []outbox.Event, failed []outbox.FailedEvent, ackedAt time.Time) {
 	if res.taken == 0 {
 		return
 	}
@@ -515,11 +559,26 @@ func (r *Relay) observe(res batchResult, events []keystore.Event, failed []keyst
 // it was away are lost.
 func (r *Relay) listen(ctx context.Context) {
 	retry := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	failures := 0
+	var since time.Time
+	connected := func() {
+		if failures > 0 {
+			d := time.Since(since).Round(time.Millisecond)
+			r.log.Info(fmt.Sprintf("relay listening again: recovered after %d failures for %s", failures, d),
+				"failures", failures, "outage", d.String())
+		}
+		failures = 0
+		retry.Reset()
+	}
 	for {
-		err := r.listenOnce(ctx, retry.Reset)
+		err := r.listenOnce(ctx, connected)
 		if ctx.Err() != nil {
 			return
 		}
+		if failures == 0 {
+			since = time.Now()
+		}
+		failures++
 		r.metrics.errors.WithLabelValues(stageListen).Inc()
 		d := retry.Next()
 		r.log.Warn("relay lost its LISTEN connection, reconnecting", "err", err, "retry_in", d.String())
@@ -535,7 +594,7 @@ func (r *Relay) listenOnce(ctx context.Context, connected func()) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+keystore.NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	connected()

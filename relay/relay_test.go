@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -16,20 +17,20 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // bundle is a test's stack, with the relay's helpers.
-type bundle struct{ *testenv.Stack }
+type bundle struct{ *oncetest.Stack }
 
 // setup returns a stack on the shared test servers unless opts say
-// otherwise (testenv.OnRedis, testenv.OnPool).
-func setup(t testing.TB, opts ...testenv.StackOption) *bundle {
+// otherwise (oncetest.OnRedis, oncetest.OnPool).
+func setup(t testing.TB, opts ...oncetest.StackOption) *bundle {
 	t.Helper()
-	return &bundle{testenv.NewStack(t, opts...)}
+	return &bundle{oncetest.NewStack(t, opts...)}
 }
 
 // relay returns a relay on the stack, configured by cfg otherwise; it
@@ -73,14 +74,14 @@ func (b *bundle) churn(ctx context.Context, scope, key string) error {
 	}
 	if !found || k.Status == keystate.Failed {
 		_, err = b.Store.Claim(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, "v1:fp", owner, time.Minute)
-		if errors.Is(err, keystore.ErrKeyBusy) {
+		if errors.Is(err, outbox.ErrKeyBusy) {
 			return nil // another writer's claim holds the key's lock
 		}
 		return err
 	}
 	if k.Status == keystate.InProgress {
 		// Another writer may have failed it first.
-		if _, err = b.Store.Fail(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, owner, true); errors.Is(err, keystore.ErrLeaseLost) {
+		if _, err = b.Store.Fail(ctx, b.Pool, keystate.Ref{Scope: scope, Key: key}, owner, true); errors.Is(err, outbox.ErrLeaseLost) {
 			return nil
 		}
 		return err
@@ -109,7 +110,7 @@ func (b *bundle) awaitListening(t testing.TB, r *Relay) int {
 func (b *bundle) awaitListeningAgain(t testing.TB, r *Relay, gone int) int {
 	t.Helper()
 	var pid int
-	testenv.Eventually(t, 10*time.Second, "the relay listening", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the relay listening", func() bool {
 		err := b.Pool.QueryRow(b.Ctx, `SELECT pid FROM pg_stat_activity
 			WHERE datname = current_database() AND query LIKE 'LISTEN %' AND state = 'idle' AND pid <> $1`, gone).Scan(&pid)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -123,8 +124,8 @@ func (b *bundle) awaitListeningAgain(t testing.TB, r *Relay, gone int) int {
 
 func TestDrainDeliversCurrentState(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		for i := range 20 {
 			b.Complete(t, "s", fmt.Sprintf("k%d", i), `{"ok":true}`)
 		}
@@ -167,8 +168,8 @@ func TestDrainDeliversCurrentState(t *testing.T) {
 
 func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		b.Complete(t, "s", "k", "{}") // Postgres at version 2
 		// Redis already holds a newer version than any pending event.
 		_, err := b.Cache.Apply(b.Ctx, keystate.Key{Ref: keystate.Ref{Scope: "s", Key: "k"}, Version: 9, Status: keystate.Failed, Fingerprint: "v1:fp", ExpiresIn: time.Hour})
@@ -192,8 +193,8 @@ func TestOldAndRepeatedDeliveriesNeverLowerAVersion(t *testing.T) {
 // in Redis ever goes down; at the end Redis equals Postgres.
 func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		for _, r := range []*Relay{b.relay(t, Config{BatchSize: 3}), b.relay(t, Config{BatchSize: 5})} {
 			run(t, b.Ctx, r)
 		}
@@ -227,15 +228,15 @@ func TestRelaysUnderChurnNeverRegress(t *testing.T) {
 		}
 		wg.Wait()
 		require.Greater(t, writes.Load(), int64(50))
-		testenv.Eventually(t, 10*time.Second, "outbox drained", func() bool { return b.outboxLen(t) == 0 })
+		oncetest.Eventually(t, 10*time.Second, "outbox drained", func() bool { return b.outboxLen(t) == 0 })
 		b.RequireConverged(t)
 	})
 }
 
 func TestTwoRelaysDeliverEveryEventOnce(t *testing.T) {
 	t.Parallel()
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setup(t, testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, oncetest.OnRedis(rdb))
 		const keys = 1000
 		_, err := b.Pool.Exec(b.Ctx, `
 			INSERT INTO idempotency_keys (scope, key, status, version, fingerprint, response_status, response_body, expires_at)
@@ -269,30 +270,30 @@ func TestTwoRelaysDeliverEveryEventOnce(t *testing.T) {
 
 func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
 	t.Parallel()
-	srv := testenv.NewRedisServer(t)
-	b := setup(t, testenv.OnRedis(testenv.RedisClient(t, srv.URL())))
+	srv := oncetest.NewRedisServer(t)
+	b := setup(t, oncetest.OnRedis(oncetest.RedisClient(t, srv.URL())))
 	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond})
 	run(t, b.Ctx, r)
 
 	for i := range 20 {
 		b.Complete(t, "s", fmt.Sprintf("before%d", i), "{}")
 	}
-	testenv.Eventually(t, 10*time.Second, "first events delivered", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 10*time.Second, "first events delivered", func() bool { return b.outboxLen(t) == 0 })
 
 	srv.Stop()
 	for i := range 20 {
 		b.Complete(t, "s", fmt.Sprintf("during%d", i), "{}")
 	}
-	testenv.Eventually(t, 10*time.Second, "a failed push", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "a failed push", func() bool {
 		return testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageRedis)) > 0
 	})
 	require.Equal(t, 40, b.outboxLen(t), "events wait in Postgres while Redis is down")
 
 	srv.Start()
-	testenv.Eventually(t, 15*time.Second, "backlog drained after Redis returned", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 15*time.Second, "backlog drained after Redis returned", func() bool { return b.outboxLen(t) == 0 })
 	// The restarted Redis lost the earlier keys (repairing that is the
 	// reconciler's job); every event written while it was down arrived.
-	testenv.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "during%")
+	oncetest.RequireConverged(t, b.Ctx, b.Pool, b.Cache, "during%")
 }
 
 // TestClusterNodeDownDefersOnlyItsKeys: with one master of a cluster down,
@@ -301,7 +302,7 @@ func TestRedisStoppedMidStreamLosesNothing(t *testing.T) {
 // node stays away) and arrive when it is back.
 func TestClusterNodeDownDefersOnlyItsKeys(t *testing.T) {
 	t.Parallel()
-	st, cluster := testenv.NewClusterStack(t)
+	st, cluster := oncetest.NewClusterStack(t)
 	b := &bundle{st}
 	const keys = 60
 	b.CompleteKeys(t, "s", "k", keys)
@@ -364,7 +365,7 @@ func TestLostNotificationIsCoveredByThePoll(t *testing.T) {
 			VALUES ('s', 'quiet', 'failed', 1, 'v1:fp', now() + interval '1 hour');
 		INSERT INTO outbox (scope, key, version) VALUES ('s', 'quiet', 1)`)
 	require.NoError(t, err)
-	testenv.Eventually(t, 5*time.Second, "the poll delivers the event", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 5*time.Second, "the poll delivers the event", func() bool { return b.outboxLen(t) == 0 })
 	b.RequireConverged(t)
 }
 
@@ -379,20 +380,20 @@ func TestNotificationWakesTheRelayAfterReconnect(t *testing.T) {
 	listener := b.awaitListening(t, r)
 
 	b.Complete(t, "s", "first", "{}")
-	testenv.Eventually(t, 5*time.Second, "notified delivery", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 5*time.Second, "notified delivery", func() bool { return b.outboxLen(t) == 0 })
 
 	var killed int
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&killed))
 	require.Equal(t, 1, killed)
-	testenv.Eventually(t, 5*time.Second, "relay reconnected", func() bool {
+	oncetest.Eventually(t, 5*time.Second, "relay reconnected", func() bool {
 		return testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageListen)) >= 1
 	})
 	// Once the relay listens on a new connection, a write is delivered
 	// because of its notification.
 	b.awaitListeningAgain(t, r, listener)
 	b.Complete(t, "s", "after", "{}")
-	testenv.Eventually(t, 5*time.Second, "notified delivery after the reconnect", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 5*time.Second, "notified delivery after the reconnect", func() bool { return b.outboxLen(t) == 0 })
 	b.RequireConverged(t)
 }
 
@@ -496,7 +497,7 @@ func TestNotificationDuringABatchIsServedAtOnce(t *testing.T) {
 	<-held
 	_, err = b.Store.Claim(b.Ctx, b.Pool, second, "v1:fp", owner, time.Minute)
 	require.NoError(t, err)
-	testenv.Eventually(t, 5*time.Second, "the second event delivered while the first batch is held", func() bool {
+	oncetest.Eventually(t, 5*time.Second, "the second event delivered while the first batch is held", func() bool {
 		return b.outboxLen(t) == 1
 	})
 	_, found, err := b.Cache.Read(b.Ctx, second)
@@ -506,7 +507,7 @@ func TestNotificationDuringABatchIsServedAtOnce(t *testing.T) {
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT key FROM outbox`).Scan(&left))
 	require.Equal(t, "first", left, "the held batch has not committed")
 	close(release)
-	testenv.Eventually(t, 5*time.Second, "outbox drained", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 5*time.Second, "outbox drained", func() bool { return b.outboxLen(t) == 0 })
 	b.RequireConverged(t)
 }
 
@@ -524,7 +525,7 @@ func TestStartStop(t *testing.T) {
 		require.NoError(t, r.Start(b.Ctx), "starting a running relay does nothing")
 		<-r.Started()
 		b.Complete(t, "s", fmt.Sprintf("started-%d", round), "{}")
-		testenv.Eventually(t, 5*time.Second, "the started relay delivers", func() bool { return b.outboxLen(t) == 0 })
+		oncetest.Eventually(t, 5*time.Second, "the started relay delivers", func() bool { return b.outboxLen(t) == 0 })
 		stopped := r.Stopped()
 		r.Stop()
 		select {
@@ -580,7 +581,7 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	writer := testenv.Pool(t, url+sep+"application_name=writer")
+	writer := oncetest.Pool(t, url+sep+"application_name=writer")
 
 	ctx, stop := context.WithTimeout(b.Ctx, 2*time.Second)
 	defer stop()
@@ -607,10 +608,39 @@ func TestPostgresConnectionsKilledMidStreamLoseNothing(t *testing.T) {
 	}
 	wg.Wait()
 	require.Positive(t, kills)
-	testenv.Eventually(t, 15*time.Second, "outbox drained after the cuts", func() bool {
+	oncetest.Eventually(t, 15*time.Second, "outbox drained after the cuts", func() bool {
 		var n int
 		return writer.QueryRow(b.Ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
 	})
-	testenv.RequireConverged(t, b.Ctx, writer, b.Cache, "%")
+	oncetest.RequireConverged(t, b.Ctx, writer, b.Cache, "%")
 	require.Positive(t, testutil.ToFloat64(r.metrics.errors.WithLabelValues(stageListen)))
+}
+
+// TestRecoveryIsLoggedOnce: while Redis is down every retry warns; once it is
+// back, one info line says the relay recovered, after how many failures.
+func TestRecoveryIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	proxy, redisURL := oncetest.NewFaultProxyFor(t, oncetest.RedisURL(t))
+	b := setup(t, oncetest.OnRedis(oncetest.RedisClient(t, redisURL)))
+	var logs oncetest.LogBuffer
+	r := b.relay(t, Config{PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	run(t, b.Ctx, r)
+
+	proxy.SetMode(oncetest.Reset)
+	b.Complete(t, "s", "during", "{}")
+	oncetest.Eventually(t, 10*time.Second, "retries warned", func() bool {
+		return strings.Count(logs.String(), "relay batch failed, retrying") >= 2
+	})
+	require.NotContains(t, logs.String(), "recovered")
+
+	proxy.SetMode(oncetest.Pass)
+	oncetest.Eventually(t, 15*time.Second, "backlog drained after Redis returned", func() bool { return b.outboxLen(t) == 0 })
+	oncetest.Eventually(t, 5*time.Second, "recovery logged", func() bool {
+		return strings.Contains(logs.String(), "recovered after")
+	})
+	b.Complete(t, "s", "after", "{}")
+	oncetest.Eventually(t, 10*time.Second, "next event delivered", func() bool { return b.outboxLen(t) == 0 })
+	out := logs.String()
+	require.Equal(t, 1, strings.Count(out, "relay delivering again: recovered after"), out)
+	require.Regexp(t, `level=INFO msg="relay delivering again: recovered after \d+ failures for [0-9.]+m?s" failures=\d+`, out)
 }

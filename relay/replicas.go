@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/cache"
+	"github.com/onceonly/onceonly/cache"
 )
 
 // DefaultWaitTimeout is how long a batch waits for Redis replicas by

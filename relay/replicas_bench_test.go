@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // BenchmarkDrainReplicated measures what the replica guard costs the drain
@@ -26,7 +26,7 @@ import (
 // rates and their ratio.
 func BenchmarkDrainReplicated(b *testing.B) {
 	events := benchEnvInt(b, "BENCH_EVENTS", 200_000)
-	url := testenv.SentinelURL(b)
+	url := oncetest.SentinelURL(b)
 	for _, batch := range []int{DefaultBatchSize, 50} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			var took [2]time.Duration // by WaitReplicas
@@ -34,8 +34,8 @@ func BenchmarkDrainReplicated(b *testing.B) {
 				for j := range 2 {
 					wait := (i + j) % 2
 					b.StopTimer()
-					rdb := testenv.SentinelClient(b, url)
-					bd := setup(b, testenv.OnRedis(rdb))
+					rdb := oncetest.SentinelClient(b, url)
+					bd := setup(b, oncetest.OnRedis(rdb))
 					seedBacklog(b, bd, events)
 					r := bd.relay(b, Config{BatchSize: batch, WaitReplicas: wait})
 					b.StartTimer()
@@ -86,13 +86,13 @@ func dropKeys(b *testing.B, bd *bundle) {
 func BenchmarkLagReplicated(b *testing.B) {
 	rate := benchEnvInt(b, "BENCH_RATE", 1000)
 	seconds := benchEnvInt(b, "BENCH_SECONDS", 10)
-	url := testenv.SentinelURL(b)
+	url := oncetest.SentinelURL(b)
 	var lags [2][]time.Duration // by WaitReplicas
 	for i := range b.N {
 		for j := range 2 {
 			wait := (i + j) % 2
-			rdb := testenv.SentinelClient(b, url)
-			bd := setup(b, testenv.OnRedis(rdb))
+			rdb := oncetest.SentinelClient(b, url)
+			bd := setup(b, oncetest.OnRedis(rdb))
 			measured, _, _ := measureLag(b, bd, bd.relay(b, Config{WaitReplicas: wait}), notifyAfterCommit, rate, seconds)
 			lags[wait] = append(lags[wait], measured...)
 		}
@@ -129,7 +129,7 @@ type lagParts struct{ wait, take, push []time.Duration }
 func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, seconds int) (lags []time.Duration, parts lagParts, achieved float64) {
 	b.Helper()
 	var mu sync.Mutex
-	r.delivered = func(events []keystore.Event, _ []keystore.FailedEvent, at batchTimes) {
+	r.delivered = func(events []outbox.Event, _ []outbox.FailedEvent, at batchTimes) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, e := range events {
@@ -151,8 +151,8 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, secon
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	pool := testenv.Pool(b, url+sep+"pool_max_conns=16")
-	store := keystore.New(keystore.Config{CompletedTTL: time.Hour, DeferNotify: mode == notifyAfterCommit})
+	pool := oncetest.Pool(b, url+sep+"pool_max_conns=16")
+	store := outbox.New(outbox.Config{CompletedTTL: time.Hour, DeferNotify: mode == notifyAfterCommit})
 	kick := func() {}
 	if mode == notifyAfterCommit {
 		w := newNotifier(bd.Ctx, func(ctx context.Context) error { return store.Notify(ctx, pool) })
@@ -179,7 +179,7 @@ func measureLag(b *testing.B, bd *bundle, r *Relay, mode notifyMode, rate, secon
 	}
 	wg.Wait()
 	achieved = float64(total) / time.Since(began).Seconds()
-	testenv.Eventually(b, 10*time.Second, "every event delivered", func() bool {
+	oncetest.Eventually(b, 10*time.Second, "every event delivered", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(lags) >= total
@@ -234,9 +234,9 @@ func (n *notifier) stop() {
 // a PUBLISH and a WAIT for one replica on the primary of a Sentinel group
 // (TEST_REDIS_SENTINEL_URL, else a group of its own).
 func BenchmarkReplicaWait(b *testing.B) {
-	rdb := testenv.SentinelClient(b, testenv.SentinelURL(b))
+	rdb := oncetest.SentinelClient(b, oncetest.SentinelURL(b))
 	w := &replicaWait{rdb: rdb, replicas: 1, timeout: time.Second, channel: "bench:relay:replicated"}
-	ctx := testenv.Context(b)
+	ctx := oncetest.Context(b)
 	for b.Loop() {
 		if err := w.wait(ctx); err != nil {
 			b.Fatal(err)

@@ -9,9 +9,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestWaitReplicasKeepsEventsTheReplicaLacks: with WaitReplicas, a batch
@@ -22,9 +22,9 @@ import (
 // and the replica holds every key.
 func TestWaitReplicasKeepsEventsTheReplicaLacks(t *testing.T) {
 	t.Parallel()
-	g := testenv.NewSentinelGroup(t)
+	g := oncetest.NewSentinelGroup(t)
 	rdb := g.Client(t)
-	b := setup(t, testenv.OnRedis(rdb))
+	b := setup(t, oncetest.OnRedis(rdb))
 	reg := prometheus.NewRegistry()
 	r := b.relay(t, Config{WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond, Registerer: reg})
 	replica := g.Servers[1]
@@ -78,7 +78,7 @@ func TestWaitReplicasKeepsEventsTheReplicaLacks(t *testing.T) {
 // one WAIT cannot cover; the relay refuses the setting.
 func TestWaitReplicasNeedsOnePrimary(t *testing.T) {
 	t.Parallel()
-	rdb := testenv.RedisClusterClient(t)
-	_, err := New(Config{Pool: testenv.DB(t), Redis: rdb, WaitReplicas: 1})
+	rdb := oncetest.RedisClusterClient(t)
+	_, err := New(Config{Pool: oncetest.DB(t), Redis: rdb, WaitReplicas: 1})
 	require.ErrorContains(t, err, "not a cluster")
 }

@@ -14,6 +14,6 @@ if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
 	export TEST_DATABASE_URL="postgres://postgres@127.0.0.1:55532/postgres?sslmode=disable"
 	export TEST_REDIS_URL="redis://127.0.0.1:56479/0"
 fi
-go test -run '^$' -fuzz '^FuzzAPI$' -fuzztime "${execs}x" ./payments
+go test -run '^$' -fuzz '^FuzzAPI$' -fuzztime "${execs}x" ./demo/payments
 go test -run '^$' -fuzz '^FuzzCanonicalJSON$' -fuzztime 60s .
 go test -run '^$' -fuzz '^FuzzValidateKey$' -fuzztime 30s .

@@ -19,13 +19,69 @@
 # (5672; RabbitMQ's Erlang ports are the next seven), HTTP_ADDR (:8080),
 # RELAY_HTTP_ADDR (:8081), RECONCILER_HTTP_ADDR (:8082),
 # GATEWAY_HTTP_ADDR (:8083), CONSUMER_HTTP_ADDR (:8084).
+#
+# scripts/run.sh stop (make stop), from another terminal, stops a run going:
+# it signals the run as Ctrl-C does and waits for it; after a run that was
+# killed outright, it ends the daemons and the servers that run left. The
+# run's pids are kept in RUN_STATE (.data/dev/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+state=${RUN_STATE:-.data/dev/run}
+
+# alive PID: PID is a process still running.
+alive() { kill -0 "$1" 2>/dev/null; }
+
+# stop_run: stops the run recorded in $state, or what a run killed outright
+# left of it.
+stop_run() {
+	if [ ! -d "$state" ]; then
+		echo "run: nothing to stop (no $state: no make run going)" >&2
+		return 0
+	fi
+	local pid
+	pid=$(cat "$state/pid" 2>/dev/null || true)
+	if [ -n "$pid" ] && alive "$pid"; then
+		kill -TERM "$pid"
+		# The run stops its daemons (each within 10 s) and its servers, then
+		# removes $state.
+		for _ in $(seq 300); do alive "$pid" || break; sleep 0.1; done
+	fi
+	[ -d "$state" ] || { echo "run: stopped" >&2; return 0; }
+	# The run is gone and left its daemons: end them as it would have.
+	local pids=()
+	[ -f "$state/daemons" ] && mapfile -t pids <"$state/daemons"
+	for pid in "${pids[@]}"; do alive "$pid" && kill -TERM "$pid" 2>/dev/null || true; done
+	for pid in "${pids[@]}"; do
+		for _ in $(seq 150); do alive "$pid" || break; sleep 0.1; done
+		alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
+	done
+	case "$(cat "$state/servers" 2>/dev/null || true)" in
+	all) scripts/services.sh stop .data/dev ;;
+	brokers) scripts/services.sh stop-brokers .data/dev ;;
+	esac
+	rm -rf "$state"
+	echo "run: stopped what a run left" >&2
+}
+
+case "${1:-}" in
+stop) stop_run; exit 0 ;;
+"") ;;
+*) echo "usage: $0 [stop]" >&2; exit 2 ;;
+esac
+if [ -f "$state/pid" ] && alive "$(cat "$state/pid")"; then
+	echo "run: a run is going already (pid $(cat "$state/pid")): make stop first" >&2
+	exit 1
+fi
+rm -rf "$state"
+mkdir -p "$state"
+echo $$ >"$state/pid"
 
 started=
 if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}${REDIS_CLUSTER_URL:-}" ]; then
 	pg_port=${PG_PORT:-5432}
 	redis_port=${REDIS_PORT:-6379}
+	echo all >"$state/servers"
 	scripts/services.sh start .data/dev "$pg_port" "$redis_port"
 	started=1
 	psql -h 127.0.0.1 -p "$pg_port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'onceonly'" | grep -q 1 ||
@@ -48,6 +104,7 @@ nats | rabbitmq) ;;
 esac
 broker_started=
 if [ -z "${BROKER_URL:-}" ]; then
+	[ -n "$started" ] || echo brokers >"$state/servers"
 	if [ "$broker" = rabbitmq ]; then
 		p=${AMQP_PORT:-5672}
 		scripts/services.sh rabbitmq .data/dev "$p"
@@ -75,6 +132,7 @@ stop_all() {
 	elif [ -n "$broker_started" ]; then
 		scripts/services.sh stop-brokers .data/dev
 	fi
+	rm -rf "$state"
 }
 trap stop_all INT TERM EXIT
 
@@ -84,6 +142,7 @@ start() {
 	shift
 	"$@" > >(label "$name") 2>&1 &
 	pids+=($!)
+	echo $! >>"$state/daemons"
 }
 # Each daemon serves its ops endpoints on its own port. The gateway comes
 # first: the api charges through it.

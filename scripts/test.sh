@@ -90,5 +90,5 @@ if [ $# -eq 0 ]; then
 	# threshold (make bench-compare for figures).
 	BENCH_SECONDS=1 BENCH_REPLAY_RATE=1000 BENCH_FIRST_RATE=100 bench/compare.sh
 	# Fuzz smoke: the api end to end for a few seconds (make fuzz: a million).
-	go test -run '^$' -fuzz '^FuzzAPI$' -fuzztime 10s ./payments
+	go test -run '^$' -fuzz '^FuzzAPI$' -fuzztime 10s ./demo/payments
 fi

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestHarnessSmoke runs every variant the side-by-side benchmark compares,
@@ -17,9 +17,9 @@ import (
 // retries with the cache flushed midway, the variants that keep keys in
 // Postgres charge no key twice.
 func TestHarnessSmoke(t *testing.T) {
-	ctx := testenv.Context(t)
-	rdb := testenv.RedisClient(t, testenv.NewRedisServer(t).URL())
-	h, err := newHarness(testenv.DB(t), rdb)
+	ctx := oncetest.Context(t)
+	rdb := oncetest.RedisClient(t, oncetest.NewRedisServer(t).URL())
+	h, err := newHarness(oncetest.DB(t), rdb)
 	require.NoError(t, err)
 	require.NoError(t, h.seed(ctx))
 

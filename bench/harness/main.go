@@ -45,8 +45,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
 )
 
 func main() {

@@ -13,8 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/redisconn"
+	"github.com/onceonly/onceonly/cache"
 )
 
 func main() {
@@ -26,7 +25,7 @@ func main() {
 	if *url == "" && *clusterURL == "" {
 		*url = "redis://127.0.0.1:6379/0"
 	}
-	opts, err := redisconn.Options(*url, *clusterURL)
+	opts, err := cache.ClientOptions(*url, *clusterURL)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scan:", err)
 		os.Exit(2)

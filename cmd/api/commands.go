@@ -10,10 +10,10 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
-	"github.com/onceonly/onceonly/internal/config"
 )
 
 // command is one of api's commands: `api NAME ARGS`.

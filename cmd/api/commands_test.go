@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestHelp: `api help` prints on stdout what `api -h` prints on stderr (and
@@ -56,7 +56,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"-database-url", "postgres://x", "extra"}, `api: unexpected argument "extra"`},
 	} {
 		code, stdout, stderr := runAPI(t, nil, tc.args...)
-		testenv.RequireOneLineError(t, code, stdout, stderr, tc.want)
+		oncetest.RequireOneLineError(t, code, stdout, stderr, tc.want)
 		require.Equal(t, 2, code, tc.args)
 	}
 }
@@ -66,7 +66,7 @@ func TestUsageErrors(t *testing.T) {
 func TestSubcommandsNeedTheDatabase(t *testing.T) {
 	for _, args := range [][]string{{"migrate", "status"}, {"keys", "show", "s", "k"}, {"keys", "purge", "s", "--force", "k"}} {
 		code, stdout, stderr := runAPI(t, nil, args...)
-		testenv.RequireOneLineError(t, code, stdout, stderr, "DATABASE_URL (or -database-url) is required")
+		oncetest.RequireOneLineError(t, code, stdout, stderr, "DATABASE_URL (or -database-url) is required")
 		require.Equal(t, 2, code, args)
 	}
 }

@@ -9,10 +9,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestConsoleIsServedOnlyWithItsCredentials: the console answers under
@@ -20,16 +21,16 @@ import (
 // /console/ path answers 404 when it is not, with or without credentials,
 // and CONSOLE_READONLY refuses every POST.
 func TestConsoleIsServedOnlyWithItsCredentials(t *testing.T) {
-	bin := testenv.BuildBinary(t, ".")
-	dbURL := testenv.DatabaseURL(t)
+	bin := oncetest.BuildBinary(t, ".")
+	dbURL := oncetest.DatabaseURL(t)
 	start := func(env ...string) string {
-		addr := testenv.FreeAddr(t)
+		addr := oncetest.FreeAddr(t)
 		cmd := exec.CommandContext(t.Context(), bin)
-		cmd.Env = append(os.Environ(), append(env, "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
-			"REDIS_PREFIX=console"+testenv.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "LOG_LEVEL=error")...)
+		cmd.Env = append(os.Environ(), append(env, "DATABASE_URL="+dbURL, "REDIS_URL="+oncetest.RedisURL(t),
+			"REDIS_PREFIX=console"+oncetest.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "LOG_LEVEL=error")...)
 		require.NoError(t, cmd.Start())
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		testenv.WaitReady(t, addr)
+		oncetest.WaitReady(t, addr)
 		return "http://" + addr
 	}
 	send := func(method, rawURL string, creds bool, form url.Values) (int, http.Header, string) {
@@ -107,4 +108,22 @@ func TestConsoleIsServedOnlyWithItsCredentials(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, code)
 	code, _, _ = send(http.MethodPost, on+"/console/keys/acct_demo/k1/purge", true, url.Values{"confirm": {"yes"}, "csrf": {token}})
 	require.Equal(t, http.StatusSeeOther, code, "the token works where actions are allowed")
+
+	// CONSOLE_ADDR: the console on a listener of its own (loopback), none
+	// on the API's address.
+	consoleAddr := oncetest.FreeAddr(t)
+	apart := start("CONSOLE_AUTH=ops:pa55:word", "CONSOLE_ADDR="+consoleAddr)
+	oncetest.Eventually(t, 10*time.Second, "the console listening on CONSOLE_ADDR", func() bool {
+		status, _, _ := send(http.MethodGet, "http://"+consoleAddr+"/console/", false, nil)
+		return status == http.StatusUnauthorized
+	})
+	code, _, page = send(http.MethodGet, "http://"+consoleAddr+"/console/", true, nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, page, "Relay backlog")
+	for _, creds := range []bool{false, true} {
+		code, _, _ = send(http.MethodGet, apart+"/console/", creds, nil)
+		require.Equal(t, http.StatusNotFound, code, "no console on the API's address, credentials %v", creds)
+	}
+	code, _, _ = send(http.MethodGet, "http://"+consoleAddr+"/v1/payments", true, nil)
+	require.Equal(t, http.StatusNotFound, code, "no API on the console's address")
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestKilledMidSlowPaymentRecoversWithinTheLease (I5, I12): an api is
@@ -21,8 +21,8 @@ import (
 // replayed) or served inside each api (the dead api's hold on the
 // downstream key ends with its short lease, and the retry charges).
 func TestKilledMidSlowPaymentRecoversWithinTheLease(t *testing.T) {
-	api := testenv.BuildBinary(t, ".")
-	gw := testenv.BuildBinary(t, "../gateway")
+	api := oncetest.BuildBinary(t, ".")
+	gw := oncetest.BuildBinary(t, "../gateway")
 	const (
 		lease = 3 * time.Second
 		// The charge's hold at the gateway: the window in which the test
@@ -35,20 +35,20 @@ func TestKilledMidSlowPaymentRecoversWithinTheLease(t *testing.T) {
 	for _, separate := range []bool{true, false} {
 		name := map[bool]string{true: "separate gateway", false: "in-process gateway"}[separate]
 		t.Run(name, func(t *testing.T) {
-			dbURL := testenv.DatabaseURL(t)
+			dbURL := oncetest.DatabaseURL(t)
 			env := []string{"DATABASE_URL=" + dbURL, "LEASE_TIMEOUT=" + lease.String(), "RESUME_INTERVAL=300ms",
 				"SLOW_GATEWAY_DELAY=" + slowDelay.String()}
 			if separate {
-				g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY="+slowDelay.String())
+				g := oncetest.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY="+slowDelay.String())
 				env = append(env, "GATEWAY_URL=http://"+g.Addr)
 			}
-			victim := testenv.StartDaemon(t, api, env...)
-			survivor := testenv.StartDaemon(t, api, env...)
-			ctx := testenv.Context(t)
-			pool := testenv.Pool(t, dbURL)
+			victim := oncetest.StartDaemon(t, api, env...)
+			survivor := oncetest.StartDaemon(t, api, env...)
+			ctx := oncetest.Context(t)
+			pool := oncetest.Pool(t, dbURL)
 
 			go payOnce(ctx, victim.Addr, "slow-1", body) // its answer never comes
-			testenv.Eventually(t, 10*time.Second, "the slow charge in flight at the gateway", func() bool {
+			oncetest.Eventually(t, 10*time.Second, "the slow charge in flight at the gateway", func() bool {
 				var n int
 				err := pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/slow-1' AND status = 'processing'`).Scan(&n)
 				return err == nil && n == 1

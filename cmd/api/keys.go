@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/redisconn"
+	"github.com/onceonly/onceonly/cache"
 )
 
 // keyView is what `api keys show` prints: the Postgres row and the Redis
@@ -56,7 +56,7 @@ func keysCommand(ctx context.Context, pgCfg *pgxpool.Config, rdbOpts *redis.Univ
 		return fmt.Errorf("connect to Postgres: %w", err)
 	}
 	defer pool.Close()
-	rdb := redisconn.New(rdbOpts)
+	rdb := cache.NewClient(rdbOpts)
 	if rdb != nil {
 		defer rdb.Close()
 	}

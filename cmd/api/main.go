@@ -19,16 +19,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/paygateway"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
 	"github.com/onceonly/onceonly/console"
-	"github.com/onceonly/onceonly/internal/config"
-	"github.com/onceonly/onceonly/internal/redisconn"
-	"github.com/onceonly/onceonly/payments"
-	"github.com/onceonly/onceonly/payments/schema"
+	"github.com/onceonly/onceonly/demo/payments"
+	"github.com/onceonly/onceonly/demo/payments/schema"
 )
 
 const demoAPIKeys = "sk_test_demo=acct_demo" //nolint:gosec // G101: the public demo key, accepted only while API_KEYS is unset, with a warning
@@ -46,6 +46,7 @@ type settings struct {
 	deferNotify     *bool
 	force           *bool
 	consoleAuth     *string
+	consoleAddr     *string
 	consoleReadOnly *bool
 	consoleRedact   *bool
 }
@@ -59,6 +60,7 @@ func define(s *config.Set) *settings {
 		deferNotify:     s.Bool("defer-notify", "DEFER_NOTIFY", true, "keep the relay's NOTIFY out of the transactions (faster commits; the api notifies after a commit only when its write-through to Redis failed, and the relay polls for the rest); false notifies in every transaction"),
 		force:           s.FlagSet().Bool("force", false, "keys purge: purge a key even while it is in progress"),
 		consoleAuth:     s.String("console-auth", "CONSOLE_AUTH", "", "user:password of the operators' console served under /console/ (HTTP Basic); unset: no console, every /console/ path answers 404"),
+		consoleAddr:     s.String("console-addr", "CONSOLE_ADDR", "", "address the console listens on apart from the API, e.g. 127.0.0.1:8081 (loopback: reach it through an SSH tunnel or a TLS-terminating proxy); unset: under /console/ on HTTP_ADDR"),
 		consoleReadOnly: s.Bool("console-readonly", "CONSOLE_READONLY", false, "the console shows no form that changes anything and answers every POST 403"),
 		consoleRedact:   s.Bool("console-redact", "CONSOLE_REDACT", false, "the console never shows stored request or response bodies"),
 	}
@@ -86,6 +88,9 @@ func validate(s *settings) (validated, error) {
 		if err := console.ParseAuth(*s.consoleAuth); err != nil {
 			return v, errors.New("bad configuration: CONSOLE_AUTH must be user:password, neither empty")
 		}
+	}
+	if *s.consoleAddr != "" && *s.consoleAuth == "" {
+		return v, errors.New("bad configuration: CONSOLE_ADDR needs CONSOLE_AUTH (no console is served without it)")
 	}
 	if err := s.engine.Validate(); err != nil {
 		return v, err
@@ -131,11 +136,18 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 	// degraded, never unready.
 	var optional map[string]ops.Check
 	if rdb != nil {
-		optional = map[string]ops.Check{"redis": redisconn.Check(rdb)}
+		optional = map[string]ops.Check{"redis": cache.ReadyCheck(rdb)}
 	}
 	mux := http.NewServeMux()
 	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping}, optional)
-	stopConsole, err := mountConsole(ctx, mux, s, engine, pool, log)
+	// With CONSOLE_ADDR the console has a listener of its own, and the
+	// API's /console/ paths answer 404 as without a console.
+	consoleMux := mux
+	if *s.consoleAddr != "" {
+		consoleMux = http.NewServeMux()
+		mountNoConsole(mux)
+	}
+	stopConsole, err := mountConsole(ctx, consoleMux, s, engine, pool, log)
 	if err != nil {
 		return err
 	}
@@ -162,23 +174,47 @@ func serve(ctx context.Context, s *settings, v validated, setup daemon.Setup) er
 		IdleTimeout:       2 * time.Minute,
 	}
 	log.Info("api listening", "addr", *s.HTTPAddr, "redis", rdb != nil, "gateway", gw.BaseURL)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	consoleDone := make(chan error, 1)
+	if *s.consoleAddr != "" {
+		csrv := &http.Server{
+			Addr: *s.consoleAddr, Handler: consoleMux,
+			ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+		}
+		log.Info("console listening", "addr", *s.consoleAddr)
+		go func() {
+			err := shutdown.Serve(ctx, csrv, log, 9*time.Second)
+			cancel() // a console that cannot listen stops the api, as the api's own address does
+			consoleDone <- err
+		}()
+	} else {
+		consoleDone <- nil
+	}
 	resuming := make(chan struct{})
 	go func() {
 		defer close(resuming)
 		_ = engine.Resume(ctx) // returns when ctx ends
 	}()
 	err = shutdown.Serve(ctx, srv, log, 9*time.Second)
+	cancel()
 	<-resuming
-	return err
+	return errors.Join(err, <-consoleDone)
 }
 
-// mountConsole serves the operators' console under /console/ when
-// CONSOLE_AUTH is set; otherwise every /console/ path answers 404, with or
+// mountNoConsole answers 404 on every /console/ path of mux.
+func mountNoConsole(mux *http.ServeMux) {
+	mux.Handle(console.DefaultPrefix+"/", http.NotFoundHandler())
+	mux.Handle(console.DefaultPrefix, http.NotFoundHandler())
+}
+
+// mountConsole serves the operators' console under /console/ of mux (the
+// API's, or the console's own with CONSOLE_ADDR) when CONSOLE_AUTH is set;
+// otherwise every /console/ path answers 404, with or
 // without credentials. The returned function stops the console's sampler.
 func mountConsole(ctx context.Context, mux *http.ServeMux, s *settings, engine *onceonly.Engine, pool *pgxpool.Pool, log *slog.Logger) (func(), error) {
 	if *s.consoleAuth == "" {
-		mux.Handle(console.DefaultPrefix+"/", http.NotFoundHandler())
-		mux.Handle(console.DefaultPrefix, http.NotFoundHandler())
+		mountNoConsole(mux)
 		return func() {}, nil
 	}
 	c, err := console.New(console.Config{

@@ -18,10 +18,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // migrationCount is the number of the library's migrations, numbered 1…n.
@@ -41,11 +41,11 @@ func migrationFiles(t *testing.T) []string {
 
 func runAPI(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	return testenv.RunMain(t, run, env, args...)
+	return oncetest.RunMain(t, run, env, args...)
 }
 
 func TestBadConfiguration(t *testing.T) {
-	testenv.RequireRejections(t, run, []testenv.Rejection{
+	oncetest.RequireRejections(t, run, []oncetest.Rejection{
 		{Env: map[string]string{"DATABASE_URL": ""}, Want: "DATABASE_URL (or -database-url) is required"},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "LEASE_TIMEOUT": "ten"}, Want: `LEASE_TIMEOUT="ten": not a duration`},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "LOG_LEVEL": "loud"}, Want: `LOG_LEVEL="loud"`},
@@ -60,11 +60,12 @@ func TestBadConfiguration(t *testing.T) {
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_AUTH": "nocolon"}, Want: "CONSOLE_AUTH must be user:password"},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_AUTH": "ops:"}, Want: "CONSOLE_AUTH must be user:password"},
 		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_READONLY": "maybe"}, Want: `CONSOLE_READONLY="maybe": use true or false`},
+		{Env: map[string]string{"DATABASE_URL": "postgres://x", "CONSOLE_ADDR": "127.0.0.1:8081"}, Want: "CONSOLE_ADDR needs CONSOLE_AUTH"},
 	})
 }
 
 func TestMigrateAndSchemaCheck(t *testing.T) {
-	url := testenv.EmptyDatabaseURL(t)
+	url := oncetest.EmptyDatabaseURL(t)
 	env := map[string]string{"DATABASE_URL": url, "HTTP_ADDR": "127.0.0.1:0"}
 
 	code, _, stderr := runAPI(t, env)
@@ -99,24 +100,24 @@ func TestMigrateAndSchemaCheck(t *testing.T) {
 // TestGracefulShutdown: SIGTERM during a request lets it finish, leaves no
 // key claimed, and the process exits 0 well within 10 s.
 func TestGracefulShutdown(t *testing.T) {
-	bin := testenv.BuildBinary(t, ".")
-	dbURL := testenv.DatabaseURL(t)
-	addr := testenv.FreeAddr(t)
+	bin := oncetest.BuildBinary(t, ".")
+	dbURL := oncetest.DatabaseURL(t)
+	addr := oncetest.FreeAddr(t)
 	cmd := exec.CommandContext(t.Context(), bin)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
-		"REDIS_PREFIX=shutdown"+testenv.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "SLOW_GATEWAY_DELAY=1s", "LOG_FORMAT=text")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+oncetest.RedisURL(t),
+		"REDIS_PREFIX=shutdown"+oncetest.RandomSuffix(6)+":", "HTTP_ADDR="+addr, "SLOW_GATEWAY_DELAY=1s", "LOG_FORMAT=text")
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	testenv.WaitReady(t, addr)
+	oncetest.WaitReady(t, addr)
 
 	type result struct {
 		status int
 		err    error
 	}
 	done := make(chan result)
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	go func() {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/payments",
 			strings.NewReader(`{"amount":5,"currency":"eur","customer":"c","source":"tok_slow"}`))
@@ -135,8 +136,8 @@ func TestGracefulShutdown(t *testing.T) {
 		res.Body.Close()
 		done <- result{status: res.StatusCode}
 	}()
-	pool := testenv.Pool(t, dbURL)
-	testenv.AwaitClaimed(t, ctx, pool, "shutdown-1") // the request is in flight
+	pool := oncetest.Pool(t, dbURL)
+	oncetest.AwaitClaimed(t, ctx, pool, "shutdown-1") // the request is in flight
 	start := time.Now()
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	res := <-done
@@ -153,16 +154,16 @@ func TestGracefulShutdown(t *testing.T) {
 }
 
 func TestKeysShowAndPurge(t *testing.T) {
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		dbURL := testenv.DatabaseURL(t)
-		st := testenv.NewStack(t, testenv.OnPool(testenv.Pool(t, dbURL)), testenv.OnRedis(rdb))
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		dbURL := oncetest.DatabaseURL(t)
+		st := oncetest.NewStack(t, oncetest.OnPool(oncetest.Pool(t, dbURL)), oncetest.OnRedis(rdb))
 		prefix := st.Cache.Prefix()
 		st.Complete(t, "acct_k", "order-1", `{"ok":true}`)
 		k, _, err := st.Store.Get(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"})
 		require.NoError(t, err)
 		_, err = st.Cache.Apply(st.Ctx, k)
 		require.NoError(t, err)
-		env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
+		env := oncetest.EnvWith(oncetest.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
 
 		var view keyView
 		code, stdout, stderr := runAPI(t, env, "keys", "show", "acct_k", "order-1")
@@ -191,21 +192,21 @@ func TestKeysShowAndPurge(t *testing.T) {
 		require.EqualValues(t, 4, res.Key.Version)
 
 		code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "order-1")
-		testenv.RequireOneLineError(t, code, stdout, stderr, "in progress")
+		oncetest.RequireOneLineError(t, code, stdout, stderr, "in progress")
 		code, _, stderr = runAPI(t, env, "keys", "purge", "--force", "acct_k", "order-1")
 		require.Equal(t, 0, code, stderr)
 		_, err = st.Store.Complete(st.Ctx, st.Pool, keystate.Ref{Scope: "acct_k", Key: "order-1"}, keystate.Owner{5}, keystate.Response{Status: 201})
-		require.ErrorIs(t, err, keystore.ErrLeaseLost, "the purged execution cannot complete")
+		require.ErrorIs(t, err, outbox.ErrLeaseLost, "the purged execution cannot complete")
 
 		code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k", "nothing")
 		require.Equal(t, 0, code, stderr)
 		require.Contains(t, stdout, `"postgres": null`)
 		code, stdout, stderr = runAPI(t, env, "keys", "purge", "acct_k", "nothing")
-		testenv.RequireOneLineError(t, code, stdout, stderr, "no such key")
+		oncetest.RequireOneLineError(t, code, stdout, stderr, "no such key")
 		code, stdout, stderr = runAPI(t, env, "keys", "drop", "acct_k", "x")
-		testenv.RequireOneLineError(t, code, stdout, stderr, `unknown command "drop"`)
+		oncetest.RequireOneLineError(t, code, stdout, stderr, `unknown command "drop"`)
 		code, stdout, stderr = runAPI(t, env, "keys", "show", "acct_k")
-		testenv.RequireOneLineError(t, code, stdout, stderr, "SCOPE KEY")
+		oncetest.RequireOneLineError(t, code, stdout, stderr, "SCOPE KEY")
 	})
 }
 
@@ -219,37 +220,37 @@ func TestProbe(t *testing.T) {
 	code, _, stderr := runAPI(t, nil, "probe", ok.URL)
 	require.Equal(t, 0, code, stderr)
 	code, stdout, stderr := runAPI(t, nil, "probe", down.URL)
-	testenv.RequireOneLineError(t, code, stdout, stderr, "answered 503")
+	oncetest.RequireOneLineError(t, code, stdout, stderr, "answered 503")
 	code, stdout, stderr = runAPI(t, nil, "probe")
-	testenv.RequireOneLineError(t, code, stdout, stderr, "say one URL")
+	oncetest.RequireOneLineError(t, code, stdout, stderr, "say one URL")
 }
 
 func TestConfigurationIsDocumented(t *testing.T) {
-	testenv.RequireDocumented(t, run)
+	oncetest.RequireDocumented(t, run)
 }
 
 // TestReadinessWithoutRedis: Redis, or one master of a cluster, going away
 // makes the api degraded, not unready — it goes on answering from Postgres,
 // so a load balancer must keep it in rotation.
 func TestReadinessWithoutRedis(t *testing.T) {
-	bin := testenv.BuildBinary(t, ".")
+	bin := oncetest.BuildBinary(t, ".")
 	for _, target := range []string{"single", "cluster"} {
 		t.Run(target, func(t *testing.T) {
 			var redisEnv string
 			var stop func()
 			if target == "cluster" {
-				c := testenv.NewRedisCluster(t)
+				c := oncetest.NewRedisCluster(t)
 				redisEnv, stop = "REDIS_CLUSTER_URL="+c.URL(), c.Nodes[2].Stop
 			} else {
-				srv := testenv.NewRedisServer(t)
+				srv := oncetest.NewRedisServer(t)
 				redisEnv, stop = "REDIS_URL="+srv.URL(), srv.Stop
 			}
-			addr := testenv.FreeAddr(t)
+			addr := oncetest.FreeAddr(t)
 			cmd := exec.CommandContext(t.Context(), bin)
-			cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.DatabaseURL(t), redisEnv, "HTTP_ADDR="+addr, "LOG_LEVEL=error")
+			cmd.Env = append(os.Environ(), "DATABASE_URL="+oncetest.DatabaseURL(t), redisEnv, "HTTP_ADDR="+addr, "LOG_LEVEL=error")
 			require.NoError(t, cmd.Start())
 			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-			testenv.WaitReady(t, addr)
+			oncetest.WaitReady(t, addr)
 
 			readyz := func() (int, string) {
 				req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+addr+"/readyz", nil)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceonly/onceonly/demo/payments/schema"
 	"github.com/onceonly/onceonly/migrations"
-	"github.com/onceonly/onceonly/payments/schema"
 )
 
 // migrateVerbs are what `api migrate` takes.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestThroughPgBouncer runs the api's commands with DATABASE_URL on
@@ -16,21 +16,21 @@ import (
 // database, the api serving a payment through the gateway (itself on
 // PgBouncer) and its replay, then keys show and purge.
 func TestThroughPgBouncer(t *testing.T) {
-	api := testenv.BuildBinary(t, ".")
-	gw := testenv.BuildBinary(t, "../gateway")
-	dbURL := testenv.PgBouncerURL(t, testenv.EmptyDatabaseURL(t), "exec")
-	rdb, prefix := testenv.Redis(t)
-	env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
+	api := oncetest.BuildBinary(t, ".")
+	gw := oncetest.BuildBinary(t, "../gateway")
+	dbURL := oncetest.PgBouncerURL(t, oncetest.EmptyDatabaseURL(t), "exec")
+	rdb, prefix := oncetest.Redis(t)
+	env := oncetest.EnvWith(oncetest.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
 
 	code, stdout, stderr := runAPI(t, env, "migrate", "up")
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, fmt.Sprintf("applied %d migration(s)", migrationCount(t)))
 
-	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL)
-	a := testenv.StartDaemon(t, api, "DATABASE_URL="+dbURL, "REDIS_URL="+env["REDIS_URL"], "REDIS_PREFIX="+prefix,
+	g := oncetest.StartDaemon(t, gw, "DATABASE_URL="+dbURL)
+	a := oncetest.StartDaemon(t, api, "DATABASE_URL="+dbURL, "REDIS_URL="+env["REDIS_URL"], "REDIS_PREFIX="+prefix,
 		"GATEWAY_URL=http://"+g.Addr)
 	const body = `{"amount":500,"currency":"usd","customer":"cus_b","source":"tok_visa"}`
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	status, first, _ := payOnce(ctx, a.Addr, "bounced-1", body)
 	require.Equal(t, http.StatusCreated, status, first)
 	status, again, header := payOnce(ctx, a.Addr, "bounced-1", body)

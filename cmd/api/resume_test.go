@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // payOnce sends one payment and returns its answer; a request that gets no
@@ -40,21 +40,21 @@ func payOnce(ctx context.Context, addr, key, body string) (int, string, http.Hea
 // lease and its resume interval, with the charge the gateway made, and a
 // later retry is replayed.
 func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
-	api := testenv.BuildBinary(t, ".")
-	gw := testenv.BuildBinary(t, "../gateway")
-	dbURL := testenv.DatabaseURL(t)
-	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms")
+	api := oncetest.BuildBinary(t, ".")
+	gw := oncetest.BuildBinary(t, "../gateway")
+	dbURL := oncetest.DatabaseURL(t)
+	g := oncetest.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms")
 	apiEnv := []string{"DATABASE_URL=" + dbURL, "GATEWAY_URL=http://" + g.Addr, "LEASE_TIMEOUT=2s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=5s"}
-	a := testenv.StartDaemon(t, api, apiEnv...)
-	b := testenv.StartDaemon(t, api, apiEnv...)
+	a := oncetest.StartDaemon(t, api, apiEnv...)
+	b := oncetest.StartDaemon(t, api, apiEnv...)
 	addrA, addrB := a.Addr, b.Addr
 
 	const body = `{"amount":700,"currency":"eur","customer":"cus_k","source":"tok_visa"}`
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	go payOnce(ctx, addrA, "killed-1", body) // its answer never comes
-	pool := testenv.Pool(t, dbURL)
+	pool := oncetest.Pool(t, dbURL)
 	var chargeID string
-	testenv.Eventually(t, 10*time.Second, "the gateway charged", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the gateway charged", func() bool {
 		err := pool.QueryRow(ctx, `SELECT charge_id FROM gateway.charges WHERE reference = 'acct_demo/killed-1' AND charge_id IS NOT NULL`).Scan(&chargeID)
 		return err == nil
 	})
@@ -62,7 +62,7 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 	killedAt := time.Now()
 
 	var paymentCharge string
-	testenv.Eventually(t, 15*time.Second, "the payment finished without a retry", func() bool {
+	oncetest.Eventually(t, 15*time.Second, "the payment finished without a retry", func() bool {
 		err := pool.QueryRow(ctx, `SELECT charge_id FROM payments WHERE idempotency_key = 'killed-1'`).Scan(&paymentCharge)
 		return err == nil
 	})
@@ -89,38 +89,38 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 // it, it can no longer record the step or commit (its client gets no 201):
 // one charge, one payment row, with that charge.
 func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
-	api := testenv.BuildBinary(t, ".")
-	gw := testenv.BuildBinary(t, "../gateway")
-	dbURL := testenv.DatabaseURL(t)
+	api := oncetest.BuildBinary(t, ".")
+	gw := oncetest.BuildBinary(t, "../gateway")
+	dbURL := oncetest.DatabaseURL(t)
 	// A's call outlasts the retry's whole request (its takeover, the api's
 	// own calls to the gateway a second apart, the look-up), which starts
 	// as A's lease ends, a second in.
-	g := testenv.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=6s")
+	g := oncetest.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "SLOW_GATEWAY_DELAY=6s")
 	apiEnv := []string{"DATABASE_URL=" + dbURL, "GATEWAY_URL=http://" + g.Addr, "LEASE_TIMEOUT=1s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=10s"}
-	a := testenv.StartDaemon(t, api, apiEnv...)
-	addrA, addrB := a.Addr, testenv.StartDaemon(t, api, apiEnv...).Addr
+	a := oncetest.StartDaemon(t, api, apiEnv...)
+	addrA, addrB := a.Addr, oncetest.StartDaemon(t, api, apiEnv...).Addr
 
 	const body = `{"amount":900,"currency":"eur","customer":"cus_p","source":"tok_slow"}`
-	ctx := testenv.Context(t)
-	pool := testenv.Pool(t, dbURL)
+	ctx := oncetest.Context(t)
+	pool := oncetest.Pool(t, dbURL)
 	first := make(chan int, 1)
 	go func() {
 		status, _, _ := payOnce(ctx, addrA, "paused-1", body)
 		first <- status
 	}()
-	testenv.Eventually(t, 10*time.Second, "A has claimed the key and called the gateway", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "A has claimed the key and called the gateway", func() bool {
 		var n int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/paused-1'`).Scan(&n) == nil && n > 0
 	})
 	require.NoError(t, a.Cmd.Process.Signal(syscall.SIGSTOP))
-	testenv.Eventually(t, 10*time.Second, "A's lease over in Postgres", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "A's lease over in Postgres", func() bool {
 		var over bool
 		return pool.QueryRow(ctx, `SELECT lease_expires_at <= now() FROM idempotency_keys WHERE key = 'paused-1'`).Scan(&over) == nil && over
 	})
 	status, answer, _ := payOnce(ctx, addrB, "paused-1", body)
 	require.Contains(t, []int{http.StatusBadGateway, http.StatusConflict}, status, "the takeover finds the first call still in flight at the gateway: %s", answer)
 	// A wakes up with the gateway's answer to its call waiting for it.
-	testenv.Eventually(t, 20*time.Second, "the gateway charged A's call", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "the gateway charged A's call", func() bool {
 		var n int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_demo/paused-1' AND charge_id IS NOT NULL`).Scan(&n) == nil && n > 0
 	})
@@ -134,7 +134,7 @@ func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
 	_ = a.Cmd.Wait()
 
 	var paymentCharge string
-	testenv.Eventually(t, 20*time.Second, "the payment is finished", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "the payment is finished", func() bool {
 		return pool.QueryRow(ctx, `SELECT charge_id FROM payments WHERE idempotency_key = 'paused-1'`).Scan(&paymentCharge) == nil
 	})
 	var charges, rows int

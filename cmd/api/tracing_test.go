@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/cmd/internal/testotlp"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestDaemonsExportTraces: with OTEL_EXPORTER_OTLP_ENDPOINT set, the api,
@@ -20,21 +20,21 @@ import (
 // engine's execution and step, and the gateway's charge; the relay's
 // batches and the reconciler's passes are spans of their own.
 func TestDaemonsExportTraces(t *testing.T) {
-	api := testenv.BuildBinary(t, ".")
-	gw := testenv.BuildBinary(t, "../gateway")
-	relay := testenv.BuildBinary(t, "../relay")
-	reconciler := testenv.BuildBinary(t, "../reconciler")
+	api := oncetest.BuildBinary(t, ".")
+	gw := oncetest.BuildBinary(t, "../gateway")
+	relay := oncetest.BuildBinary(t, "../relay")
+	reconciler := oncetest.BuildBinary(t, "../reconciler")
 	col := testotlp.NewOTLPCollector(t)
-	dbURL := testenv.DatabaseURL(t)
-	_, prefix := testenv.Redis(t)
-	redisURL := "REDIS_URL=" + testenv.RedisURL(t)
+	dbURL := oncetest.DatabaseURL(t)
+	_, prefix := oncetest.Redis(t)
+	redisURL := "REDIS_URL=" + oncetest.RedisURL(t)
 	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + col.URL, "OTEL_BSP_SCHEDULE_DELAY=50"}
-	g := testenv.StartDaemon(t, gw, append(otel, "DATABASE_URL="+dbURL)...)
-	a := testenv.StartDaemon(t, api, append(otel, "DATABASE_URL="+dbURL, redisURL, "REDIS_PREFIX="+prefix, "GATEWAY_URL=http://"+g.Addr)...)
-	testenv.StartDaemon(t, relay, append(otel, "DATABASE_URL="+dbURL, redisURL, "REDIS_PREFIX="+prefix, "RELAY_POLL_INTERVAL=50ms")...)
+	g := oncetest.StartDaemon(t, gw, append(otel, "DATABASE_URL="+dbURL)...)
+	a := oncetest.StartDaemon(t, api, append(otel, "DATABASE_URL="+dbURL, redisURL, "REDIS_PREFIX="+prefix, "GATEWAY_URL=http://"+g.Addr)...)
+	oncetest.StartDaemon(t, relay, append(otel, "DATABASE_URL="+dbURL, redisURL, "REDIS_PREFIX="+prefix, "RELAY_POLL_INTERVAL=50ms")...)
 
 	const trace = "4bf92f3577b34da6a3ce929d0e0e4736"
-	req, err := http.NewRequestWithContext(testenv.Context(t), http.MethodPost, "http://"+a.Addr+"/v1/payments",
+	req, err := http.NewRequestWithContext(oncetest.Context(t), http.MethodPost, "http://"+a.Addr+"/v1/payments",
 		strings.NewReader(`{"amount":700,"currency":"eur","customer":"cus_t","source":"tok_visa"}`))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer sk_test_demo")
@@ -61,14 +61,14 @@ func TestDaemonsExportTraces(t *testing.T) {
 			}
 		}
 	}()
-	testenv.Eventually(t, 10*time.Second, "the payment's spans", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "the payment's spans", func() bool {
 		return inTrace("onceonly-api", "POST /v1/payments") && inTrace("onceonly-api", "onceonly.execute") &&
 			inTrace("onceonly-api", "onceonly.step") && inTrace("onceonly-gateway", "POST /v1/charges")
 	})
-	testenv.Eventually(t, 10*time.Second, "a relay batch span", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "a relay batch span", func() bool {
 		return len(col.Find("onceonly-relay", "onceonly.relay.batch")) > 0
 	})
-	pass := exec.CommandContext(testenv.Context(t), reconciler, "--once")
+	pass := exec.CommandContext(oncetest.Context(t), reconciler, "--once")
 	pass.Env = append(append(os.Environ(), otel...), "DATABASE_URL="+dbURL, redisURL, "REDIS_PREFIX="+prefix)
 	out, err := pass.CombinedOutput()
 	require.NoError(t, err, string(out))

@@ -14,9 +14,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/demo/payments"
 	"github.com/onceonly/onceonly/onceamqp"
 	"github.com/onceonly/onceonly/oncenats"
-	"github.com/onceonly/onceonly/payments"
 )
 
 // brokerKind is the broker BROKER_URL names.

@@ -15,8 +15,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/oncenats"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // testBroker is one of the brokers the consumer runs on, as the tests see
@@ -59,7 +59,7 @@ type deadLetter struct {
 // one that can be restarted.
 type natsBroker struct {
 	addr    string
-	private *testenv.NATSServer
+	private *oncetest.NATSServer
 }
 
 func (b *natsBroker) name() string { return "nats" }
@@ -76,7 +76,7 @@ func (b *natsBroker) js(t *testing.T) jetstream.JetStream {
 }
 
 func (b *natsBroker) reset(t *testing.T) {
-	err := b.js(t).DeleteStream(testenv.Context(t), oncenats.DemoTopology().Stream)
+	err := b.js(t).DeleteStream(oncetest.Context(t), oncenats.DemoTopology().Stream)
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		require.NoError(t, err)
 	}
@@ -84,12 +84,12 @@ func (b *natsBroker) reset(t *testing.T) {
 
 func (b *natsBroker) publish(t *testing.T, key, body string) {
 	t.Helper()
-	require.NoError(t, publishNATS(testenv.Context(t), b.addr, key, []byte(body), 1))
+	require.NoError(t, publishNATS(oncetest.Context(t), b.addr, key, []byte(body), 1))
 }
 
 func (b *natsBroker) deadLetters(t *testing.T, _ string) []deadLetter {
 	t.Helper()
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	topo := oncenats.DemoTopology()
 	cons, err := b.js(t).OrderedConsumer(ctx, topo.Stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{topo.DeadLetterSubject}})
 	require.NoError(t, err)
@@ -112,9 +112,9 @@ func (b *natsBroker) deadLetters(t *testing.T, _ string) []deadLetter {
 func (b *natsBroker) left(t *testing.T) int {
 	t.Helper()
 	topo := oncenats.DemoTopology()
-	cons, err := b.js(t).Consumer(testenv.Context(t), topo.Stream, topo.Consumer)
+	cons, err := b.js(t).Consumer(oncetest.Context(t), topo.Stream, topo.Consumer)
 	require.NoError(t, err)
-	info, err := cons.Info(testenv.Context(t))
+	info, err := cons.Info(oncetest.Context(t))
 	require.NoError(t, err)
 	return int(info.NumPending) + info.NumAckPending //nolint:gosec // G115: a test stream's pending count fits an int
 }
@@ -154,7 +154,7 @@ func (b *amqpBroker) reset(t *testing.T) {
 
 func (b *amqpBroker) publish(t *testing.T, key, body string) {
 	t.Helper()
-	require.NoError(t, publishAMQP(testenv.Context(t), b.addr, key, []byte(body), 1))
+	require.NoError(t, publishAMQP(oncetest.Context(t), b.addr, key, []byte(body), 1))
 }
 
 // rejectedLine is onceamqp's log line of a dead letter.
@@ -204,14 +204,14 @@ func (b *amqpBroker) metric() string { return "onceonly_amqp_deliveries_total" }
 // dropConnections closes the consumer's connection from the broker's
 // side, as a node going down does.
 func (b *amqpBroker) dropConnections(t *testing.T) {
-	require.Positive(t, testenv.CloseAMQPConnections(t, "onceonly consumer"))
+	require.Positive(t, oncetest.CloseAMQPConnections(t, "onceonly consumer"))
 }
 
 // settled sums the consumer's counter of settled messages with
 // disposition and reason ("" for any).
-func settled(t *testing.T, b testBroker, d *testenv.Daemon, disposition, reason string) int {
+func settled(t *testing.T, b testBroker, d *oncetest.Daemon, disposition, reason string) int {
 	t.Helper()
-	req, err := http.NewRequestWithContext(testenv.Context(t), http.MethodGet, "http://"+d.Addr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(oncetest.Context(t), http.MethodGet, "http://"+d.Addr+"/metrics", nil)
 	require.NoError(t, err)
 	res, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)

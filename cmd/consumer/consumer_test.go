@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 const (
@@ -28,8 +28,8 @@ const (
 // outcome docs/consumers.md describes. The binary is built once; the subtests
 // run one after the other (the topology's names are fixed).
 func TestConsumer(t *testing.T) {
-	bin := testenv.BuildBinary(t, ".")
-	for _, b := range []testBroker{&natsBroker{addr: testenv.NATSURL(t)}, &amqpBroker{addr: testenv.AMQPURL(t)}} {
+	bin := oncetest.BuildBinary(t, ".")
+	for _, b := range []testBroker{&natsBroker{addr: oncetest.NATSURL(t)}, &amqpBroker{addr: oncetest.AMQPURL(t)}} {
 		t.Run(b.name(), func(t *testing.T) {
 			t.Run("Outcomes", func(t *testing.T) { testOutcomes(t, bin, b) })
 			t.Run("FailedThenDeadLettered", func(t *testing.T) { testFailed(t, bin, b) })
@@ -39,7 +39,7 @@ func TestConsumer(t *testing.T) {
 			t.Run("Reconnects", func(t *testing.T) {
 				rb := b
 				if _, ok := b.(*natsBroker); ok {
-					srv := testenv.NewNATSServer(t) // restarted: not the shared one
+					srv := oncetest.NewNATSServer(t) // restarted: not the shared one
 					rb = &natsBroker{addr: srv.URL(), private: srv}
 				}
 				testReconnects(t, bin, rb)
@@ -62,19 +62,19 @@ type bundle struct {
 func setup(t *testing.T, b testBroker) *bundle {
 	t.Helper()
 	b.reset(t)
-	dbURL := testenv.DatabaseURL(t)
-	_, prefix := testenv.Redis(t)
-	env := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix,
+	dbURL := oncetest.DatabaseURL(t)
+	_, prefix := oncetest.Redis(t)
+	env := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + oncetest.RedisURL(t), "REDIS_PREFIX=" + prefix,
 		"BROKER_URL=" + b.url(), "LEASE_TIMEOUT=" + testLease.String(), "RESUME_INTERVAL=300ms",
 		"SLOW_GATEWAY_DELAY=" + testSlowDelay.String(), fmt.Sprintf("CONSUMER_MAX_FAILURES=%d", testMaxFailures)}
-	return &bundle{broker: b, dbURL: dbURL, pool: testenv.Pool(t, dbURL), env: env}
+	return &bundle{broker: b, dbURL: dbURL, pool: oncetest.Pool(t, dbURL), env: env}
 }
 
 // rows counts the payment rows of (merchant, key) by status.
 func (b *bundle) rows(t *testing.T, merchant, key string) map[string]int {
 	t.Helper()
 	out := map[string]int{}
-	rows, err := b.pool.Query(testenv.Context(t), `SELECT status, count(*) FROM payments WHERE merchant_id = $1 AND idempotency_key = $2 GROUP BY 1`, merchant, key)
+	rows, err := b.pool.Query(oncetest.Context(t), `SELECT status, count(*) FROM payments WHERE merchant_id = $1 AND idempotency_key = $2 GROUP BY 1`, merchant, key)
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {
@@ -93,7 +93,7 @@ func (b *bundle) charges(t *testing.T, merchant, key string) int {
 	t.Helper()
 	var n int
 	var mismatched int
-	require.NoError(t, b.pool.QueryRow(testenv.Context(t), `SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (
+	require.NoError(t, b.pool.QueryRow(oncetest.Context(t), `SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (
 			SELECT 1 FROM payments p WHERE p.merchant_id = $1 AND p.idempotency_key = $2 AND p.charge_id = c.charge_id))
 		FROM gateway.charges c WHERE reference = $1 || '/' || $2 AND status <> 'processing'`, merchant, key).Scan(&n, &mismatched))
 	require.Zero(t, mismatched, "%s/%s: a charge without its payment row", merchant, key)
@@ -104,7 +104,7 @@ func (b *bundle) charges(t *testing.T, merchant, key string) int {
 // with its status and failures.
 func (b *bundle) keyRow(t *testing.T, merchant, key string) (status string, failures int, ok bool) {
 	t.Helper()
-	err := b.pool.QueryRow(testenv.Context(t), `SELECT status, failures FROM idempotency_keys WHERE scope = $1 AND key = $2`,
+	err := b.pool.QueryRow(oncetest.Context(t), `SELECT status, failures FROM idempotency_keys WHERE scope = $1 AND key = $2`,
 		merchant, key).Scan(&status, &failures)
 	if err != nil {
 		return "", 0, false
@@ -113,10 +113,10 @@ func (b *bundle) keyRow(t *testing.T, merchant, key string) (status string, fail
 }
 
 // awaitDeadLetters waits until the dead letters are want (in any order).
-func (b *bundle) awaitDeadLetters(t *testing.T, d *testenv.Daemon, want ...deadLetter) {
+func (b *bundle) awaitDeadLetters(t *testing.T, d *oncetest.Daemon, want ...deadLetter) {
 	t.Helper()
 	var got []deadLetter
-	testenv.Eventually(t, settleWithin, fmt.Sprintf("dead letters %v", want), func() bool {
+	oncetest.Eventually(t, settleWithin, fmt.Sprintf("dead letters %v", want), func() bool {
 		got = b.broker.deadLetters(t, d.Logs.String())
 		if len(got) < len(want) {
 			return false
@@ -136,22 +136,22 @@ func (b *bundle) awaitDeadLetters(t *testing.T, d *testenv.Daemon, want ...deadL
 // awaitRow waits until (merchant, key) has a payment row.
 func (b *bundle) awaitRow(t *testing.T, merchant, key string) {
 	t.Helper()
-	testenv.Eventually(t, settleWithin, "a payment row for "+key, func() bool { return len(b.rows(t, merchant, key)) > 0 })
+	oncetest.Eventually(t, settleWithin, "a payment row for "+key, func() bool { return len(b.rows(t, merchant, key)) > 0 })
 }
 
 // stopAndCheckEmpty waits until payments.charge is empty (a redelivery
 // after a broker restart is acked as a replay), stops the consumer with
 // SIGTERM (exit 0 within 10 s) and checks nothing came back: RabbitMQ
 // requeues what a closed channel left unacknowledged.
-func (b *bundle) stopAndCheckEmpty(t *testing.T, d *testenv.Daemon) {
+func (b *bundle) stopAndCheckEmpty(t *testing.T, d *oncetest.Daemon) {
 	t.Helper()
-	testenv.Eventually(t, settleWithin, "payments.charge empty", func() bool { return b.broker.left(t) == 0 })
+	oncetest.Eventually(t, settleWithin, "payments.charge empty", func() bool { return b.broker.left(t) == 0 })
 	stop(t, d)
 	require.Zero(t, b.broker.left(t), "messages left in payments.charge")
 }
 
 // stop sends SIGTERM and requires exit 0 within 10 s.
-func stop(t *testing.T, d *testenv.Daemon) time.Duration {
+func stop(t *testing.T, d *oncetest.Daemon) time.Duration {
 	t.Helper()
 	began := time.Now()
 	require.NoError(t, d.Cmd.Process.Signal(syscall.SIGTERM))
@@ -173,7 +173,7 @@ func stop(t *testing.T, d *testenv.Daemon) time.Duration {
 // dead-lettered as invalid with no key row; nothing left in the queue.
 func testOutcomes(t *testing.T, bin string, b testBroker) {
 	tb := setup(t, b)
-	d := testenv.StartDaemon(t, bin, tb.env...)
+	d := oncetest.StartDaemon(t, bin, tb.env...)
 	visa := message("acct_a", "tok_visa", 1000)
 	reordered := `{"source":"tok_visa", "currency":"usd","amount":1000,"customer":"cus_1","merchant":"acct_a"}`
 	for range 3 {
@@ -196,7 +196,7 @@ func testOutcomes(t *testing.T, bin string, b testBroker) {
 	}
 	tb.awaitDeadLetters(t, d, deadLetter{"visa-1", "reused"}, deadLetter{"bad-json", "invalid"}, deadLetter{"bad-merchant", "invalid"},
 		deadLetter{"bad-amount", "invalid"}, deadLetter{"bad key", "invalid"}, deadLetter{"", "invalid"})
-	testenv.Eventually(t, settleWithin, "every copy acked", func() bool { return settled(t, b, d, "ack", "") == 7 })
+	oncetest.Eventually(t, settleWithin, "every copy acked", func() bool { return settled(t, b, d, "ack", "") == 7 })
 
 	require.Equal(t, map[string]int{"succeeded": 1}, tb.rows(t, "acct_a", "visa-1"))
 	require.Equal(t, map[string]int{"declined": 1}, tb.rows(t, "acct_a", "declined-1"))
@@ -212,7 +212,7 @@ func testOutcomes(t *testing.T, bin string, b testBroker) {
 	require.Equal(t, 1, settled(t, b, d, "dead_letter", "reused"))
 	require.Equal(t, 5, settled(t, b, d, "dead_letter", "invalid"))
 	var keys int
-	require.NoError(t, tb.pool.QueryRow(testenv.Context(t), `SELECT count(*) FROM idempotency_keys`).Scan(&keys))
+	require.NoError(t, tb.pool.QueryRow(oncetest.Context(t), `SELECT count(*) FROM idempotency_keys`).Scan(&keys))
 	require.Equal(t, 3, keys, "an invalid message claims no key")
 	tb.stopAndCheckEmpty(t, d)
 }
@@ -222,7 +222,7 @@ func testOutcomes(t *testing.T, bin string, b testBroker) {
 // failed, with no row and no charge; a later copy runs again (once more).
 func testFailed(t *testing.T, bin string, b testBroker) {
 	tb := setup(t, b)
-	d := testenv.StartDaemon(t, bin, tb.env...)
+	d := oncetest.StartDaemon(t, bin, tb.env...)
 	body := message("acct_a", "tok_gatewayError", 900)
 	b.publish(t, "gw-1", body)
 	tb.awaitDeadLetters(t, d, deadLetter{"gw-1", "failed"})
@@ -246,12 +246,12 @@ func testFailed(t *testing.T, bin string, b testBroker) {
 // runs are redelivered (never dead-lettered) and acked once it commits.
 func testInFlight(t *testing.T, bin string, b testBroker) {
 	tb := setup(t, b)
-	d := testenv.StartDaemon(t, bin, tb.env...)
+	d := oncetest.StartDaemon(t, bin, tb.env...)
 	body := message("acct_a", "tok_slow", 1200)
 	for range 3 {
 		b.publish(t, "slow-1", body)
 	}
-	testenv.Eventually(t, settleWithin, "three copies acked", func() bool { return settled(t, b, d, "ack", "") == 3 })
+	oncetest.Eventually(t, settleWithin, "three copies acked", func() bool { return settled(t, b, d, "ack", "") == 3 })
 	require.Positive(t, settled(t, b, d, "retry", "in_flight"), "a copy met the execution in flight")
 	require.Zero(t, settled(t, b, d, "dead_letter", ""), "never dead-lettered for that")
 	require.Equal(t, map[string]int{"succeeded": 1}, tb.rows(t, "acct_a", "slow-1"))
@@ -266,19 +266,19 @@ func testInFlight(t *testing.T, bin string, b testBroker) {
 // dead-lettered.
 func testKilled(t *testing.T, bin string, b testBroker) {
 	tb := setup(t, b)
-	victim := testenv.StartDaemon(t, bin, tb.env...)
+	victim := oncetest.StartDaemon(t, bin, tb.env...)
 	b.publish(t, "slow-k", message("acct_a", "tok_slow", 1300))
-	testenv.Eventually(t, settleWithin, "the slow charge in flight at the gateway", func() bool {
+	oncetest.Eventually(t, settleWithin, "the slow charge in flight at the gateway", func() bool {
 		var n int
-		err := tb.pool.QueryRow(testenv.Context(t), `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_a/slow-k'`).Scan(&n)
+		err := tb.pool.QueryRow(oncetest.Context(t), `SELECT count(*) FROM gateway.charges WHERE reference = 'acct_a/slow-k'`).Scan(&n)
 		return err == nil && n == 1
 	})
 	require.NoError(t, victim.Cmd.Process.Kill())
 	_ = victim.Cmd.Wait()
 	killed := time.Now()
-	survivor := testenv.StartDaemon(t, bin, tb.env...)
+	survivor := oncetest.StartDaemon(t, bin, tb.env...)
 	tb.awaitRow(t, "acct_a", "slow-k")
-	testenv.Eventually(t, settleWithin, "the message acked", func() bool { return settled(t, b, survivor, "ack", "") == 1 })
+	oncetest.Eventually(t, settleWithin, "the message acked", func() bool { return settled(t, b, survivor, "ack", "") == 1 })
 	t.Logf("%s: payment made %s after the kill", b.name(), time.Since(killed).Round(10*time.Millisecond))
 	require.Equal(t, map[string]int{"succeeded": 1}, tb.rows(t, "acct_a", "slow-k"))
 	require.Equal(t, 1, tb.charges(t, "acct_a", "slow-k"))
@@ -290,9 +290,9 @@ func testKilled(t *testing.T, bin string, b testBroker) {
 // settle; the process exits 0 within 10 s with nothing left in the queue.
 func testShutdown(t *testing.T, bin string, b testBroker) {
 	tb := setup(t, b)
-	d := testenv.StartDaemon(t, bin, tb.env...)
+	d := oncetest.StartDaemon(t, bin, tb.env...)
 	b.publish(t, "slow-s", message("acct_a", "tok_slow", 1400))
-	testenv.AwaitClaimed(t, testenv.Context(t), tb.pool, "slow-s")
+	oncetest.AwaitClaimed(t, oncetest.Context(t), tb.pool, "slow-s")
 	took := stop(t, d)
 	t.Logf("%s: exited %s after SIGTERM", b.name(), took.Round(10*time.Millisecond))
 	require.Equal(t, map[string]int{"succeeded": 1}, tb.rows(t, "acct_a", "slow-s"), "the execution under way finished")
@@ -307,11 +307,11 @@ func testShutdown(t *testing.T, bin string, b testBroker) {
 // consumes again by itself, without exiting.
 func testReconnects(t *testing.T, bin string, b testBroker) {
 	tb := setup(t, b)
-	d := testenv.StartDaemon(t, bin, tb.env...)
+	d := oncetest.StartDaemon(t, bin, tb.env...)
 	b.publish(t, "before", message("acct_a", "tok_visa", 10))
 	tb.awaitRow(t, "acct_a", "before")
 	b.dropConnections(t)
-	testenv.WaitReady(t, d.Addr) // consuming again
+	oncetest.WaitReady(t, d.Addr) // consuming again
 	b.publish(t, "after", message("acct_a", "tok_visa", 11))
 	tb.awaitRow(t, "acct_a", "after")
 	require.NoError(t, d.Cmd.Process.Signal(syscall.Signal(0)), "the consumer did not exit")

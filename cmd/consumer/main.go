@@ -29,9 +29,9 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/paygateway"
-	"github.com/onceonly/onceonly/internal/config"
 )
 
 func main() {

@@ -6,13 +6,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 func TestBadConfiguration(t *testing.T) {
 	db := "postgres://x"
 	nats := "nats://127.0.0.1:1"
-	testenv.RequireRejections(t, run, []testenv.Rejection{
+	oncetest.RequireRejections(t, run, []oncetest.Rejection{
 		{Env: map[string]string{"DATABASE_URL": db}, Want: "BROKER_URL (or -broker-url) is required"},
 		{Env: map[string]string{"BROKER_URL": nats}, Want: "DATABASE_URL (or -database-url) is required"},
 		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": "kafka://b:9092"}, Want: "say amqp://user:pass@host:port/vhost (RabbitMQ) or nats://host:port"},
@@ -36,21 +36,21 @@ func TestBadConfiguration(t *testing.T) {
 // TestBadConfigurationHidesThePassword: a refused BROKER_URL is quoted
 // without its password.
 func TestBadConfigurationHidesThePassword(t *testing.T) {
-	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{"DATABASE_URL": "postgres://x", "BROKER_URL": "kafka://user:s3cret@b:9092"}) //nolint:gosec // G101: a made-up password the test checks is hidden
-	testenv.RequireOneLineError(t, code, stdout, stderr, "BROKER_URL")
+	code, stdout, stderr := oncetest.RunMain(t, run, map[string]string{"DATABASE_URL": "postgres://x", "BROKER_URL": "kafka://user:s3cret@b:9092"}) //nolint:gosec // G101: a made-up password the test checks is hidden
+	oncetest.RequireOneLineError(t, code, stdout, stderr, "BROKER_URL")
 	require.NotContains(t, stderr, "s3cret")
 }
 
 func TestHelp(t *testing.T) {
-	code, stdout, _ := testenv.RunMain(t, run, nil, "help")
+	code, stdout, _ := oncetest.RunMain(t, run, nil, "help")
 	require.Equal(t, 0, code)
 	require.True(t, strings.HasPrefix(stdout, "usage: consumer [flags]"), stdout)
 	require.Contains(t, stdout, "consumer publish [flags] KEY MESSAGE")
-	code, _, stderr := testenv.RunMain(t, run, nil, "publish", "-h")
+	code, _, stderr := oncetest.RunMain(t, run, nil, "publish", "-h")
 	require.Equal(t, 0, code)
 	require.Contains(t, stderr, "-copies")
 }
 
 func TestConfigurationIsDocumented(t *testing.T) {
-	testenv.RequireDocumented(t, run)
+	oncetest.RequireDocumented(t, run)
 }

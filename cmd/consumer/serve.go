@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
-	"github.com/onceonly/onceonly/internal/redisconn"
-	"github.com/onceonly/onceonly/payments"
-	"github.com/onceonly/onceonly/payments/schema"
+	"github.com/onceonly/onceonly/demo/payments"
+	"github.com/onceonly/onceonly/demo/payments/schema"
 )
 
 // runServe is `consumer [flags]`: everything is validated before the first
@@ -97,7 +97,7 @@ func serve(ctx context.Context, s *settings, kind brokerKind, setup daemon.Setup
 	// Redis the consumer still works, from Postgres: degraded, not unready.
 	var optional map[string]ops.Check
 	if rdb != nil {
-		optional = map[string]ops.Check{"redis": redisconn.Check(rdb)}
+		optional = map[string]ops.Check{"redis": cache.ReadyCheck(rdb)}
 	}
 	mux := http.NewServeMux()
 	ops.Handle(mux, reg, map[string]ops.Check{"postgres": pool.Ping, "broker": connected(cons)}, optional)

@@ -20,14 +20,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/logger"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
-	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/config"
+	"github.com/onceonly/onceonly/demo/gateway"
 )
 
 func main() {

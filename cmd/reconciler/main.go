@@ -17,10 +17,10 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
-	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/reconcile"
 )
 

@@ -12,40 +12,40 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 func TestBadConfiguration(t *testing.T) {
 	base := map[string]string{"DATABASE_URL": "postgres://x", "REDIS_URL": "redis://127.0.0.1:1/0"}
-	testenv.RequireRejections(t, run, []testenv.Rejection{
-		{Env: testenv.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
-		{Env: testenv.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required"},
-		{Env: testenv.EnvWith(base, "RECONCILE_SCHEDULE", "every minute"), Want: `RECONCILE_SCHEDULE="every minute"`},
-		{Env: testenv.EnvWith(base, "RECONCILE_SCHEDULE", "@every soon"), Want: `RECONCILE_SCHEDULE="@every soon"`},
-		{Env: testenv.EnvWith(base, "REAP_GRACE", "1 second"), Want: `REAP_GRACE="1 second": not a duration`},
-		{Env: testenv.EnvWith(base, "FAILED_TTL", "0s"), Want: "FAILED_TTL must be positive"},
-		{Env: testenv.EnvWith(base, "RECONCILE_PAGE_SIZE", "many"), Want: "RECONCILE_PAGE_SIZE"},
+	oncetest.RequireRejections(t, run, []oncetest.Rejection{
+		{Env: oncetest.EnvWith(base, "DATABASE_URL", ""), Want: "DATABASE_URL (or -database-url) is required"},
+		{Env: oncetest.EnvWith(base, "REDIS_URL", ""), Want: "REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required"},
+		{Env: oncetest.EnvWith(base, "RECONCILE_SCHEDULE", "every minute"), Want: `RECONCILE_SCHEDULE="every minute"`},
+		{Env: oncetest.EnvWith(base, "RECONCILE_SCHEDULE", "@every soon"), Want: `RECONCILE_SCHEDULE="@every soon"`},
+		{Env: oncetest.EnvWith(base, "REAP_GRACE", "1 second"), Want: `REAP_GRACE="1 second": not a duration`},
+		{Env: oncetest.EnvWith(base, "FAILED_TTL", "0s"), Want: "FAILED_TTL must be positive"},
+		{Env: oncetest.EnvWith(base, "RECONCILE_PAGE_SIZE", "many"), Want: "RECONCILE_PAGE_SIZE"},
 		{Env: base, Args: []string{"--dry-run"}, Want: "--dry-run needs --once"},
 		{Env: base, Args: []string{"--once", "extra"}, Want: `unexpected argument "extra"`},
 	})
 }
 
 func TestRefusesAnOutdatedSchema(t *testing.T) {
-	code, stdout, stderr := testenv.RunMain(t, run, map[string]string{
-		"DATABASE_URL": testenv.EmptyDatabaseURL(t), "REDIS_URL": testenv.RedisURL(t),
+	code, stdout, stderr := oncetest.RunMain(t, run, map[string]string{
+		"DATABASE_URL": oncetest.EmptyDatabaseURL(t), "REDIS_URL": oncetest.RedisURL(t),
 	}, "--once")
-	testenv.RequireOneLineError(t, code, stdout, stderr, "api migrate up")
+	oncetest.RequireOneLineError(t, code, stdout, stderr, "api migrate up")
 }
 
 // seed writes n completed keys in Postgres only.
 func seed(t *testing.T, dbURL string, n int) {
 	t.Helper()
-	ctx := testenv.Context(t)
-	pool := testenv.Pool(t, dbURL)
-	store := keystore.New(keystore.Config{})
+	ctx := oncetest.Context(t)
+	pool := oncetest.Pool(t, dbURL)
+	store := outbox.New(outbox.Config{})
 	owner := keystate.Owner{3}
 	for i := range n {
 		key := "k" + string(rune('a'+i))
@@ -57,11 +57,11 @@ func seed(t *testing.T, dbURL string, n int) {
 }
 
 func TestOncePrintsTheReport(t *testing.T) {
-	testenv.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		dbURL := testenv.DatabaseURL(t)
-		prefix := testenv.KeyPrefix(t, rdb)
+	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		dbURL := oncetest.DatabaseURL(t)
+		prefix := oncetest.KeyPrefix(t, rdb)
 		seed(t, dbURL, 4)
-		env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
+		env := oncetest.EnvWith(oncetest.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)
 
 		for _, tc := range []struct {
 			args            []string
@@ -71,7 +71,7 @@ func TestOncePrintsTheReport(t *testing.T) {
 			{[]string{"--once"}, 4, 4},
 			{[]string{"--once"}, 0, 0},
 		} {
-			code, stdout, stderr := testenv.RunMain(t, run, env, tc.args...)
+			code, stdout, stderr := oncetest.RunMain(t, run, env, tc.args...)
 			require.Equal(t, 0, code, stderr)
 			var rep map[string]any
 			require.NoError(t, json.Unmarshal([]byte(stdout), &rep), "one JSON line: %q", stdout)
@@ -89,28 +89,28 @@ func TestOncePrintsTheReport(t *testing.T) {
 // TestDaemon runs the reconciler binary on a short schedule: it repairs a
 // deleted Redis key on its own and exits 0 soon after SIGTERM.
 func TestDaemon(t *testing.T) {
-	bin := testenv.BuildBinary(t, ".")
-	dbURL := testenv.DatabaseURL(t)
-	rdb, prefix := testenv.Redis(t)
+	bin := oncetest.BuildBinary(t, ".")
+	dbURL := oncetest.DatabaseURL(t)
+	rdb, prefix := oncetest.Redis(t)
 	seed(t, dbURL, 3)
-	addr := testenv.FreeAddr(t)
+	addr := oncetest.FreeAddr(t)
 	cmd := exec.CommandContext(t.Context(), bin)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+oncetest.RedisURL(t),
 		"REDIS_PREFIX="+prefix, "HTTP_ADDR="+addr, "RECONCILE_SCHEDULE=@every 200ms", "LOG_FORMAT=text")
 	var logs bytes.Buffer
 	cmd.Stderr = &logs
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	testenv.WaitReady(t, addr)
+	oncetest.WaitReady(t, addr)
 
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	c := cache.New(rdb, cache.Options{Prefix: prefix})
-	testenv.Eventually(t, 10*time.Second, "keys repaired by a scheduled pass", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "keys repaired by a scheduled pass", func() bool {
 		_, found, _ := c.Read(ctx, keystate.Ref{Scope: "s", Key: "kb"})
 		return found
 	})
 	require.NoError(t, rdb.Del(ctx, c.Key(keystate.Ref{Scope: "s", Key: "kb"})).Err())
-	testenv.Eventually(t, 10*time.Second, "a deleted key repaired again", func() bool {
+	oncetest.Eventually(t, 10*time.Second, "a deleted key repaired again", func() bool {
 		_, found, _ := c.Read(ctx, keystate.Ref{Scope: "s", Key: "kb"})
 		return found
 	})
@@ -123,5 +123,5 @@ func TestDaemon(t *testing.T) {
 }
 
 func TestConfigurationIsDocumented(t *testing.T) {
-	testenv.RequireDocumented(t, run)
+	oncetest.RequireDocumented(t, run)
 }

@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 	"github.com/onceonly/onceonly/reconcile"
 )
 
@@ -18,11 +18,11 @@ import (
 // skipped for a lock a pass before left on a pooled server connection), and
 // the first reaps, expires and repairs.
 func TestOnceThroughPgBouncer(t *testing.T) {
-	dbURL := testenv.DatabaseURL(t)
-	rdb, prefix := testenv.Redis(t)
-	ctx := testenv.Context(t)
-	pool := testenv.Pool(t, dbURL)
-	store := keystore.New(keystore.Config{})
+	dbURL := oncetest.DatabaseURL(t)
+	rdb, prefix := oncetest.Redis(t)
+	ctx := oncetest.Context(t)
+	pool := oncetest.Pool(t, dbURL)
+	store := outbox.New(outbox.Config{})
 	for _, key := range []string{"a", "b", "c"} {
 		_, err := store.Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", keystate.Owner{1}, time.Minute)
 		require.NoError(t, err)
@@ -32,9 +32,9 @@ func TestOnceThroughPgBouncer(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 minute' WHERE key = 'b'`)
 	require.NoError(t, err)
 
-	env := testenv.EnvWith(testenv.RedisEnv(rdb, prefix), "DATABASE_URL", testenv.PgBouncerURL(t, dbURL, "exec"))
+	env := oncetest.EnvWith(oncetest.RedisEnv(rdb, prefix), "DATABASE_URL", oncetest.PgBouncerURL(t, dbURL, "exec"))
 	for i := range 3 {
-		code, stdout, stderr := testenv.RunMain(t, run, env, "--once")
+		code, stdout, stderr := oncetest.RunMain(t, run, env, "--once")
 		require.Equal(t, 0, code, stderr)
 		var rep reconcile.Report
 		require.NoError(t, json.Unmarshal([]byte(stdout), &rep))

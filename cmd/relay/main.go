@@ -20,10 +20,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
-	"github.com/onceonly/onceonly/internal/config"
 	"github.com/onceonly/onceonly/relay"
 )
 

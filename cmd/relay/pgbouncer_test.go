@@ -7,10 +7,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // TestThroughPgBouncer runs the relay with DATABASE_URL on PgBouncer in
@@ -18,23 +18,23 @@ import (
 // session-bound; with it, it LISTENs there and delivers on the
 // notification (the poll interval is an hour); --once drains.
 func TestThroughPgBouncer(t *testing.T) {
-	bin := testenv.BuildBinary(t, ".")
+	bin := oncetest.BuildBinary(t, ".")
 	for _, tc := range []struct {
 		name    string
 		session bool
 	}{{"polls", false}, {"listens on DATABASE_SESSION_URL", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			dbURL := testenv.DatabaseURL(t)
-			bouncerURL := testenv.PgBouncerURL(t, dbURL, "exec")
-			rdb, prefix := testenv.Redis(t)
-			ctx := testenv.Context(t)
-			pool := testenv.Pool(t, dbURL)
-			env := []string{"DATABASE_URL=" + bouncerURL, "REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix,
+			dbURL := oncetest.DatabaseURL(t)
+			bouncerURL := oncetest.PgBouncerURL(t, dbURL, "exec")
+			rdb, prefix := oncetest.Redis(t)
+			ctx := oncetest.Context(t)
+			pool := oncetest.Pool(t, dbURL)
+			env := []string{"DATABASE_URL=" + bouncerURL, "REDIS_URL=" + oncetest.RedisURL(t), "REDIS_PREFIX=" + prefix,
 				"RELAY_POLL_INTERVAL=100ms"}
 			if tc.session {
 				env = append(env, "DATABASE_SESSION_URL="+dbURL, "RELAY_POLL_INTERVAL=1h")
 			}
-			d := testenv.StartDaemon(t, bin, env...)
+			d := oncetest.StartDaemon(t, bin, env...)
 
 			listeners := func() (n int) {
 				require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
@@ -42,12 +42,12 @@ func TestThroughPgBouncer(t *testing.T) {
 				return n
 			}
 			if tc.session {
-				testenv.Eventually(t, 5*time.Second, "LISTEN on the session URL", func() bool { return listeners() == 1 })
+				oncetest.Eventually(t, 5*time.Second, "LISTEN on the session URL", func() bool { return listeners() == 1 })
 			}
-			_, err := keystore.New(keystore.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: "k"}, "v1:fp", keystate.Owner{1}, time.Minute)
+			_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: "k"}, "v1:fp", keystate.Owner{1}, time.Minute)
 			require.NoError(t, err)
 			c := cache.New(rdb, cache.Options{Prefix: prefix})
-			testenv.Eventually(t, 5*time.Second, "event delivered", func() bool {
+			oncetest.Eventually(t, 5*time.Second, "event delivered", func() bool {
 				_, found, _ := c.Read(ctx, keystate.Ref{Scope: "s", Key: "k"})
 				return found
 			})
@@ -59,21 +59,21 @@ func TestThroughPgBouncer(t *testing.T) {
 	}
 
 	t.Run("once", func(t *testing.T) {
-		dbURL := testenv.DatabaseURL(t)
-		rdb, prefix := testenv.Redis(t)
-		ctx := testenv.Context(t)
-		pool := testenv.Pool(t, dbURL)
+		dbURL := oncetest.DatabaseURL(t)
+		rdb, prefix := oncetest.Redis(t)
+		ctx := oncetest.Context(t)
+		pool := oncetest.Pool(t, dbURL)
 		for _, key := range []string{"a", "b"} {
-			_, err := keystore.New(keystore.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", keystate.Owner{1}, time.Minute)
+			_, err := outbox.New(outbox.Config{}).Claim(ctx, pool, keystate.Ref{Scope: "s", Key: key}, "v1:fp", keystate.Owner{1}, time.Minute)
 			require.NoError(t, err)
 		}
-		env := map[string]string{"DATABASE_URL": testenv.PgBouncerURL(t, dbURL, "simple_protocol"),
-			"REDIS_URL": testenv.RedisURL(t), "REDIS_PREFIX": prefix}
-		code, stdout, stderr := testenv.RunMain(t, run, env, "--once")
+		env := map[string]string{"DATABASE_URL": oncetest.PgBouncerURL(t, dbURL, "simple_protocol"),
+			"REDIS_URL": oncetest.RedisURL(t), "REDIS_PREFIX": prefix}
+		code, stdout, stderr := oncetest.RunMain(t, run, env, "--once")
 		require.Equal(t, 0, code, stderr)
 		var summary map[string]int64
 		require.NoError(t, json.Unmarshal([]byte(stdout), &summary))
 		require.EqualValues(t, 2, summary["published"])
-		testenv.RequireConverged(t, ctx, pool, cache.New(rdb, cache.Options{Prefix: prefix}), "%")
+		oncetest.RequireConverged(t, ctx, pool, cache.New(rdb, cache.Options{Prefix: prefix}), "%")
 	})
 }

@@ -24,7 +24,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/console"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 const (
@@ -45,15 +45,15 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: testenv.Context(t), pool: testenv.DB(t)}
-	b.rdb, b.prefix = testenv.Redis(t)
+	b := &testBundle{ctx: oncetest.Context(t), pool: oncetest.DB(t)}
+	b.rdb, b.prefix = oncetest.Redis(t)
 	var err error
-	b.engine, err = onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, Logger: testenv.QuietLogger()})
+	b.engine, err = onceonly.New(onceonly.Config{Pool: b.pool, Redis: b.rdb, RedisPrefix: b.prefix, Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(b.engine.Close)
 	c, err := console.New(console.Config{
 		Engine: b.engine, Pool: b.pool, Auth: user + ":" + password,
-		SampleInterval: 50 * time.Millisecond, Logger: testenv.QuietLogger(),
+		SampleInterval: 50 * time.Millisecond, Logger: oncetest.QuietLogger(),
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(b.ctx))

@@ -7,12 +7,12 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestMain gives the example DATABASE_URL and REDIS_URL of its own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(testenv.WithExampleEnv(m, "sqlexample"))
+	goleak.VerifyTestMain(oncetest.WithExampleEnv(m, "sqlexample"))
 }
 
 func Example() {

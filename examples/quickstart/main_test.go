@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestQuickstart runs the Getting started program as a user would (go
@@ -21,7 +21,7 @@ import (
 // twice with one Idempotency-Key is written once and replayed; and the
 // program stays within the guide's promise of under 60 lines of code.
 func TestQuickstart(t *testing.T) {
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	src, err := os.ReadFile("main.go")
 	require.NoError(t, err)
 	code := 0
@@ -32,15 +32,15 @@ func TestQuickstart(t *testing.T) {
 	}
 	require.Less(t, code, 60, "lines of code in main.go")
 
-	dbURL := testenv.EmptyDatabaseURL(t)
-	addr := testenv.FreeAddr(t)
-	bin := testenv.BuildBinary(t, ".")
+	dbURL := oncetest.EmptyDatabaseURL(t)
+	addr := oncetest.FreeAddr(t)
+	bin := oncetest.BuildBinary(t, ".")
 	cmd := exec.CommandContext(ctx, bin)
 	// The program uses the default Redis prefix: a logical database of its
 	// own, emptied first, keeps earlier runs' keys away.
-	redisURL := testenv.RedisURL(t)
+	redisURL := oncetest.RedisURL(t)
 	redisURL = redisURL[:strings.LastIndex(redisURL, "/")] + "/7"
-	flush := testenv.RedisClient(t, redisURL)
+	flush := oncetest.RedisClient(t, redisURL)
 	require.NoError(t, flush.FlushDB(ctx).Err())
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "HTTP_ADDR="+addr)
 	stdout, err := cmd.StdoutPipe()
@@ -56,7 +56,7 @@ func TestQuickstart(t *testing.T) {
 
 	var replayed []string
 	for range 2 {
-		testenv.Eventually(t, 10*time.Second, "POST /orders answered", func() bool {
+		oncetest.Eventually(t, 10*time.Second, "POST /orders answered", func() bool {
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"sku":"book"}`))
 			require.NoError(t, err)
 			req.Header.Set("Idempotency-Key", "order-1")

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceonly/onceonly/internal/keystore"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // maxClaimBatch bounds how many claims one statement carries.
@@ -39,12 +39,12 @@ var errClaimBatchPanicked = errors.New("onceonly: the batch of claims panicked")
 // of their executions, which sends the next.
 //
 // A key that has a row (a replay, a conflict, a takeover) finishes its
-// claim alone (keystore.Store.ClaimHeld), and so does every claim of a batch
+// claim alone (outbox.Store.ClaimHeld), and so does every claim of a batch
 // that failed (Postgres unreachable, a lock wait past claimLockTimeout):
 // one bad batch costs its claims a round trip, never their answer.
 type Group struct {
-	store  *keystore.Store
-	db     keystore.DB
+	store  *outbox.Store
+	db     outbox.DB
 	lease  time.Duration
 	sizes  prometheus.Observer // claims per batch
 	failed prometheus.Counter  // batches that failed
@@ -57,22 +57,22 @@ type Group struct {
 // New returns a Group that claims through store on db for leases of
 // length lease; sizes observes the claims of each batch, failed counts the
 // batches that failed.
-func New(store *keystore.Store, db keystore.DB, lease time.Duration, sizes prometheus.Observer, failed prometheus.Counter) *Group {
+func New(store *outbox.Store, db outbox.DB, lease time.Duration, sizes prometheus.Observer, failed prometheus.Counter) *Group {
 	return &Group{store: store, db: db, lease: lease, sizes: sizes, failed: failed}
 }
 
 // claimCall is one execution's claim, waiting in a Group.
 type claimCall struct {
-	req keystore.ClaimRequest
-	res keystore.ClaimResult
+	req outbox.ClaimRequest
+	res outbox.ClaimResult
 	err error // the batch's error
 	// next receives false when a batch answered the claim (res, err), or
 	// true when the claim's execution is to send the next batch.
 	next chan bool
 }
 
-// Claim claims req.Ref for req.Owner, as keystore.Store.Claim does.
-func (g *Group) Claim(ctx context.Context, req keystore.ClaimRequest) (keystore.ClaimResult, error) {
+// Claim claims req.Ref for req.Owner, as outbox.Store.Claim does.
+func (g *Group) Claim(ctx context.Context, req outbox.ClaimRequest) (outbox.ClaimResult, error) {
 	c := &claimCall{req: req, next: make(chan bool, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
@@ -125,7 +125,7 @@ func (g *Group) send(ctx context.Context) {
 	}()
 
 	g.sizes.Observe(float64(len(batch)))
-	reqs := make([]keystore.ClaimRequest, len(batch))
+	reqs := make([]outbox.ClaimRequest, len(batch))
 	for i, c := range batch {
 		reqs[i] = c.req
 	}

@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/outbox"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // Keeper renews the leases this engine holds, on a Postgres connection
@@ -36,7 +36,7 @@ import (
 // the last one goes, so a renewal seldom dials; executions shorter than a
 // third of the lease never cause a renewal.
 type Keeper struct {
-	store  *keystore.Store
+	store  *outbox.Store
 	config *pgx.ConnConfig
 	lease  time.Duration
 	log    func(msg string, args ...any)
@@ -57,7 +57,7 @@ type Keeper struct {
 
 // NewKeeper returns a Keeper of leases of length lease, renewed through
 // store on connections made from config; log receives its warnings.
-func NewKeeper(store *keystore.Store, config *pgx.ConnConfig, lease time.Duration, log func(msg string, args ...any)) *Keeper {
+func NewKeeper(store *outbox.Store, config *pgx.ConnConfig, lease time.Duration, log func(msg string, args ...any)) *Keeper {
 	return &Keeper{
 		store: store, config: config, lease: lease, log: log,
 		leases: map[keystate.Owner]*Lease{}, wake: make(chan struct{}, 1),
@@ -426,9 +426,9 @@ type renewal struct {
 // each on a connection of its own; the first answer counts.
 func (k *Keeper) renew(ctx context.Context, held []*Lease) {
 	var end time.Time // past it, no lease of held can be renewed in time
-	leases := make([]keystore.Lease, len(held))
+	leases := make([]outbox.Lease, len(held))
 	for i, l := range held {
-		leases[i] = keystore.Lease{Ref: l.ref, Owner: l.owner}
+		leases[i] = outbox.Lease{Ref: l.ref, Owner: l.owner}
 		if until, _ := l.state(); until.After(end) {
 			end = until
 		}
@@ -532,7 +532,7 @@ func anyHeld(held []*Lease) bool {
 
 // attempt renews leases on conn, or on a new connection when conn is nil
 // or closed. After a failure the connection is closed.
-func (k *Keeper) attempt(ctx context.Context, conn *pgx.Conn, leases []keystore.Lease) renewal {
+func (k *Keeper) attempt(ctx context.Context, conn *pgx.Conn, leases []outbox.Lease) renewal {
 	if conn == nil || conn.IsClosed() {
 		c, err := pgx.ConnectConfig(ctx, k.config)
 		if err != nil {

@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/keystore"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
+	"github.com/onceonly/onceonly/outbox"
 )
 
 // keeperFixture is a Keeper on a database of the test's own, whose
@@ -25,13 +25,13 @@ import (
 type keeperFixture struct {
 	ctx   context.Context
 	pool  *pgxpool.Pool
-	store *keystore.Store
+	store *outbox.Store
 	k     *Keeper
 }
 
 func newKeeperFixture(t *testing.T, leaseTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *keeperFixture {
 	t.Helper()
-	f := &keeperFixture{ctx: testenv.Context(t), pool: testenv.DB(t), store: keystore.New(keystore.Config{})}
+	f := &keeperFixture{ctx: oncetest.Context(t), pool: oncetest.DB(t), store: outbox.New(outbox.Config{})}
 	config := f.pool.Config().ConnConfig.Copy()
 	if dial != nil {
 		config.DialFunc = dial
@@ -163,7 +163,7 @@ func TestLeaseKeeperOutlivesADeadConnection(t *testing.T) {
 	claimed := l.until()
 
 	// The first renewal, on a fast connection.
-	testenv.Eventually(t, lease, "the first renewal", func() bool { return l.until().After(claimed) })
+	oncetest.Eventually(t, lease, "the first renewal", func() bool { return l.until().After(claimed) })
 	f.requireMargin(t, l, "k")
 	first := l.until()
 	mu.Lock()
@@ -284,7 +284,7 @@ func TestRenewerRestartsAfterIdle(t *testing.T) {
 	case <-time.After(lease):
 		t.Fatal("no renewer started for the next lease")
 	}
-	testenv.Eventually(t, lease, "a renewal by the new renewer", func() bool { return l.until().After(claimed) })
+	oncetest.Eventually(t, lease, "a renewal by the new renewer", func() bool { return l.until().After(claimed) })
 	select {
 	case cause := <-lost:
 		t.Fatalf("lease lost: %v", cause)

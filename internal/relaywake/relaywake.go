@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/onceonly/onceonly/internal/startstop"
+	"github.com/onceonly/onceonly/startstop"
 )
 
 // notifyTimeout bounds one NOTIFY.

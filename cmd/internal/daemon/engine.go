@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/config"
+	"github.com/onceonly/onceonly/cmd/internal/config"
 )
 
 // Engine is the engine's settings of a command that runs handlers (the

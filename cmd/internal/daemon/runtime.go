@@ -8,9 +8,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
-	"github.com/onceonly/onceonly/internal/redisconn"
 	"github.com/onceonly/onceonly/migrations"
 )
 
@@ -44,7 +44,7 @@ type RuntimeOptions struct {
 // prefix and layout, setup's logger and the Runtime's registry. Close
 // releases what it opened.
 func OpenRuntime(ctx context.Context, setup Setup, c *Common, e *Engine, opts RuntimeOptions) (*Runtime, error) {
-	rt := &Runtime{Redis: redisconn.New(setup.Redis), Registry: ops.Registry()}
+	rt := &Runtime{Redis: cache.NewClient(setup.Redis), Registry: ops.Registry()}
 	pgCfg := setup.Postgres.Copy()
 	pgCfg.MaxConns = max(pgCfg.MaxConns, opts.MinConns)
 	var schema []migrations.Option

@@ -7,8 +7,8 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestOpenRuntime: the pool has at least MinConns connections (setup's
@@ -19,7 +19,7 @@ func TestOpenRuntime(t *testing.T) {
 	set, c, _ := define(t, nil)
 	e := daemon.DefineEngine(set, "test")
 	require.NoError(t, set.Parse(nil))
-	s := workerSetup(t, testenv.DatabaseURL(t))
+	s := workerSetup(t, oncetest.DatabaseURL(t))
 	s.Postgres.MaxConns = 4
 	configured := false
 	rt, err := daemon.OpenRuntime(t.Context(), s, c, e, daemon.RuntimeOptions{
@@ -43,6 +43,6 @@ func TestOpenRuntime(t *testing.T) {
 	require.Nil(t, noRedis.Redis)
 	require.EqualValues(t, 4, noRedis.Pool.Config().MaxConns)
 
-	_, err = daemon.OpenRuntime(t.Context(), workerSetup(t, testenv.EmptyDatabaseURL(t)), c, e, daemon.RuntimeOptions{})
+	_, err = daemon.OpenRuntime(t.Context(), workerSetup(t, oncetest.EmptyDatabaseURL(t)), c, e, daemon.RuntimeOptions{})
 	require.ErrorIs(t, err, migrations.ErrSchemaBehind)
 }

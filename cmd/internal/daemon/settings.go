@@ -10,11 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/logger"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/config"
-	"github.com/onceonly/onceonly/internal/redisconn"
 )
 
 // Common is the configuration every daemon with Redis shares.
@@ -72,12 +71,12 @@ func (c *Common) Validate(stderr io.Writer, set *config.Set, redisRequired bool)
 	case *c.RedisSentinelURL != "" && (*c.RedisURL != "" || *c.RedisClusterURL != ""):
 		return Setup{}, errors.New("bad configuration: set one of REDIS_URL, REDIS_CLUSTER_URL and REDIS_SENTINEL_URL, not several")
 	case *c.RedisSentinelURL != "":
-		if s.Redis, err = redisconn.SentinelOptions(*c.RedisSentinelURL); err != nil {
+		if s.Redis, err = cache.SentinelClientOptions(*c.RedisSentinelURL); err != nil {
 			return Setup{}, err
 		}
 		s.Sentinel = true
 	case redisRequired || *c.RedisURL != "" || *c.RedisClusterURL != "":
-		if s.Redis, err = redisconn.Options(*c.RedisURL, *c.RedisClusterURL); err != nil {
+		if s.Redis, err = cache.ClientOptions(*c.RedisURL, *c.RedisClusterURL); err != nil {
 			return Setup{}, err
 		}
 	}

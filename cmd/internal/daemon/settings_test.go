@@ -8,16 +8,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/cmd/internal/config"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
-	"github.com/onceonly/onceonly/internal/config"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // define clears the commands' environment, sets env, and defines the
 // shared settings on a fresh set. Tests using it must not be parallel.
 func define(t *testing.T, env map[string]string) (*config.Set, *daemon.Common, *bytes.Buffer) {
 	t.Helper()
-	for _, k := range testenv.ConfigEnv {
+	for _, k := range oncetest.ConfigEnv {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
@@ -78,16 +78,16 @@ func TestValidate(t *testing.T) {
 	require.Nil(t, s.Redis, "no Redis, none required: Postgres only")
 	require.False(t, s.Sentinel)
 
-	s, err = validate(t, testenv.EnvWith(db, "REDIS_URL", "redis://cache:6380/2"), true)
+	s, err = validate(t, oncetest.EnvWith(db, "REDIS_URL", "redis://cache:6380/2"), true)
 	require.NoError(t, err)
 	require.Equal(t, []string{"cache:6380"}, s.Redis.Addrs)
 	require.False(t, s.Redis.IsClusterMode)
 
-	s, err = validate(t, testenv.EnvWith(db, "REDIS_CLUSTER_URL", "redis://h1:7000?addr=h2:7001"), true)
+	s, err = validate(t, oncetest.EnvWith(db, "REDIS_CLUSTER_URL", "redis://h1:7000?addr=h2:7001"), true)
 	require.NoError(t, err)
 	require.True(t, s.Redis.IsClusterMode)
 
-	s, err = validate(t, testenv.EnvWith(db, "REDIS_SENTINEL_URL", "redis://s1:26379?master_name=m"), true)
+	s, err = validate(t, oncetest.EnvWith(db, "REDIS_SENTINEL_URL", "redis://s1:26379?master_name=m"), true)
 	require.NoError(t, err)
 	require.True(t, s.Sentinel)
 	require.Equal(t, "m", s.Redis.MasterName)
@@ -104,14 +104,14 @@ func TestValidateRejects(t *testing.T) {
 		{nil, false, "DATABASE_URL (or -database-url) is required"},
 		{map[string]string{"DATABASE_URL": "  "}, false, "DATABASE_URL (or -database-url) is required"},
 		{map[string]string{"DATABASE_URL": "postgres://u@h:port/db"}, false, "bad configuration: DATABASE_URL: "},
-		{testenv.EnvWith(db, "LOG_LEVEL", "loud"), false, `LOG_LEVEL="loud"`},
-		{testenv.EnvWith(db, "LOG_FORMAT", "xml"), false, `LOG_FORMAT="xml"`},
+		{oncetest.EnvWith(db, "LOG_LEVEL", "loud"), false, `LOG_LEVEL="loud"`},
+		{oncetest.EnvWith(db, "LOG_FORMAT", "xml"), false, `LOG_FORMAT="xml"`},
 		{db, true, "REDIS_URL (or REDIS_CLUSTER_URL or REDIS_SENTINEL_URL) is required"},
-		{testenv.EnvWith(db, "REDIS_URL", "http://cache"), false, "REDIS_URL: "},
-		{testenv.EnvWith(db, "REDIS_CLUSTER_URL", "http://cache"), false, "REDIS_CLUSTER_URL: "},
-		{testenv.EnvWith(testenv.EnvWith(db, "REDIS_URL", "redis://a"), "REDIS_CLUSTER_URL", "redis://b"), false, "not both"},
-		{testenv.EnvWith(testenv.EnvWith(db, "REDIS_URL", "redis://a"), "REDIS_SENTINEL_URL", "redis://s?master_name=m"), false, "not several"},
-		{testenv.EnvWith(db, "REDIS_SENTINEL_URL", "redis://s1:26379"), true, "master_name is required"},
+		{oncetest.EnvWith(db, "REDIS_URL", "http://cache"), false, "REDIS_URL: "},
+		{oncetest.EnvWith(db, "REDIS_CLUSTER_URL", "http://cache"), false, "REDIS_CLUSTER_URL: "},
+		{oncetest.EnvWith(oncetest.EnvWith(db, "REDIS_URL", "redis://a"), "REDIS_CLUSTER_URL", "redis://b"), false, "not both"},
+		{oncetest.EnvWith(oncetest.EnvWith(db, "REDIS_URL", "redis://a"), "REDIS_SENTINEL_URL", "redis://s?master_name=m"), false, "not several"},
+		{oncetest.EnvWith(db, "REDIS_SENTINEL_URL", "redis://s1:26379"), true, "master_name is required"},
 	} {
 		_, err := validate(t, tc.env, tc.redisRequired)
 		require.ErrorContains(t, err, tc.want, "%v", tc.env)

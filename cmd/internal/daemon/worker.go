@@ -10,10 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/ops"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
-	"github.com/onceonly/onceonly/internal/redisconn"
 )
 
 // Worker is what a worker daemon (the relay, the reconciler) runs on: its
@@ -28,9 +28,9 @@ type Worker struct {
 // OpenWorker connects Redis and Postgres (checking the schema) as setup
 // says; Redis is required. Close releases both.
 func OpenWorker(ctx context.Context, setup Setup) (*Worker, error) {
-	rdb := redisconn.New(setup.Redis)
+	rdb := cache.NewClient(setup.Redis)
 	if rdb == nil {
-		return nil, redisconn.ErrRequired
+		return nil, cache.ErrNoRedisURL
 	}
 	pool, err := postgres.Open(ctx, setup.Postgres)
 	if err != nil {
@@ -51,7 +51,7 @@ func (w *Worker) Close() {
 // until ctx ends; see shutdown.RunBeside.
 func (w *Worker) Run(ctx context.Context, addr string, work func(context.Context) error) error {
 	mux := http.NewServeMux()
-	ops.Handle(mux, w.Registry, map[string]ops.Check{"postgres": w.Pool.Ping, "redis": redisconn.Check(w.Redis)}, nil)
+	ops.Handle(mux, w.Registry, map[string]ops.Check{"postgres": w.Pool.Ping, "redis": cache.ReadyCheck(w.Redis)}, nil)
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return shutdown.RunBeside(ctx, srv, w.log, work) // its errors name the server or are work's own
 }

@@ -9,11 +9,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/cmd/internal/daemon"
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
-	"github.com/onceonly/onceonly/internal/redisconn"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // workerSetup is a Setup on the test servers.
@@ -21,9 +21,9 @@ func workerSetup(t *testing.T, dbURL string) daemon.Setup {
 	t.Helper()
 	pg, err := postgres.Parse(dbURL)
 	require.NoError(t, err)
-	rdb, err := redisconn.Options(testenv.RedisURL(t), "")
+	rdb, err := cache.ClientOptions(oncetest.RedisURL(t), "")
 	require.NoError(t, err)
-	return daemon.Setup{Log: testenv.QuietLogger(), Postgres: pg, Redis: rdb}
+	return daemon.Setup{Log: oncetest.QuietLogger(), Postgres: pg, Redis: rdb}
 }
 
 func readyz(t *testing.T, addr string) (int, string) {
@@ -41,13 +41,13 @@ func readyz(t *testing.T, addr string) (int, string) {
 // TestWorkerRun: the worker's ops server answers beside its work, checking
 // Postgres and Redis, and both stop when the context ends.
 func TestWorkerRun(t *testing.T) {
-	w, err := daemon.OpenWorker(t.Context(), workerSetup(t, testenv.DatabaseURL(t)))
+	w, err := daemon.OpenWorker(t.Context(), workerSetup(t, oncetest.DatabaseURL(t)))
 	require.NoError(t, err)
 	defer w.Close()
 	require.NoError(t, w.Pool.Ping(t.Context()))
 	require.NoError(t, w.Redis.Ping(t.Context()).Err())
 
-	addr := testenv.FreeAddr(t)
+	addr := oncetest.FreeAddr(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	working := make(chan struct{})
 	done := make(chan error, 1)
@@ -59,7 +59,7 @@ func TestWorkerRun(t *testing.T) {
 		})
 	}()
 	<-working
-	testenv.WaitReady(t, addr)
+	oncetest.WaitReady(t, addr)
 	code, body := readyz(t, addr)
 	require.Equal(t, http.StatusOK, code)
 	require.JSONEq(t, `{"status":"ready","checks":{"postgres":"ok","redis":"ok"}}`, body)
@@ -75,11 +75,11 @@ func TestWorkerRun(t *testing.T) {
 // TestOpenWorkerRefuses: no Redis, or a schema behind, and the worker does
 // not open.
 func TestOpenWorkerRefuses(t *testing.T) {
-	s := workerSetup(t, testenv.DatabaseURL(t))
+	s := workerSetup(t, oncetest.DatabaseURL(t))
 	s.Redis = nil
 	_, err := daemon.OpenWorker(t.Context(), s)
-	require.ErrorIs(t, err, redisconn.ErrRequired)
+	require.ErrorIs(t, err, cache.ErrNoRedisURL)
 
-	_, err = daemon.OpenWorker(t.Context(), workerSetup(t, testenv.EmptyDatabaseURL(t)))
+	_, err = daemon.OpenWorker(t.Context(), workerSetup(t, oncetest.EmptyDatabaseURL(t)))
 	require.ErrorIs(t, err, migrations.ErrSchemaBehind)
 }

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/reconcile"
 	"github.com/onceonly/onceonly/relay"
 )
@@ -31,16 +31,16 @@ import (
 // has made one pass (I7).
 func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	t.Parallel()
-	cluster := testenv.NewRedisCluster(t)
+	cluster := oncetest.NewRedisCluster(t)
 	rdb := cluster.Client(t)
-	ctx, pool, prefix := testenv.Context(t), testenv.DB(t), testenv.KeyPrefix(t, rdb)
+	ctx, pool, prefix := oncetest.Context(t), oncetest.DB(t), oncetest.KeyPrefix(t, rdb)
 	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, LeaseTimeout: 5 * time.Second,
 		MaxCachedBody: 1024, Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
 	c := cache.New(rdb, cache.Options{Prefix: prefix, MaxBody: 1024})
 	rl, err := relay.New(relay.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, MaxCachedBody: 1024, PollInterval: 50 * time.Millisecond,
-		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
+		Logger: oncetest.QuietLogger(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
@@ -75,7 +75,7 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, to.Addr(), owner.Addr(), "the slot moved")
 	awaitOutboxDrained(t, ctx, pool, 20*time.Second)
-	testenv.RequireConverged(t, ctx, pool, c, "%")
+	oncetest.RequireConverged(t, ctx, pool, c, "%")
 
 	// Phase 2: a master restarts empty while requests run.
 	more := make([]string, 0, 300)
@@ -88,11 +88,11 @@ func TestClusterTopologyChangesUnderTraffic(t *testing.T) {
 	})
 	awaitOutboxDrained(t, ctx, pool, 20*time.Second)
 	rc, err := reconcile.New(reconcile.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, MaxCachedBody: 1024, FailedTTL: time.Minute,
-		Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
+		Logger: oncetest.QuietLogger(), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	_, err = rc.Pass(ctx, false)
 	require.NoError(t, err)
-	testenv.RequireConverged(t, ctx, pool, c, "%")
+	oncetest.RequireConverged(t, ctx, pool, c, "%")
 	again, err := rc.Pass(ctx, false)
 	require.NoError(t, err)
 	require.Zero(t, again.Drift(), "a second pass finds nothing: %+v", again)

@@ -6,10 +6,10 @@
 // mode (pgbouncer_test.go).
 //
 // The tests use only what a user has — the root package's API, the relay,
-// the reconciler and the commands' binaries — plus internal/testenv for
-// servers and internal/cache to compare Redis with Postgres. Each test
+// the reconciler and the commands' binaries — plus oncetest for
+// servers and cache to compare Redis with Postgres. Each test
 // starts the servers it disrupts (a cluster, a Sentinel group) and takes
 // Postgres, Redis and PgBouncer from the environment as every other
-// package's tests do (see internal/testenv). The package has no code
+// package's tests do (see oncetest). The package has no code
 // besides this comment.
 package deploytest

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // payment is a handler that records one payment per execution and answers
@@ -28,7 +28,7 @@ func payment(body string) onceonly.Handler {
 // every event of pool's outbox.
 func awaitOutboxDrained(t *testing.T, ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) {
 	t.Helper()
-	testenv.Eventually(t, timeout, "the outbox drained", func() bool {
+	oncetest.Eventually(t, timeout, "the outbox drained", func() bool {
 		var n int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
 	})

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The monitoring files, relative to the repository's root.
@@ -145,13 +145,13 @@ func metricNames(expr string) []string {
 // Grafana dashboard and the alert rules query is one of theirs.
 func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
 	t.Parallel()
-	dbURL := testenv.DatabaseURL(t)
-	_, prefix := testenv.Redis(t)
-	env := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testenv.RedisURL(t), "REDIS_PREFIX=" + prefix, "LOG_LEVEL=error",
+	dbURL := oncetest.DatabaseURL(t)
+	_, prefix := oncetest.Redis(t)
+	env := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + oncetest.RedisURL(t), "REDIS_PREFIX=" + prefix, "LOG_LEVEL=error",
 		"RECONCILE_SCHEDULE=@every 1s"}
-	api := testenv.StartDaemon(t, testenv.BuildBinary(t, "../../api"), env...)
-	relay := testenv.StartDaemon(t, testenv.BuildBinary(t, "../../relay"), env...)
-	reconciler := testenv.StartDaemon(t, testenv.BuildBinary(t, "../../reconciler"), env...)
+	api := oncetest.StartDaemon(t, oncetest.BuildBinary(t, "../../api"), env...)
+	relay := oncetest.StartDaemon(t, oncetest.BuildBinary(t, "../../relay"), env...)
+	reconciler := oncetest.StartDaemon(t, oncetest.BuildBinary(t, "../../reconciler"), env...)
 
 	// A payment, so the api's labelled series with no preset labels
 	// (status codes, request durations) exist.
@@ -167,7 +167,7 @@ func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
 	require.Equal(t, http.StatusCreated, res.StatusCode)
 
 	exported := map[string]bool{}
-	for _, d := range []*testenv.Daemon{api, relay, reconciler} {
+	for _, d := range []*oncetest.Daemon{api, relay, reconciler} {
 		for name := range scrape(t, d.Addr) {
 			exported[name] = true
 		}

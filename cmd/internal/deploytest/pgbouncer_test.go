@@ -13,11 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/demo/gateway"
+	"github.com/onceonly/onceonly/demo/payments/schema"
 	"github.com/onceonly/onceonly/migrations"
-	"github.com/onceonly/onceonly/payments/schema"
+	"github.com/onceonly/onceonly/oncetest"
 	"github.com/onceonly/onceonly/reconcile"
 	"github.com/onceonly/onceonly/relay"
 )
@@ -33,8 +33,8 @@ func TestThroughPgBouncer(t *testing.T) {
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			ctx := testenv.Context(t)
-			pool := testenv.Pool(t, testenv.PgBouncerURL(t, testenv.EmptyDatabaseURL(t), mode))
+			ctx := oncetest.Context(t)
+			pool := oncetest.Pool(t, oncetest.PgBouncerURL(t, oncetest.EmptyDatabaseURL(t), mode))
 
 			// Migrations: two migrators at once share the work under goose's
 			// table lock; the gateway's go beside them.
@@ -64,7 +64,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			require.NoError(t, demo.Close())
 			require.NoError(t, gateway.Migrate(ctx, pool))
 
-			rdb, prefix := testenv.Redis(t)
+			rdb, prefix := oncetest.Redis(t)
 			e, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix,
 				MaxCachedBody: 1024, Registerer: prometheus.NewRegistry()})
 			require.NoError(t, err)
@@ -106,7 +106,7 @@ func TestThroughPgBouncer(t *testing.T) {
 
 			// Reconciler passes, one after the other: none is skipped.
 			c := cache.New(rdb, cache.Options{Prefix: prefix})
-			r, err := reconcile.New(reconcile.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: testenv.QuietLogger(),
+			r, err := reconcile.New(reconcile.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, Logger: oncetest.QuietLogger(),
 				Registerer: prometheus.NewRegistry()})
 			require.NoError(t, err)
 			for i := range 3 {
@@ -121,7 +121,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			_, err = pool.Exec(ctx, `INSERT INTO outbox (scope, key, version) SELECT scope, key, version FROM idempotency_keys`)
 			require.NoError(t, err)
 			rl, err := relay.New(relay.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix, PollInterval: 50 * time.Millisecond,
-				Logger: testenv.QuietLogger(), Registerer: prometheus.NewRegistry()})
+				Logger: oncetest.QuietLogger(), Registerer: prometheus.NewRegistry()})
 			require.NoError(t, err)
 			rctx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
@@ -129,7 +129,7 @@ func TestThroughPgBouncer(t *testing.T) {
 			awaitOutboxDrained(t, ctx, pool, 5*time.Second)
 			stop()
 			require.NoError(t, <-done)
-			testenv.RequireConverged(t, ctx, pool, c, "%")
+			oncetest.RequireConverged(t, ctx, pool, c, "%")
 		})
 	}
 }

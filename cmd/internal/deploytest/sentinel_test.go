@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/internal/cache"
-	"github.com/onceonly/onceonly/internal/keystate"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/keystate"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestSentinelFailoverUnderLoad kills the Redis primary (kill -9) while an
@@ -43,18 +43,18 @@ import (
 // default under Sentinel, keeps them).
 func TestSentinelFailoverUnderLoad(t *testing.T) {
 	t.Parallel()
-	g := testenv.NewSentinelGroup(t)
-	ctx := testenv.Context(t)
-	dbURL := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, dbURL)
+	g := oncetest.NewSentinelGroup(t)
+	ctx := oncetest.Context(t)
+	dbURL := oncetest.DatabaseURL(t)
+	pool := oncetest.Pool(t, dbURL)
 	rdb := g.Client(t)
-	prefix := testenv.KeyPrefix(t, rdb)
+	prefix := oncetest.KeyPrefix(t, rdb)
 	reg := prometheus.NewRegistry()
 	engine, err := onceonly.New(onceonly.Config{Pool: pool, Redis: rdb, RedisPrefix: prefix,
-		Logger: testenv.QuietLogger(), Registerer: reg})
+		Logger: oncetest.QuietLogger(), Registerer: reg})
 	require.NoError(t, err)
 	t.Cleanup(engine.Close)
-	relayd := testenv.StartDaemon(t, testenv.BuildBinary(t, root+"/cmd/relay"), "DATABASE_URL="+dbURL,
+	relayd := oncetest.StartDaemon(t, oncetest.BuildBinary(t, root+"/cmd/relay"), "DATABASE_URL="+dbURL,
 		"REDIS_SENTINEL_URL="+g.URL(), "REDIS_PREFIX="+prefix, "RELAY_POLL_INTERVAL=100ms",
 		"RELAY_REDIS_WAIT_TIMEOUT=200ms")
 	require.Contains(t, relayd.Logs.String(), "redis_wait_replicas=1", "the guard is on under Sentinel")
@@ -98,9 +98,9 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 			t.Errorf("%s: Redis %s v%d (found %v) below Postgres %s v%d", k.key, e.State, e.Version, found, k.status, k.version)
 		}
 	}
-	testenv.RequireConverged(t, ctx, pool, c, "%")
+	oncetest.RequireConverged(t, ctx, pool, c, "%")
 	// The reconciler, on REDIS_SENTINEL_URL too, finds every key in sync.
-	reconciler := exec.CommandContext(ctx, testenv.BuildBinary(t, root+"/cmd/reconciler"), "--once", "--dry-run")
+	reconciler := exec.CommandContext(ctx, oncetest.BuildBinary(t, root+"/cmd/reconciler"), "--once", "--dry-run")
 	reconciler.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "REDIS_SENTINEL_URL="+g.URL(), "REDIS_PREFIX="+prefix)
 	out, err := reconciler.Output()
 	require.NoError(t, err, "reconciler --once")
@@ -170,7 +170,7 @@ type failoverTimings struct {
 // (SIGKILL), thaws the replica, waits for Sentinel to promote it and for the failover client rdb
 // to write to it, then restarts the old primary, empty, and waits until
 // Sentinel has made it a replica in sync.
-func failover(t *testing.T, ctx context.Context, g *testenv.SentinelGroup, rdb *redis.Client, prefix string) failoverTimings {
+func failover(t *testing.T, ctx context.Context, g *oncetest.SentinelGroup, rdb *redis.Client, prefix string) failoverTimings {
 	t.Helper()
 	old, err := g.Master(ctx)
 	require.NoError(t, err)
@@ -194,7 +194,7 @@ func failover(t *testing.T, ctx context.Context, g *testenv.SentinelGroup, rdb *
 	tm.promoted = time.Since(killed)
 	probe := prefix + "failover-probe"
 	direct := promoted.Client(t)
-	testenv.Eventually(t, 20*time.Second, "the failover client writes to the new primary", func() bool {
+	oncetest.Eventually(t, 20*time.Second, "the failover client writes to the new primary", func() bool {
 		return rdb.Set(ctx, probe, "x", time.Minute).Err() == nil && direct.Exists(ctx, probe).Val() == 1
 	})
 	tm.clientFollowed = time.Since(killed)

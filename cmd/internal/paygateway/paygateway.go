@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
-	"github.com/onceonly/onceonly/gateway"
-	"github.com/onceonly/onceonly/internal/config"
+	"github.com/onceonly/onceonly/cmd/internal/config"
+	"github.com/onceonly/onceonly/demo/gateway"
 )
 
 // DefaultTimeout is GATEWAY_TIMEOUT's default.

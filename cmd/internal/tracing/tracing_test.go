@@ -11,7 +11,7 @@ import (
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/cmd/internal/testotlp"
 	"github.com/onceonly/onceonly/cmd/internal/tracing"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestSetupExportsOverOTLPHTTP: with OTEL_EXPORTER_OTLP_ENDPOINT set, the
@@ -21,11 +21,11 @@ func TestSetupExportsOverOTLPHTTP(t *testing.T) {
 	col := testotlp.NewOTLPCollector(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.URL)
 	t.Setenv("OTEL_SERVICE_NAME", "payments-api")
-	ctx := testenv.Context(t)
+	ctx := oncetest.Context(t)
 	shutdown, err := tracing.Setup(ctx, "onceonly-api")
 	require.NoError(t, err)
 
-	e, err := onceonly.New(onceonly.Config{Pool: testenv.DB(t), Logger: testenv.QuietLogger()})
+	e, err := onceonly.New(onceonly.Config{Pool: oncetest.DB(t), Logger: oncetest.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	_, err = e.Do(ctx, "s", "k", nil, func(context.Context, pgx.Tx) (onceonly.Result, error) { return onceonly.Result{Status: 201}, nil })

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/gateway"
+	"github.com/onceonly/onceonly/demo/gateway"
 )
 
 // Kind is the job kind of Args.

@@ -33,7 +33,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/onceonly/onceonly"
-	"github.com/onceonly/onceonly/gateway"
+	"github.com/onceonly/onceonly/demo/gateway"
 	"github.com/onceonly/onceonly/onceriver"
 	"github.com/onceonly/onceonly/onceriver/internal/chargejob"
 )

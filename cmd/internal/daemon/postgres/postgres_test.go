@@ -6,8 +6,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly/cmd/internal/daemon/postgres"
-	"github.com/onceonly/onceonly/internal/testenv"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 func TestParse(t *testing.T) {
@@ -29,7 +29,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestOpen(t *testing.T) {
-	cfg, err := postgres.Parse(testenv.DatabaseURL(t))
+	cfg, err := postgres.Parse(oncetest.DatabaseURL(t))
 	require.NoError(t, err)
 	pool, err := postgres.Open(t.Context(), cfg)
 	require.NoError(t, err)
@@ -40,7 +40,7 @@ func TestOpen(t *testing.T) {
 // TestOpenRefusesASchemaBehind: on a database never migrated, Open fails and
 // names the command that fixes it.
 func TestOpenRefusesASchemaBehind(t *testing.T) {
-	cfg, err := postgres.Parse(testenv.EmptyDatabaseURL(t))
+	cfg, err := postgres.Parse(oncetest.EmptyDatabaseURL(t))
 	require.NoError(t, err)
 	_, err = postgres.Open(t.Context(), cfg)
 	require.ErrorIs(t, err, migrations.ErrSchemaBehind)
@@ -48,7 +48,7 @@ func TestOpenRefusesASchemaBehind(t *testing.T) {
 }
 
 func TestOpenUnreachable(t *testing.T) {
-	cfg, err := postgres.Parse("postgres://postgres@" + testenv.FreeAddr(t) + "/postgres?sslmode=disable&connect_timeout=2")
+	cfg, err := postgres.Parse("postgres://postgres@" + oncetest.FreeAddr(t) + "/postgres?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err)
 	_, err = postgres.Open(t.Context(), cfg)
 	require.ErrorContains(t, err, "connect to Postgres: ")

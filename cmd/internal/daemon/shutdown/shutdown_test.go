@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/onceonly/onceonly/cmd/internal/daemon/shutdown"
-	"github.com/onceonly/onceonly/internal/testenv"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestMain fails the package's tests when a goroutine outlives them.
@@ -54,7 +54,7 @@ func server(t *testing.T) (srv *http.Server, entered chan struct{}, release chan
 		_, _ = io.WriteString(w, "done")
 	})
 	mux.HandleFunc("GET /up", func(http.ResponseWriter, *http.Request) {})
-	return &http.Server{Addr: testenv.FreeAddr(t), Handler: mux, ReadHeaderTimeout: time.Second}, entered, release
+	return &http.Server{Addr: oncetest.FreeAddr(t), Handler: mux, ReadHeaderTimeout: time.Second}, entered, release
 }
 
 func get(ctx context.Context, url string) (int, string, error) {
@@ -84,7 +84,7 @@ func listening(ctx context.Context, addr string) bool {
 
 func waitUp(t *testing.T, addr string) {
 	t.Helper()
-	testenv.Eventually(t, 5*time.Second, addr+" listening", func() bool {
+	oncetest.Eventually(t, 5*time.Second, addr+" listening", func() bool {
 		_, _, err := get(t.Context(), "http://"+addr+"/up")
 		return err == nil
 	})
@@ -112,7 +112,7 @@ func TestServeFinishesRequestsUnderWay(t *testing.T) {
 	}()
 	<-entered
 	cancel()
-	testenv.Eventually(t, 5*time.Second, "the shutdown begun", func() bool { return !listening(t.Context(), srv.Addr) })
+	oncetest.Eventually(t, 5*time.Second, "the shutdown begun", func() bool { return !listening(t.Context(), srv.Addr) })
 	close(release)
 	a := <-answered
 	require.NoError(t, a.err)
@@ -128,7 +128,7 @@ func TestServeGraceRunsOut(t *testing.T) {
 	srv, entered, release := server(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() { served <- shutdown.Serve(ctx, srv, testenv.QuietLogger(), 50*time.Millisecond) }()
+	go func() { served <- shutdown.Serve(ctx, srv, oncetest.QuietLogger(), 50*time.Millisecond) }()
 	waitUp(t, srv.Addr)
 	answered := make(chan struct{})
 	go func() {
@@ -151,7 +151,7 @@ func TestServeCannotListen(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	srv := &http.Server{Addr: l.Addr().String(), ReadHeaderTimeout: time.Second}
-	err = shutdown.Serve(t.Context(), srv, testenv.QuietLogger(), time.Second)
+	err = shutdown.Serve(t.Context(), srv, oncetest.QuietLogger(), time.Second)
 	require.ErrorContains(t, err, "serve "+l.Addr().String())
 }
 
@@ -164,7 +164,7 @@ func TestRunBesideStopsBoth(t *testing.T) {
 	working := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- shutdown.RunBeside(ctx, srv, testenv.QuietLogger(), func(ctx context.Context) error {
+		done <- shutdown.RunBeside(ctx, srv, oncetest.QuietLogger(), func(ctx context.Context) error {
 			close(working)
 			<-ctx.Done()
 			return workErr
@@ -185,7 +185,7 @@ func TestRunBesideServerFails(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	srv := &http.Server{Addr: l.Addr().String(), ReadHeaderTimeout: time.Second}
-	err = shutdown.RunBeside(t.Context(), srv, testenv.QuietLogger(), func(ctx context.Context) error {
+	err = shutdown.RunBeside(t.Context(), srv, oncetest.QuietLogger(), func(ctx context.Context) error {
 		<-ctx.Done() // stopped because the server failed
 		return nil
 	})
@@ -197,6 +197,6 @@ func TestRunBesideServerFails(t *testing.T) {
 func TestRunBesideWorkEnds(t *testing.T) {
 	srv, _, _ := server(t)
 	boom := errors.New("boom")
-	err := shutdown.RunBeside(t.Context(), srv, testenv.QuietLogger(), func(context.Context) error { return boom })
+	err := shutdown.RunBeside(t.Context(), srv, oncetest.QuietLogger(), func(context.Context) error { return boom })
 	require.ErrorIs(t, err, boom)
 }

@@ -1,0 +1,4 @@
+package payments_test
+
+// Every test database of this package carries the demo's payments table.
+import _ "github.com/onceonly/onceonly/demo/demotest"

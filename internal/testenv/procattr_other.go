@@ -1,8 +1,0 @@
-//go:build !linux
-
-package testenv
-
-import "syscall"
-
-// childAttr returns nil: only Linux can tie a child's life to its parent.
-func childAttr() *syscall.SysProcAttr { return nil }

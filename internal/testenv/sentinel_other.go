@@ -1,8 +1,0 @@
-//go:build !unix
-
-package testenv
-
-import "os"
-
-// No signal freezes a process here: RedisServer.Freeze fails the test.
-var stopSignal, contSignal os.Signal
