@@ -91,6 +91,9 @@ func (in Inspection) InSync() bool {
 
 // Inspect reads (scope, key) in Postgres and in Redis.
 func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, error) {
+	if err := e.made(); err != nil {
+		return Inspection{}, err
+	}
 	ref := keystate.Ref{Scope: scope, Key: key}
 	var in Inspection
 	k, found, err := e.store.Get(ctx, e.cfg.Pool, ref)
@@ -138,6 +141,9 @@ func (e *Engine) Inspect(ctx context.Context, scope, key string) (Inspection, er
 // worker cannot complete it. It returns ErrNoSuchKey or ErrKeyInProgress.
 // A Redis copy that cannot be deleted now is logged: the relay deletes it.
 func (e *Engine) Purge(ctx context.Context, scope, key string, force bool) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	k, found, err := e.store.Purge(ctx, e.cfg.Pool, keystate.Ref{Scope: scope, Key: key}, force)
 	switch {
 	case err != nil:

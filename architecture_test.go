@@ -14,7 +14,7 @@ import (
 
 // architectureLeaves are the small packages ARCHITECTURE.md's graph leaves
 // out: an import of one of them is no arrow.
-var architectureLeaves = []string{"backoff", "startstop", "internal/defaults", "internal/promutil", "internal/pgretry", "internal/canonjson"}
+var architectureLeaves = []string{"backoff", "startstop", "internal/defaults", "internal/promutil", "internal/pgretry", "internal/canonjson", "internal/schemaver"}
 
 // TestArchitectureMatchesImports checks the dependency graph of
 // ARCHITECTURE.md against the imports `go list` reports: every arrow is an

@@ -68,6 +68,9 @@ var ErrClosed = errors.New("onceonly: engine closed")
 // the context of the last Start has ended, Start starts them anew. After
 // Close, Start returns ErrClosed.
 func (e *Engine) Start(ctx context.Context) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	e.daemonsMu.Lock()
 	defer e.daemonsMu.Unlock()
 	if e.daemonsClosed {
@@ -104,6 +107,9 @@ func (e *Engine) Start(ctx context.Context) error {
 // canceled and its key resumed again later. It returns ctx's error if ctx
 // ends first; the daemons still stop.
 func (e *Engine) Stop(ctx context.Context) error {
+	if e == nil || e.store == nil {
+		return nil // not made by New: nothing was started
+	}
 	e.daemonsMu.Lock()
 	services := e.daemons
 	e.daemonsMu.Unlock()

@@ -47,7 +47,14 @@ import (
 // the relay delivers the key's event: on its poll, or at the commit with
 // Tuning.NotifyInTransaction and a listening relay.
 func (e *Engine) DoTx(ctx context.Context, tx pgx.Tx, scope, key string, payload []byte, fn Handler) (Outcome, error) {
-	return e.inCallerTx(ctx, &pgxSavepoint{outer: tx}, scope, key, payload, withTx(fn))
+	if err := e.canDo(fn == nil); err != nil {
+		return Outcome{}, err
+	}
+	if tx == nil {
+		return Outcome{}, errNoTx
+	}
+	out, err := e.inCallerTx(ctx, &pgxSavepoint{outer: tx}, scope, key, payload, withTx(fn))
+	return out, schemaError(err)
 }
 
 // inCallerTx runs fn once for (scope, key) in sp, a savepoint of the

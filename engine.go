@@ -24,6 +24,7 @@ import (
 	"github.com/onceonly/onceonly/internal/exectx"
 	"github.com/onceonly/onceonly/internal/lease"
 	"github.com/onceonly/onceonly/internal/relaywake"
+	"github.com/onceonly/onceonly/internal/schemaver"
 	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
 	"github.com/onceonly/onceonly/startstop"
@@ -143,6 +144,12 @@ type Tuning struct {
 	// commit the engine does not see, also wait for that poll unless this
 	// is set.
 	NotifyInTransaction bool
+	// NoSchemaCheck makes New skip its check of the schema (one statement
+	// reading onceonly_db_version, the migrations' version table). Set it
+	// only when the schema is migrated by a tool that does not record
+	// goose's versions there (its SQL copied into another migration tool),
+	// or when New must succeed while Postgres is down.
+	NoSchemaCheck bool
 	// RedisWriteLayout1 writes completed values in the layout releases
 	// before 2026-11-24 read: for a rolling upgrade from one, on every
 	// process (relay.Config and reconcile.Config have it too), until none
@@ -213,12 +220,27 @@ type Engine struct {
 	daemonsClosed bool
 }
 
-// New returns an Engine.
+// schemaCheckTimeout bounds New's check of the schema.
+const schemaCheckTimeout = 10 * time.Second
+
+// New returns an Engine. It reads the schema's version once (unless
+// Tuning.NoSchemaCheck): on a database whose onceonly schema is missing or
+// behind this release it returns an error wrapping ErrSchemaBehind, which
+// names the fix (migrations.Up, or `api migrate up`); when Postgres does
+// not answer within 10 s, one wrapping ErrUnavailable.
 //
 //nolint:contextcheck,nolintlint // New starts the engine's own loop (the relay waker), which belongs to no request and which Close stops (contextcheck reads this on the callee; nolintlint cannot see that use).
 func New(cfg Config) (*Engine, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("onceonly: Config.Pool is required")
+	}
+	if nilInterface(cfg.Redis) {
+		return nil, errNilRedis
+	}
+	if !cfg.Tuning.NoSchemaCheck {
+		if err := checkSchema(cfg.Pool); err != nil {
+			return nil, err
+		}
 	}
 	defaults.Positive(&cfg.LeaseTimeout, DefaultLeaseTimeout)
 	defaults.Positive(&cfg.CompletedTTL, DefaultCompletedTTL)
@@ -262,6 +284,20 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
+// checkSchema is New's check of the schema: one statement.
+//
+//nolint:contextcheck,nolintlint // New takes no context; the check is bounded by schemaCheckTimeout.
+func checkSchema(pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), schemaCheckTimeout)
+	defer cancel()
+	err := schemaver.Check(ctx, pool)
+	switch {
+	case err == nil, errors.Is(err, ErrSchemaBehind):
+		return err //nolint:wrapcheck // it names the fix already
+	}
+	return unavailable(err)
+}
+
 // Close stops what Start started, ends the releases the engine retries in
 // the background (a key left claimed then waits for its lease), stops the
 // engine's lease renewals and closes their connection. Executions still
@@ -270,6 +306,9 @@ func New(cfg Config) (*Engine, error) {
 //
 //nolint:contextcheck,nolintlint // callers need not pass a context: Close ends the engine's own goroutine and connection, which belong to no request (contextcheck reads this on the callee; nolintlint cannot see that use).
 func (e *Engine) Close() {
+	if e.made() != nil {
+		return
+	}
 	e.closeDaemons()
 	e.releasesMu.Lock()
 	if !e.closed {
@@ -305,6 +344,9 @@ func DefaultShouldStore(status int) bool {
 // Run. Settle turns any of these answers into a broker's ack, redelivery
 // or dead letter.
 func (e *Engine) Do(ctx context.Context, scope, key string, payload []byte, fn Handler) (Outcome, error) {
+	if err := e.canDo(fn == nil); err != nil {
+		return Outcome{}, err
+	}
 	return e.execute(ctx, e.modeFor(), scope, key, fingerprint{value: payloadFingerprint(payload)}, "", func() []byte { return payload }, withTx(fn))
 }
 
@@ -325,6 +367,7 @@ func (e *Engine) execute(ctx context.Context, m mode, scope, key string, fp fing
 	ctx, call, err := e.enter(ctx, scope, key, handler, m.callerCommits())
 	outcome := outcomeExecuted
 	defer func() { e.leave(call, outcome, out.Replayed, err) }()
+	defer func() { err = schemaError(err) }()
 	if err != nil {
 		outcome = outcomeInvalid
 		return Outcome{}, err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceonly/onceonly/internal/canonjson"
+	"github.com/onceonly/onceonly/internal/schemaver"
 	"github.com/onceonly/onceonly/outbox"
 )
 
@@ -20,6 +21,17 @@ var ErrKeyReused = errors.New("onceonly: idempotency key was used with another p
 // ErrUnavailable is returned when Postgres cannot be reached: nothing was
 // decided, and the caller may retry.
 var ErrUnavailable = errors.New("onceonly: idempotency store unavailable")
+
+// ErrSchemaBehind is returned by New when the database's onceonly schema is
+// missing or lacks a migration this release needs: run migrations.Up (or
+// `api migrate up`) first. Its message names the fix and what New found.
+// It is also returned, wrapping Postgres's error, by an execution whose
+// statement met a table or function of the engine's that does not exist
+// (the schema was rolled back or dropped after New, or
+// Tuning.NoSchemaCheck was set): the broker consumers stop on it instead
+// of redelivering every message. migrations.ErrSchemaBehind is the same
+// error.
+var ErrSchemaBehind = schemaver.ErrBehind
 
 // ErrLeaseLost is returned when the execution's lease was taken over (or
 // reaped) before it committed: its business writes were rolled back.
@@ -131,10 +143,15 @@ func IsInFlight(err error) (*InFlightError, bool) {
 // and the caller commits.
 var ErrCommitByHandler = errors.New("onceonly: the engine commits the execution's transaction; return the Result instead")
 
-// unavailable wraps err, a failure of Postgres, in ErrUnavailable (once).
+// unavailable wraps err, a failure of Postgres, in ErrUnavailable (once),
+// or in ErrSchemaBehind when Postgres said a table or function of the
+// engine's does not exist.
 func unavailable(err error) error {
-	if errors.Is(err, ErrUnavailable) {
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrSchemaBehind) {
 		return err
+	}
+	if schemaver.MissingObject(err) {
+		return fmt.Errorf("%w: %w", ErrSchemaBehind, err)
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }

@@ -33,7 +33,8 @@ const DefaultMaxBody = 64 << 10
 // MiddlewareOptions configures Middleware.
 type MiddlewareOptions struct {
 	// Scope returns the scope of a request (the tenant, merchant or user
-	// whose keys must never meet another's). Required.
+	// whose keys must never meet another's). Required: Middleware panics
+	// without it. A service with a single tenant returns a constant.
 	Scope func(r *http.Request) (string, error)
 	// MaxBody is the largest request body accepted (DefaultMaxBody).
 	MaxBody int64
@@ -131,7 +132,18 @@ func WriteProblem(w http.ResponseWriter, _ *http.Request, e *HTTPError) {
 // Retry-After while another request holds the key, 413 for a body over
 // MaxBody, 422 for a key reused with another payload, 503 with Retry-After
 // when Postgres is unreachable.
+//
+// Middleware panics, when it is called, without opts.Scope or on an Engine
+// New did not make (as it does for a Name registered twice, when the
+// handler is wrapped): a misconfiguration of the code, found at start, not
+// at the first request.
 func (e *Engine) Middleware(opts MiddlewareOptions) func(http.Handler) http.Handler {
+	if err := e.made(); err != nil {
+		panic(err)
+	}
+	if opts.Scope == nil {
+		panic(errNoScope)
+	}
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = DefaultMaxBody
 	}

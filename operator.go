@@ -39,6 +39,9 @@ func (e *Engine) Delete(ctx context.Context, scope, key string, force bool) erro
 // alone. It reports whether Redis changed; a key in step changes nothing.
 // An engine without Redis returns ErrNoRedis.
 func (e *Engine) RepairCache(ctx context.Context, scope, key string) (bool, error) {
+	if err := e.made(); err != nil {
+		return false, err
+	}
 	if e.cache == nil {
 		return false, ErrNoRedis
 	}
@@ -81,6 +84,9 @@ func (e *Engine) RepairCache(ctx context.Context, scope, key string) (bool, erro
 // attempts counted from zero again, and wakes the relays. It returns how
 // many it unparked; ids that name no parked event are left alone.
 func (e *Engine) Unpark(ctx context.Context, ids []int64) (int, error) {
+	if err := e.made(); err != nil {
+		return 0, err
+	}
 	n, err := e.store.Unpark(ctx, e.cfg.Pool, ids)
 	if err != nil {
 		return 0, fmt.Errorf("unpark: %w", fromStore(err))
@@ -94,6 +100,9 @@ func (e *Engine) Unpark(ctx context.Context, ids []int64) (int, error) {
 // in_flight, reused, failed, …), whether or not Config.Registerer exports
 // them. A console samples it to chart the requests of the last minutes.
 func (e *Engine) RequestCounts() map[string]float64 {
+	if e.made() != nil {
+		return nil
+	}
 	ch := make(chan prometheus.Metric, 16)
 	go func() {
 		e.metrics.requests.Collect(ch)

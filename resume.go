@@ -20,6 +20,9 @@ import (
 // retry (I12). Every process that serves the handler registers it under
 // the same name.
 func (e *Engine) Register(name string, fn Func) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	if name == "" || fn == nil {
 		return errors.New("onceonly: register: a name and a Func are required")
 	}
@@ -37,6 +40,9 @@ func (e *Engine) Register(name string, fn Func) error {
 // runs it, later calls get its stored Result with Replayed set. Errors as
 // for Do.
 func (e *Engine) Run(ctx context.Context, name, scope, key string, request []byte) (Outcome, error) {
+	if err := e.made(); err != nil {
+		return Outcome{}, err
+	}
 	fn, ok := e.registered(name)
 	if !ok {
 		return Outcome{}, fmt.Errorf("onceonly: run: no handler registered as %q", name)
@@ -59,6 +65,9 @@ const resumeBatch = 16
 // in every process that registers handlers; any number may run at once.
 // It returns nil when ctx ends.
 func (e *Engine) Resume(ctx context.Context) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	return startstop.Run(ctx, &resumer{e: e})
 }
 
@@ -100,6 +109,9 @@ func (r *resumer) loop(ctx context.Context) {
 // ResumeOnce takes over the executions due for a resumption now (up to a
 // batch) and finishes them; it returns how many it took.
 func (e *Engine) ResumeOnce(ctx context.Context) (int, error) {
+	if err := e.made(); err != nil {
+		return 0, err
+	}
 	e.mu.Lock()
 	names := make([]string, 0, len(e.funcs))
 	for name := range e.funcs {

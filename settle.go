@@ -2,9 +2,9 @@ package onceonly
 
 // Settling a message: what a consumer of an at-least-once broker does with
 // a delivery once Do, Run or DoTx answered it. Every broker package
-// (onceriver, onceamqp, oncenats, oncewatermill) maps a Settlement onto its
-// broker's own verbs, so the mapping from outcome to ack, delayed
-// redelivery or dead letter is written once, here.
+// (onceriver, onceamqp, oncenats, oncekafka, oncewatermill) maps a
+// Settlement onto its broker's own verbs, so the mapping from outcome to
+// ack, delayed redelivery or dead letter is written once, here.
 
 import (
 	"errors"
@@ -127,7 +127,10 @@ func Settle(out Outcome, err error) Settlement {
 //     (ReasonFailed) once MaxFailures executions of the key failed; a count
 //     of 0 (not known) always retries;
 //   - anything else (ErrUnavailable, ErrLeaseLost, a canceled context):
-//     Retry after MinBackoff, counted as no failure.
+//     Retry after MinBackoff, counted as no failure. That includes
+//     ErrSchemaBehind and ErrNotMade, which no message is to blame for and
+//     none can get past: the broker packages stop on them (a consumer of
+//     your own should too) rather than redeliver every message.
 func (p SettlePolicy) Settle(out Outcome, err error) Settlement {
 	if err == nil {
 		return Settlement{Disposition: Ack, Outcome: out}

@@ -17,6 +17,9 @@ import (
 // commits together with the key's completion, or not at all. Errors as
 // for Do, and ErrNoSQLDB without Config.DB.
 func (e *Engine) DoSQL(ctx context.Context, scope, key string, payload []byte, fn SQLHandler) (Outcome, error) {
+	if err := e.canDo(fn == nil); err != nil {
+		return Outcome{}, err
+	}
 	if e.cfg.DB == nil {
 		return Outcome{}, ErrNoSQLDB
 	}

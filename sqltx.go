@@ -36,8 +36,15 @@ type SQLHandler func(ctx context.Context, tx *sql.Tx) (Result, error)
 // stdlib each is one round trip (prepared once per connection); lib/pq
 // sends a statement with arguments in two (prepare, then execute).
 func (e *Engine) DoSQLTx(ctx context.Context, tx *sql.Tx, scope, key string, payload []byte, fn SQLHandler) (Outcome, error) {
-	return e.inCallerTx(ctx, &sqlSavepoint{tx: tx}, scope, key, payload,
+	if err := e.canDo(fn == nil); err != nil {
+		return Outcome{}, err
+	}
+	if tx == nil {
+		return Outcome{}, errNoTx
+	}
+	out, err := e.inCallerTx(ctx, &sqlSavepoint{tx: tx}, scope, key, payload,
 		func(ctx context.Context, _ *Execution) (Result, error) { return fn(ctx, tx) })
+	return out, schemaError(err)
 }
 
 // sqlSavepoint is a savepoint of a database/sql transaction (DoSQLTx).

@@ -4,10 +4,13 @@
 // One logical operation is one Do call: it sends the request with one
 // Idempotency-Key, and retries with the same key and the same bytes on
 // network errors, 409 (the key is busy), 429 and 5xx, with jittered
-// exponential backoff that honors Retry-After, until an answer that is final,
-// the attempt limit, or the context's deadline. It never retries other 4xx
+// exponential backoff that honors Retry-After, until an answer that is
+// final, the attempt limit, MaxElapsed (45 s by default: longer than the
+// engine's default lease, 30 s, after which a key whose holder died is
+// free again) or the context's deadline. It never retries other 4xx
 // answers, and it refuses to send a key it used before with a different
-// payload.
+// payload. Do never returns a nil error with an answer that is not final:
+// when it gives up on one, its error is a *NotFinalError carrying it.
 package client
 
 import (
@@ -19,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -38,13 +42,39 @@ const (
 // payload (method, URL path and query, or body).
 var ErrKeyReused = errors.New("client: idempotency key already used with a different payload")
 
+// DefaultMaxElapsed is Client.MaxElapsed when unset: longer than the
+// engine's default lease (onceonly.DefaultLeaseTimeout, 30 s), so that a
+// retry outlasts a holder that died with the key, whose lease frees it.
+const DefaultMaxElapsed = 45 * time.Second
+
+// NotFinalError is Do's error when attempts or time ran out while the
+// answer was still retryable (409, 429, 5xx): the operation's outcome is
+// not known. Retry it later with the same Request (the same key), which
+// answers it. Response is that last answer, also Do's first result.
+type NotFinalError struct {
+	Method, URL, Key string
+	Response         *Response
+}
+
+// Error names the operation and its last answer.
+func (e *NotFinalError) Error() string {
+	return fmt.Sprintf("client: %s %s (key %s): no final answer after %d attempt(s): last %d %s; retry with the same key",
+		e.Method, e.URL, e.Key, e.Response.Attempts, e.Response.StatusCode, http.StatusText(e.Response.StatusCode))
+}
+
 // Client sends idempotent requests with retries. The zero value is usable.
 type Client struct {
 	// HTTP is the underlying client (http.DefaultClient when nil). Give it
 	// a timeout: a hung attempt is retried only after it.
 	HTTP *http.Client
-	// MaxAttempts bounds the attempts per operation (default 8).
+	// MaxAttempts bounds the attempts per operation (default: no bound
+	// but MaxElapsed).
 	MaxAttempts int
+	// MaxElapsed bounds the time an operation retries, from its first
+	// attempt (default DefaultMaxElapsed); the context's deadline, when
+	// earlier, bounds it too. A retry that could not start before it ends
+	// is not sent.
+	MaxElapsed time.Duration
 	// MinDelay and MaxDelay bound the backoff between attempts (defaults
 	// 100ms and 5s). A Retry-After larger than MaxDelay is still honored
 	// as long as the deadline allows.
@@ -88,9 +118,11 @@ func NewKey() string {
 }
 
 // Do runs the operation: it sends req and retries it while the answer is
-// retryable. It returns the last response when attempts or time run out on
-// a retryable status, and an error only when no response came at all (or
-// for ErrKeyReused).
+// retryable. A final answer (any status but 409, 429 and 5xx) comes with a
+// nil error. When attempts or time run out on a retryable status, it
+// returns the last response and a *NotFinalError carrying it; when no
+// response came at all, the last error (nil response, unless an earlier
+// attempt had one); ErrKeyReused for a key used with another payload.
 func (c *Client) Do(ctx context.Context, req Request) (*Response, error) {
 	if req.Key == "" {
 		req.Key = NewKey()
@@ -101,8 +133,9 @@ func (c *Client) Do(ctx context.Context, req Request) (*Response, error) {
 	retry := backoff.Backoff{Min: orDefault(c.MinDelay, 100*time.Millisecond), Max: orDefault(c.MaxDelay, 5*time.Second)}
 	maxAttempts := c.MaxAttempts
 	if maxAttempts <= 0 {
-		maxAttempts = 8
+		maxAttempts = math.MaxInt
 	}
+	giveUp := time.Now().Add(orDefault(c.MaxElapsed, DefaultMaxElapsed))
 	var last *Response
 	var lastErr error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
@@ -131,6 +164,9 @@ func (c *Client) Do(ctx context.Context, req Request) (*Response, error) {
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < delay {
 			break // the next attempt could not finish in time
 		}
+		if time.Until(giveUp) < delay {
+			break // MaxElapsed
+		}
 		if backoff.Sleep(ctx, delay) != nil {
 			break
 		}
@@ -141,7 +177,8 @@ func (c *Client) Do(ctx context.Context, req Request) (*Response, error) {
 		}
 		return last, fmt.Errorf("client: %s %s (key %s): %w", req.Method, req.URL, req.Key, lastErr)
 	}
-	return last, nil
+	// Only a retryable answer gets here: a final one returned above.
+	return last, &NotFinalError{Method: req.Method, URL: req.URL, Key: req.Key, Response: last}
 }
 
 // Retryable reports whether a status may change on retry with the same key:

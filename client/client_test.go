@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -178,7 +179,9 @@ func TestRetriesGatewayErrorsUpToTheLimit(t *testing.T) {
 	c := fastClient()
 	c.MaxAttempts = 3
 	res, err := c.Do(oncetest.Context(t), payment(srv.URL, "tok_gatewayError"))
-	require.NoError(t, err)
+	notFinal, ok := errors.AsType[*client.NotFinalError](err)
+	require.True(t, ok, "a 502 is no final answer: %v", err)
+	require.Same(t, res, notFinal.Response)
 	require.Equal(t, http.StatusBadGateway, res.StatusCode)
 	require.Equal(t, 3, res.Attempts, "a 5xx answer is retried up to the limit")
 }
@@ -227,7 +230,8 @@ func TestStopsAtTheDeadline(t *testing.T) {
 	defer cancel()
 	began := time.Now()
 	res, err := fastClient().Do(ctx, payment(srv.URL, "tok_visa"))
-	require.NoError(t, err)
+	_, notFinal := errors.AsType[*client.NotFinalError](err)
+	require.True(t, notFinal, "%v", err)
 	require.Equal(t, http.StatusServiceUnavailable, res.StatusCode, "the last answer is returned")
 	require.Less(t, time.Since(began), 300*time.Millisecond, "no wait past the deadline")
 

@@ -193,3 +193,29 @@ func TestExecutorTx(t *testing.T) {
 	require.Equal(t, onceonly.Retry, s.Disposition)
 	require.ErrorContains(t, s.Err, "test: handler panicked: tx bug")
 }
+
+// Fatal picks out the errors no message can get past: a missing schema
+// (here, a database never migrated, New's check skipped) and an Engine
+// New did not make.
+func TestFatal(t *testing.T) {
+	t.Parallel()
+	ctx := oncetest.Context(t)
+	e, err := onceonly.New(onceonly.Config{
+		Pool: oncetest.Pool(t, oncetest.EmptyDatabaseURL(t)), Logger: oncetest.QuietLogger(),
+		Tuning: onceonly.Tuning{NoSchemaCheck: true},
+	})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	x, err := consume.New(config(e), "", consume.Work[*message]{Tx: func(context.Context, pgx.Tx, consume.Identity, *message) error { return nil }})
+	require.NoError(t, err)
+	s := x.Settle(ctx, &message{key: "k1", body: "a"})
+	require.ErrorIs(t, consume.Fatal(s), onceonly.ErrSchemaBehind)
+	require.Equal(t, onceonly.Retry, s.Disposition)
+
+	x, err = consume.New(config(&onceonly.Engine{}), "", consume.Work[*message]{Tx: func(context.Context, pgx.Tx, consume.Identity, *message) error { return nil }})
+	require.NoError(t, err)
+	require.ErrorIs(t, consume.Fatal(x.Settle(ctx, &message{key: "k1"})), onceonly.ErrNotMade)
+
+	require.NoError(t, consume.Fatal(onceonly.Settlement{Disposition: onceonly.Retry, Err: onceonly.ErrUnavailable}))
+	require.NoError(t, consume.Fatal(onceonly.Settlement{Disposition: onceonly.Ack}))
+}

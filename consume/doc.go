@@ -1,6 +1,6 @@
 // Package consume is the core every broker integration of onceonly shares
-// (onceamqp, oncenats, oncewatermill): running a delivered message once.
-// It identifies the message (scope, key, payload), executes it through the
+// (onceamqp, oncenats, oncekafka, oncewatermill): running a delivered
+// message once. It identifies the message (scope, key, payload), executes it through the
 // engine — Engine.Run with a registered handler, which may call systems
 // outside Postgres, or Engine.Do with a handler that writes in the key's
 // transaction — with panics recovered, and turns the engine's answer into

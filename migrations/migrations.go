@@ -1,12 +1,20 @@
 // Package migrations holds the goose SQL migrations of onceonly, embedded in
 // the binary, and runs them through a goose Provider that takes goose's
-// table lock (a leased row in goose_lock), so two migrators never race. A
-// table lock needs no session: it works through PgBouncer in transaction
-// mode, where a session advisory lock would stay on a pooled server
-// connection. A migrator that dies holding it blocks the next one until its
-// lease (30 s) runs out.
+// table lock (a leased row in onceonly_migrate_lock), so two migrators never
+// race. A table lock needs no session: it works through PgBouncer in
+// transaction mode, where a session advisory lock would stay on a pooled
+// server connection. A migrator that dies holding it blocks the next one
+// until its lease (30 s) runs out.
 //
-// The folder stays a plain goose folder: the goose CLI works on it as well.
+// The engine's versions are recorded in a goose version table of their own,
+// onceonly_db_version (VersionTable), not in goose's default
+// goose_db_version, which stays the application's: an application that runs
+// goose migrations of its own on the same database never sees the engine's
+// versions as its own, nor the other way round. Releases before this one
+// recorded them in goose_db_version; Up moves them (see Adopt).
+//
+// The folder stays a plain goose folder: the goose CLI works on it as well,
+// given the table (goose -table onceonly_db_version).
 package migrations
 
 import (
@@ -22,6 +30,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/onceonly/onceonly/internal/schemaver"
 )
 
 //go:embed *.sql
@@ -37,13 +47,29 @@ const (
 	lockRetries       = 480
 )
 
-// ErrSchemaBehind is returned by EnsureCurrent when migrations are pending.
-var ErrSchemaBehind = errors.New("database schema is behind: run `api migrate up`")
+// ErrSchemaBehind is returned by EnsureCurrent when migrations are pending
+// (or the engine's schema is missing). It is onceonly.ErrSchemaBehind,
+// which onceonly.New returns on such a database.
+var ErrSchemaBehind = schemaver.ErrBehind
+
+// The goose tables of the engine's migrations.
+const (
+	// VersionTable records the engine's applied migrations.
+	VersionTable = schemaver.VersionTable
+	// LockTable holds the table lock that serialises the engine's
+	// migrators.
+	LockTable = schemaver.LockTable
+	// lockID is the engine's migrators' row in LockTable, and the advisory
+	// lock Adopt takes: an arbitrary constant.
+	lockID int64 = 2341053453
+)
 
 // Migrator runs the embedded migrations against one database.
 type Migrator struct {
+	pool     *pgxpool.Pool
 	db       *sql.DB
 	provider *goose.Provider
+	engine   bool // the engine's own migrations (not WithFiles)
 }
 
 // Option configures a Migrator.
@@ -69,16 +95,18 @@ func WithFiles(files fs.FS, versionTable, lockTable string, lockID int64) Option
 // or of those WithFiles names. Close releases its connections (not the
 // pool).
 func NewMigrator(pool *pgxpool.Pool, opts ...Option) (*Migrator, error) {
-	o := options{files: files}
+	if pool == nil {
+		return nil, errors.New("migrations: the pool is nil")
+	}
+	o := options{files: files, versionTable: VersionTable, lockTable: LockTable, lockID: lockID}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	lockOpts := []lock.TableLockerOption{lock.WithTableLockTimeout(lockRetryInterval, lockRetries)}
-	gooseOpts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
-	if o.versionTable != "" {
-		lockOpts = append(lockOpts, lock.WithTableName(o.lockTable), lock.WithTableLockID(o.lockID))
-		gooseOpts = append(gooseOpts, goose.WithTableName(o.versionTable))
+	lockOpts := []lock.TableLockerOption{
+		lock.WithTableLockTimeout(lockRetryInterval, lockRetries),
+		lock.WithTableName(o.lockTable), lock.WithTableLockID(o.lockID),
 	}
+	gooseOpts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true), goose.WithTableName(o.versionTable)}
 	locker, err := lock.NewPostgresTableLocker(lockOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("create table locker: %w", err)
@@ -91,10 +119,12 @@ func NewMigrator(pool *pgxpool.Pool, opts ...Option) (*Migrator, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("create migration provider: %w", err)
 	}
-	return &Migrator{db: db, provider: provider}, nil
+	return &Migrator{pool: pool, db: db, provider: provider, engine: o.versionTable == VersionTable}, nil
 }
 
-// Provider returns the underlying goose provider (for status, down, and so on).
+// Provider returns the underlying goose provider (for status, down, and so
+// on). On a database an earlier release migrated, call Adopt first (Up
+// does), or it reads no version of the engine's as applied.
 func (m *Migrator) Provider() *goose.Provider { return m.provider }
 
 // Close releases the migrator's database handle.
@@ -105,8 +135,14 @@ func (m *Migrator) Close() error {
 	return nil
 }
 
-// Up applies every pending migration and returns how many ran.
+// Up applies every pending migration and returns how many ran. On a
+// database an earlier release migrated, the engine's Migrator first takes
+// over the versions it recorded in goose_db_version (Adopt), so they do not
+// run again.
 func (m *Migrator) Up(ctx context.Context) (int, error) {
+	if _, err := m.Adopt(ctx); err != nil {
+		return 0, err
+	}
 	results, err := m.provider.Up(ctx)
 	if err != nil {
 		return len(results), fmt.Errorf("migrate up: %w", err)
@@ -116,8 +152,15 @@ func (m *Migrator) Up(ctx context.Context) (int, error) {
 
 // EnsureCurrent returns ErrSchemaBehind (wrapped with the versions) when the
 // database lacks a migration this binary knows, so a daemon refuses to start
-// on an outdated schema.
+// on an outdated schema. Of the engine's migrations it reads VersionTable
+// once, as onceonly.New does, and writes nothing.
 func EnsureCurrent(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	if pool == nil {
+		return errors.New("migrations: the pool is nil")
+	}
+	if len(opts) == 0 {
+		return schemaver.Check(ctx, pool)
+	}
 	m, err := NewMigrator(pool, opts...)
 	if err != nil {
 		return err

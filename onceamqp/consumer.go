@@ -147,6 +147,9 @@ type Consumer struct {
 	metrics   *metrics
 	holds     *holds
 	connected atomic.Bool
+
+	mu    sync.Mutex
+	ended error // the Fatal error the consumer started last stopped on
 }
 
 // NewConsumer returns a consumer running fn, and registers fn with engine
@@ -246,9 +249,24 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[*amqp.Del
 }
 
 // Run consumes until ctx ends or Stop is called, reconnecting whenever the
-// broker is lost, and returns nil after a graceful stop (see Stop).
+// broker is lost, and returns nil after a graceful stop (see Stop). It
+// stops, and returns the error, when the engine cannot run any delivery:
+// its schema is missing or behind (onceonly.ErrSchemaBehind: run
+// migrations.Up), or it was not made by onceonly.New. The deliveries are
+// left to the broker, which requeues them; none is dead-lettered.
 func (c *Consumer) Run(ctx context.Context) error {
-	return startstop.Run(ctx, c)
+	if err := startstop.Run(ctx, c); err != nil {
+		return err
+	}
+	return c.Err()
+}
+
+// Err returns the error the consumer started last stopped on (see Run),
+// or nil.
+func (c *Consumer) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended
 }
 
 // Start starts consuming in the background, as Run does, and returns at
@@ -259,9 +277,18 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
+	c.mu.Lock()
+	c.ended = nil
+	c.mu.Unlock()
 	go func() {
 		defer stopped()
 		c.consume(ctx, started)
+		if err := consume.Cause(ctx); err != nil {
+			c.log.ErrorContext(ctx, "onceamqp: stopped: the engine cannot run any delivery", "err", err)
+			c.mu.Lock()
+			c.ended = err
+			c.mu.Unlock()
+		}
 	}()
 	return nil
 }

@@ -38,9 +38,17 @@ func HeaderKey(name string) func(d *amqp.Delivery) (string, error) {
 	}
 }
 
-// handle runs one delivery and settles it.
+// handle runs one delivery and settles it; on an error no delivery can
+// get past (consume.Fatal) it stops the consumer instead, and leaves the
+// delivery unsettled: the broker requeues it when the channel closes.
 func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) {
-	c.settle(ctx, &d, c.process(ctx, &d))
+	s := c.process(ctx, &d)
+	if err := consume.Fatal(s); err != nil {
+		c.metrics.deliveries.WithLabelValues(onceonly.Retry.String(), consume.ReasonStopped).Inc()
+		c.life.Fail(err)
+		return
+	}
+	c.settle(ctx, &d, s)
 }
 
 // process runs a delivery through the engine and returns its settlement.

@@ -261,7 +261,10 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[jetstream
 // connections (nats.go reconnects; the pull requests are sent again) and a
 // consumer that is gone for a while (it is looked up, or declared, again
 // with backoff). It returns an error when it cannot go on: the connection
-// was closed for good, or the consumer does not ack explicitly.
+// was closed for good, the consumer does not ack explicitly, or the engine
+// cannot run any message (its schema is missing or behind,
+// onceonly.ErrSchemaBehind: run migrations.Up; or it was not made by
+// onceonly.New), which hands the message back and dead-letters none.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := startstop.Run(ctx, c); err != nil {
 		return err
@@ -285,7 +288,11 @@ func (c *Consumer) Start(ctx context.Context) error {
 	go func() {
 		defer stopped()
 		started()
-		if err := c.loop(ctx); err != nil {
+		err := c.loop(ctx)
+		if fatal := consume.Cause(ctx); fatal != nil {
+			err = fatal
+		}
+		if err != nil {
 			c.log.ErrorContext(ctx, "oncenats: stopped consuming", "err", err)
 			c.mu.Lock()
 			c.ended = err

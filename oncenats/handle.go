@@ -36,6 +36,14 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, progress time.
 	keep := c.keepInProgress(ctx, msg, progress)
 	s := c.process(ctx, msg)
 	keep()
+	if err := consume.Fatal(s); err != nil {
+		// No message can get past it: the consumer stops, and hands the
+		// message back unsettled, for the consumer that runs once it is
+		// fixed.
+		c.life.Fail(err)
+		c.handBack(ctx, msg)
+		return
+	}
 	disposition, reason := c.settle(ctx, msg, s)
 	if c.opts.Settled != nil {
 		c.opts.Settled(msg, s)

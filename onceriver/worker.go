@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +15,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/consume"
 )
 
 // Keyed is implemented by job args that carry the idempotency key of the
@@ -75,6 +77,14 @@ type Options[T river.JobArgs] struct {
 	// the snooze of a job whose execution was handed off. The retries of
 	// failed executions are River's, on its RetryPolicy.
 	Policy onceonly.SettlePolicy
+	// Stop is called once, on a goroutine of its own, when the engine
+	// cannot run any job: its schema is missing or behind
+	// (onceonly.ErrSchemaBehind: run migrations.Up) or it was not made by
+	// onceonly.New (onceonly.ErrNotMade). Default: stop the River client
+	// the job runs in (Client.Stop), whose Stopped channel then closes.
+	// Either way the job is snoozed for Policy.MinBackoff, which uses up no
+	// attempt, and never cancelled, and the error is logged.
+	Stop func(err error)
 }
 
 // Worker is a river.Worker[T] that runs its handler once per logical
@@ -107,7 +117,10 @@ type Options[T river.JobArgs] struct {
 //     or scope is invalid: the job is cancelled (DeadLetter); retrying
 //     cannot help;
 //   - Postgres unreachable (onceonly.ErrUnavailable) or a lost lease: the
-//     error goes back to River, which retries.
+//     error goes back to River, which retries;
+//   - the engine cannot run any job (its schema is missing or behind,
+//     onceonly.ErrSchemaBehind): the job is snoozed and the River client
+//     stopped (Options.Stop).
 type Worker[T river.JobArgs] struct {
 	river.WorkerDefaults[T]
 
@@ -120,6 +133,8 @@ type Worker[T river.JobArgs] struct {
 	timeout   time.Duration
 	log       *slog.Logger
 	policy    onceonly.SettlePolicy
+	stop      func(err error) // Options.Stop; nil: stop the job's client
+	stopOnce  sync.Once
 }
 
 // NewWorker returns a worker running fn, and registers fn with engine under
@@ -182,7 +197,7 @@ func newWorker[T river.JobArgs](engine *onceonly.Engine, opts Options[T]) (*Work
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Worker[T]{engine: engine, scope: scope, key: key, timeout: opts.Timeout, log: log, policy: opts.Policy}, nil
+	return &Worker[T]{engine: engine, scope: scope, key: key, timeout: opts.Timeout, log: log, policy: opts.Policy, stop: opts.Stop}, nil
 }
 
 // kindOf returns the job kind of T.
@@ -218,7 +233,30 @@ func (w *Worker[T]) Work(ctx context.Context, job *river.Job[T]) error {
 	} else {
 		out, err = w.engine.Run(ctx, w.name, w.scope, key, payload)
 	}
+	if fatal := consume.Fatal(w.policy.Settle(out, err)); fatal != nil {
+		return w.halt(ctx, job.JobRow, fatal)
+	}
 	return w.verdict(job.JobRow, key, out, err)
+}
+
+// halt answers a job the engine cannot run, nor any other (see
+// consume.Fatal): it stops the River client (Options.Stop), once, and
+// snoozes the job, which uses up no attempt and is never cancelled.
+func (w *Worker[T]) halt(ctx context.Context, job *rivertype.JobRow, err error) error {
+	w.log.ErrorContext(ctx, "onceriver: the engine cannot run any job; stopping", "job_id", job.ID, "kind", job.Kind, "err", err)
+	stop := w.stop
+	if stop == nil {
+		client, cerr := river.ClientFromContextSafely[pgx.Tx](ctx)
+		if cerr != nil {
+			w.log.ErrorContext(ctx, "onceriver: no River client to stop", "err", cerr)
+		} else {
+			stop = func(error) { _ = client.Stop(context.WithoutCancel(ctx)) }
+		}
+	}
+	if stop != nil {
+		w.stopOnce.Do(func() { go stop(err) })
+	}
+	return river.JobSnooze(max(w.policy.Backoff(1), minSnooze)) //nolint:wrapcheck // River reads the snooze by its type
 }
 
 // execute is the registered onceonly.Func of a Handler: it decodes the

@@ -147,7 +147,7 @@ func EmptyDatabaseURL(tb testing.TB) string {
 // Redis: one each, flushed when the package's examples start, so an
 // example's keys never meet another package's or an earlier run's.
 var exampleRedisDB = map[string]int{
-	"onceonly": 1, "onceriver": 2, "onceamqp": 3, "oncenats": 4, "oncewatermill": 5, "sqlexample": 6, "quickstart": 7, "oncesqs": 8,
+	"onceonly": 1, "onceriver": 2, "onceamqp": 3, "oncenats": 4, "oncewatermill": 5, "sqlexample": 6, "quickstart": 7, "oncesqs": 8, "oncekafka": 9,
 }
 
 // TestingM is what TestMain runs: *testing.M, or a wrapper of it.
@@ -303,6 +303,7 @@ func MigrateUp(ctx context.Context, pool *pgxpool.Pool) error {
 func buildTemplate(admin string) (string, error) {
 	ctx := context.Background()
 	sum := sha256.New()
+	sum.Write([]byte(migrations.VersionTable)) // where the versions are recorded is part of the schema
 	for _, set := range migrationSets() {
 		files := set.files
 		err := fs.WalkDir(files, ".", func(path string, d fs.DirEntry, err error) error {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -65,6 +67,14 @@ type Options struct {
 	// returned as a DeadLetterError for the poison queue (DeadLetter). It
 	// runs on the handler's goroutine, so it must return quickly.
 	Settled func(msg *message.Message, s onceonly.Settlement)
+	// Stop, when set, is called once, on a goroutine of its own, when the
+	// engine cannot run any message: its schema is missing or behind
+	// (onceonly.ErrSchemaBehind: run migrations.Up) or it was not made by
+	// onceonly.New (onceonly.ErrNotMade). Stop the router there
+	// (func(error) { _ = router.Close() }). Either way such a message is
+	// nacked, never dead-lettered (after SettlePolicy.MinBackoff, or
+	// MaxBackoff without Stop), and the error is logged.
+	Stop func(err error)
 	// Logger receives the middleware's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Registerer receives the middleware's Prometheus metrics; nil keeps
@@ -142,6 +152,7 @@ type middleware struct {
 	// failures counts the failed executions the engine does not count
 	// (joined transactions): see settlementOf.
 	failures *failureCounts
+	stopOnce sync.Once // of Options.Stop
 }
 
 // wrap is the HandlerMiddleware.
@@ -160,7 +171,30 @@ func (m *middleware) handle(msg *message.Message, h message.HandlerFunc) ([]*mes
 	run := &execution{msg: msg, next: h}
 	out, err := m.execute(msg, id, run)
 	s := m.settlementOf(id, run, out, err)
+	if fatal := consume.Fatal(s); fatal != nil {
+		return m.stop(msg, id, s, fatal)
+	}
 	return m.settle(msg, id, s, run)
+}
+
+// stop answers a message the engine cannot run, nor any other (see
+// consume.Fatal): Options.Stop stops the router, and the message is nacked
+// (after SettlePolicy.MinBackoff when Stop is set, else after MaxBackoff),
+// never dead-lettered.
+func (m *middleware) stop(msg *message.Message, id consume.Identity, s onceonly.Settlement, err error) ([]*message.Message, error) {
+	m.metrics.messages.WithLabelValues(message.HandlerNameFromCtx(msg.Context()), s.Disposition.String(), consume.ReasonStopped).Inc()
+	m.log.Error("oncewatermill: the engine cannot run any message; nacking it", "message_uuid", msg.UUID, "scope", id.Scope, "key", id.Key, "error", err)
+	delay := m.opts.Policy.Backoff(math.MaxInt32)
+	if m.opts.Stop != nil {
+		m.stopOnce.Do(func() { go m.opts.Stop(err) })
+		delay = m.opts.Policy.Backoff(1) // not at once: some pub/subs deliver it again at once
+	}
+	wait(msg.Context(), delay)
+	msg.Nack()
+	if m.opts.Settled != nil {
+		m.opts.Settled(msg, s)
+	}
+	return nil, nil
 }
 
 // identify returns the scope, key and payload of msg; an error wraps

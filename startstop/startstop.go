@@ -110,6 +110,19 @@ func (b *Base) Started() <-chan struct{} {
 	return b.started
 }
 
+// Fail ends the running loop from inside it (a worker that met an error
+// no work can get past): it cancels the loop's context with err as its
+// cause, which the loop reads with context.Cause as it ends, and returns
+// at once. Without a running loop it does nothing.
+func (b *Base) Fail(err error) {
+	b.mu.Lock()
+	cancel, stopped := b.cancel, b.stopped
+	b.mu.Unlock()
+	if stopped != nil && !isClosed(stopped) {
+		cancel(err)
+	}
+}
+
 // Stopped returns a channel closed once the loop started last has returned;
 // a service never started, or stopped, is stopped already (the channel is
 // closed). Call it after Start.

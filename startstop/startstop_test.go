@@ -255,3 +255,18 @@ func TestConcurrent(t *testing.T) {
 	require.NotZero(t, l.runs.Load())
 	require.EqualValues(t, 1, l.most.Load(), "two loops ran at once")
 }
+
+// Fail ends the running loop with its error as the cause of the loop's
+// context; without a running loop it does nothing.
+func TestFail(t *testing.T) {
+	l := &loop{}
+	boom := errors.New("boom")
+	l.base.Fail(boom) // not started: nothing to end
+	require.NoError(t, l.Start(t.Context()))
+	<-l.Started()
+	stopped := l.Stopped()
+	l.base.Fail(boom)
+	<-stopped
+	require.ErrorIs(t, l.lastCause(), boom)
+	l.Stop()
+}

@@ -13,13 +13,19 @@ import (
 )
 
 // migrateVerbs are what `api migrate` takes.
-var migrateVerbs = verbs{"up", "down", "status", "version"}
+var migrateVerbs = verbs{"up", "down", "status", verbVersion}
+
+// verbVersion prints the engine's schema version alone, for scripts.
+const verbVersion = "version"
 
 // migrate runs `api migrate CMD` (one of migrateVerbs) on the database of
 // pgCfg, printing what it did on stdout. Two migration sets take part: the
-// engine's, and the demo's own (its payments table, recorded apart). up
-// runs the engine's, then the demo's; down rolls back the last of the
-// engine's; status lists both; version is the engine's.
+// engine's (recorded in onceonly_db_version), and the demo's own (its
+// payments table, recorded in payments_goose_db_version). up runs the
+// engine's, then the demo's; down rolls back the last of the engine's;
+// status lists both; version is the engine's. Every verb first takes over
+// the engine's versions an earlier release recorded in goose_db_version
+// (migrations.Migrator.Adopt).
 func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.Writer) error {
 	pool, err := pgxpool.NewWithConfig(ctx, pgCfg)
 	if err != nil {
@@ -36,6 +42,16 @@ func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.W
 		return fmt.Errorf("demo migrator: %w", err)
 	}
 	defer demo.Close()
+	// A database an earlier release migrated has the engine's versions in
+	// goose_db_version: take them over first, so that every verb sees them.
+	adopted, err := engine.Adopt(ctx)
+	if err != nil {
+		return err
+	}
+	if len(adopted.Versions) > 0 && cmd != verbVersion {
+		fmt.Fprintf(stdout, "took over versions %d-%d of the engine from goose_db_version into %s%s\n",
+			adopted.Versions[0], adopted.Versions[len(adopted.Versions)-1], migrations.VersionTable, leftOrRemoved(adopted.Removed))
+	}
 	p := engine.Provider()
 	switch cmd {
 	case "up":
@@ -76,7 +92,7 @@ func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.W
 				fmt.Fprintf(stdout, "%-8s %-7s %-40s %s\n", st.State, set.name, st.Source.Path, applied)
 			}
 		}
-	case "version":
+	case verbVersion:
 		v, err := p.GetDBVersion(ctx)
 		if err != nil {
 			return fmt.Errorf("read version: %w", err)
@@ -84,4 +100,13 @@ func migrate(ctx context.Context, pgCfg *pgxpool.Config, cmd string, stdout io.W
 		fmt.Fprintln(stdout, v)
 	}
 	return nil
+}
+
+// leftOrRemoved says what became of the engine's versions in
+// goose_db_version after they were taken over.
+func leftOrRemoved(removed bool) string {
+	if removed {
+		return " (and removed them there)"
+	}
+	return " (goose_db_version holds other versions too, so it is left as it is: see docs/library.md)"
 }

@@ -22,10 +22,10 @@ const (
 	// schema is the Postgres schema that holds everything of the gateway's.
 	schema = "gateway"
 	// versionTable is goose's version table of the gateway's migrations,
-	// inside schema (the engine's own goose_db_version is left alone).
+	// inside schema (apart from the engine's onceonly_db_version).
 	versionTable = schema + ".goose_db_version"
 	// lockTable holds goose's table lock of the gateway's migrators, inside
-	// schema, apart from the engine's goose_lock.
+	// schema, apart from the engine's onceonly_migrate_lock.
 	lockTable = schema + ".goose_lock"
 	// migrateLockID is the lock the gateway's migrators share (its row in
 	// lockTable, and the advisory lock that guards creating schema):

@@ -25,7 +25,7 @@ func TestMigrate(t *testing.T) {
 		pool := oncetest.DB(t)
 		ctx := oncetest.Context(t)
 		engineVersion := func() (v int64) {
-			require.NoError(t, pool.QueryRow(ctx, `SELECT max(version_id) FROM public.goose_db_version`).Scan(&v))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT max(version_id) FROM public.onceonly_db_version`).Scan(&v))
 			return v
 		}
 		before := engineVersion()

@@ -100,11 +100,16 @@ func (t *tour) request(key string, b []byte) client.Request {
 		Header: http.Header{"Authorization": {"Bearer " + t.apiKey}}}
 }
 
-// once sends one attempt, no retry.
+// once sends one attempt, no retry, and returns its answer, final or
+// not (the client's *NotFinalError carries one that is not).
 func (t *tour) once(ctx context.Context, base, key string, b []byte) (*client.Response, error) {
 	req := t.request(key, b)
 	req.URL = base + "/v1/payments"
-	return (&client.Client{HTTP: t.http, MaxAttempts: 1}).Do(ctx, req)
+	res, err := (&client.Client{HTTP: t.http, MaxAttempts: 1}).Do(ctx, req)
+	if _, notFinal := errors.AsType[*client.NotFinalError](err); notFinal {
+		return res, nil
+	}
+	return res, err
 }
 
 func show(what string, r *client.Response) {
