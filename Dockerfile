@@ -3,17 +3,13 @@
 # the command per service. Non-root, no shell, static binaries.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
-# The workspace: the library's module, the broker packages' (the consumer
-# imports them) and the commands' (cmd/go.mod), whose dependencies are
-# downloaded before the sources come in.
-COPY go.mod go.sum ./
-COPY oncenats/go.mod oncenats/go.sum ./oncenats/
-COPY onceamqp/go.mod onceamqp/go.sum ./onceamqp/
-COPY demo/go.mod demo/go.sum ./demo/
-COPY cmd/go.mod cmd/go.sum ./cmd/
-RUN cd cmd && GOWORK=off go mod download
+# The whole workspace: the commands build in workspace mode, where go.work
+# maps the version the modules require one another at to their directories,
+# published or not (docs/development.md). The module and build caches
+# persist between builds.
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/relay ./cmd/reconciler ./cmd/gateway ./cmd/consumer
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+	CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/api ./cmd/relay ./cmd/reconciler ./cmd/gateway ./cmd/consumer
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/

@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test test-citus lint run stop services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale bench-citus docs tour chaos chaos-history console-screenshots
+.PHONY: test test-citus lint tidy publish-check release run stop services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale bench-citus docs tour chaos chaos-history console-screenshots
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -10,6 +10,20 @@ test:
 # gofmt. Not part of `make test`; CI runs both.
 lint:
 	scripts/lint.sh
+
+# go mod tidy in every module, against the tree published at the version
+# the modules require one another at (docs/development.md).
+tidy:
+	scripts/tidy.sh
+
+# The modules publish as tags would (scripts/test.sh runs it too).
+publish-check:
+	scripts/publish-check.sh
+
+# Every module at VERSION in lockstep: requirements, commit, tags
+# (docs/development.md, "Releasing"). Pushes nothing.
+release:
+	scripts/release.sh $(VERSION)
 
 # The Citus tests (citus/): `api migrate up` distributes the tables, the
 # tour, a short chaos run and relay/reconciler --once on the Citus cluster

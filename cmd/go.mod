@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/compose-spec/compose-go/v2 v2.9.1
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/onceonly/onceonly v0.0.0-00010101000000-000000000000
+	github.com/onceonly/onceonly v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/robfig/cron/v3 v3.0.1
@@ -48,9 +48,9 @@ require (
 	github.com/mfridman/interpolate v0.0.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nats.go v1.55.0
-	github.com/onceonly/onceonly/demo v0.0.0-00010101000000-000000000000
-	github.com/onceonly/onceonly/onceamqp v0.0.0-00010101000000-000000000000
-	github.com/onceonly/onceonly/oncenats v0.0.0-00010101000000-000000000000
+	github.com/onceonly/onceonly/demo v0.1.0
+	github.com/onceonly/onceonly/onceamqp v0.1.0
+	github.com/onceonly/onceonly/oncenats v0.1.0
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/pressly/goose/v3 v3.28.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
@@ -76,11 +76,3 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/grpc v1.84.0 // indirect
 )
-
-replace github.com/onceonly/onceonly => ../
-
-replace github.com/onceonly/onceonly/oncenats => ../oncenats
-
-replace github.com/onceonly/onceonly/onceamqp => ../onceamqp
-
-replace github.com/onceonly/onceonly/demo => ../demo

@@ -2,11 +2,9 @@ module github.com/onceonly/onceonly/oncekafka
 
 go 1.26.8
 
-replace github.com/onceonly/onceonly => ../
-
 require (
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/onceonly/onceonly v0.0.0-00010101000000-000000000000
+	github.com/onceonly/onceonly v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1

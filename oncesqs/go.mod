@@ -2,14 +2,12 @@ module github.com/onceonly/onceonly/oncesqs
 
 go 1.26.8
 
-replace github.com/onceonly/onceonly => ../
-
 require (
 	github.com/Admiral-Piett/goaws v0.4.5
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/jackc/pgx/v5 v5.13.0
-	github.com/onceonly/onceonly v0.0.0-00010101000000-000000000000
+	github.com/onceonly/onceonly v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sirupsen/logrus v1.9.0

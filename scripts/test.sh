@@ -83,6 +83,7 @@ scripts/services.sh tools
 mapfile -t packages < <(scripts/modules.sh | grep -vx './citus/...')
 go test -race -count=1 -timeout 15m "$@" "${packages[@]}"
 if [ $# -eq 0 ]; then
+	scripts/publish-check.sh # the modules publish as tags would: GOWORK=off builds, go get each, go install (docs/development.md)
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
 	BENCH_EVENTS=2000 BENCH_RATE=200 BENCH_SECONDS=1 go test -run '^$' -bench . -benchtime 1x ./relay
 	# The side-by-side benchmark, one second per variant: ratios printed, no
