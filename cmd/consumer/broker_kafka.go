@@ -28,8 +28,12 @@ const (
 // kafkaBrokers returns the seed brokers of kafka://host:port[,host:port…].
 func kafkaBrokers(raw string) ([]string, error) {
 	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return nil, errors.New("bad configuration: BROKER_URL: say kafka://host:port[,host:port…]")
+	if err != nil {
+		return nil, errors.New("bad configuration: BROKER_URL is not a URL")
+	}
+	if u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		// No SASL nor TLS in the demo: a URL that asks for them is refused.
+		return nil, fmt.Errorf("bad configuration: BROKER_URL=%q: say kafka://host:port[,host:port…]", u.Redacted())
 	}
 	return strings.Split(u.Host, ","), nil
 }
