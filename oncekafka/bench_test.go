@@ -84,7 +84,7 @@ func (b *testBundle) drainBare(tb testing.TB, workers int) {
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
 	cl, err := kgo.NewClient(append(b.options().ClientOptions,
-		kgo.SeedBrokers(b.broker.addr), kgo.ConsumerGroup(b.group), kgo.ConsumeTopics(b.topic),
+		kgo.SeedBrokers(b.broker.Addr), kgo.ConsumerGroup(b.group), kgo.ConsumeTopics(b.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit())...)
 	if err != nil {
 		tb.Fatal(err)

@@ -258,8 +258,11 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[*kgo.Reco
 
 // Run consumes until ctx ends or Stop is called and returns nil after a
 // graceful stop (see Stop). kgo reconnects to the brokers and rejoins the
-// group by itself; Run returns an error only when the client cannot be
-// created.
+// group by itself; Run returns an error when the client cannot be
+// created, and stops by itself with an error no record can get past
+// (onceonly.ErrSchemaBehind, onceonly.ErrNotMade: see consume.Fatal),
+// leaving that record uncommitted, for the member that runs once it is
+// fixed.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := startstop.Run(ctx, c); err != nil {
 		return err
@@ -283,7 +286,11 @@ func (c *Consumer) Start(ctx context.Context) error {
 	go func() {
 		defer stopped()
 		started()
-		if err := c.consume(ctx); err != nil {
+		err := c.consume(ctx)
+		if fatal := consume.Cause(ctx); fatal != nil {
+			err = fatal
+		}
+		if err != nil {
 			c.log.ErrorContext(ctx, "oncekafka: stopped consuming", "err", err)
 			c.mu.Lock()
 			c.ended = err

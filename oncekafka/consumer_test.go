@@ -350,8 +350,8 @@ func TestBrokerRestart(t *testing.T) {
 	}
 	b.awaitSettled(t, 15*time.Second)
 
-	br.stop()
-	require.NoError(t, br.start())
+	br.Stop()
+	require.NoError(t, br.Start())
 	for i := range 20 {
 		b.produce(t, int32(i%partitions), fmt.Sprint("order-", 10+i), `{}`)
 		b.produce(t, int32((i+1)%partitions), fmt.Sprint("order-", i%10), `{}`) // old copies
@@ -359,8 +359,8 @@ func TestBrokerRestart(t *testing.T) {
 	oncetest.Eventually(t, 15*time.Second, "the second batch under way", func() bool {
 		return b.count(t, "ack", "executed") >= 15
 	})
-	br.stop() // while records run
-	require.NoError(t, br.start())
+	br.Stop() // while records run
+	require.NoError(t, br.Start())
 	b.awaitSettled(t, 30*time.Second)
 	var n, total int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(DISTINCT key), count(*) FROM effects`).Scan(&n, &total))
@@ -448,7 +448,7 @@ func TestStopWithoutBroker(t *testing.T) {
 	b.produce(t, 0, "order-1", `{}`)
 	b.awaitSettled(t, 15*time.Second)
 
-	br.stop()
+	br.Stop()
 	begin := time.Now()
 	stop()
 	require.Less(t, time.Since(begin), 6*time.Second, "ShutdownTimeout and two RequestTimeouts, and some slack")

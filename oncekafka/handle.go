@@ -26,13 +26,21 @@ func HeaderKey(name string) func(rec *kgo.Record) (string, error) {
 	}
 }
 
-// handle runs one record and settles it.
+// handle runs one record and settles it; on an error no record can get
+// past (consume.Fatal) it stops the consumer instead, and leaves the record
+// unsettled: no offset is committed over it, and it runs again in the
+// group's next member (or this one, restarted once the cause is fixed).
 func (c *Consumer) handle(ctx context.Context, s *session, it *item) {
 	start := time.Now()
 	c.metrics.inFlight.Inc()
 	defer c.metrics.inFlight.Dec()
 
 	st := c.exec.Settle(ctx, it.rec)
+	if err := consume.Fatal(st); err != nil {
+		c.metrics.records.WithLabelValues(onceonly.Retry.String(), consume.ReasonStopped).Inc()
+		c.life.Fail(err)
+		return
+	}
 	var disposition, reason string
 	switch st.Disposition {
 	case onceonly.Ack:

@@ -1,15 +1,10 @@
 package oncekafka_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +17,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/oncekafka"
+	"github.com/onceonly/onceonly/oncekafka/kafkatest"
 	"github.com/onceonly/onceonly/oncetest"
 )
 
@@ -48,85 +44,31 @@ func (e kafkaEnv) Run() int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	kfakeBin = filepath.Join(dir, "kfakeserver")
-	build := exec.CommandContext(context.Background(), "go", "build", "-o", kfakeBin, "./internal/kfakeserver")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build kfakeserver:", err)
-		return 1
-	}
-	sharedBroker = &broker{}
-	if err := sharedBroker.start(); err != nil {
+	kfakeBin, err = kafkatest.Build(dir)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer sharedBroker.stop()
-	_ = os.Setenv("KAFKA_BROKERS", sharedBroker.addr)
+	sharedBroker = &broker{Bin: kfakeBin}
+	if err := sharedBroker.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer sharedBroker.Stop()
+	_ = os.Setenv("KAFKA_BROKERS", sharedBroker.Addr)
 	return e.m.Run()
 }
 
 // broker is a kfakeserver process.
-type broker struct {
-	dataDir string // "" in memory
-	port    string // after the first start, the same on restarts
-	addr    string
-	cmd     *exec.Cmd
-	exited  chan struct{}
-}
-
-func (b *broker) start() error {
-	port := b.port
-	if port == "" {
-		port = "0"
-	}
-	args := []string{"-port", port}
-	if b.dataDir != "" {
-		args = append(args, "-data-dir", b.dataDir)
-	}
-	cmd := exec.CommandContext(context.Background(), kfakeBin, args...) // stopped by stop()
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start kfakeserver: %w", err)
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return fmt.Errorf("kfakeserver did not start: %w", err)
-	}
-	b.addr = strings.TrimSpace(strings.TrimPrefix(line, "listening "))
-	b.port = b.addr[strings.LastIndexByte(b.addr, ':')+1:]
-	b.cmd, b.exited = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(b.exited) }()
-	return nil
-}
-
-// stop shuts the broker down cleanly and waits for it to exit.
-func (b *broker) stop() {
-	if b.cmd == nil {
-		return
-	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-b.exited:
-	case <-time.After(10 * time.Second):
-		_ = b.cmd.Process.Kill()
-		<-b.exited
-	}
-	b.cmd = nil
-}
+type broker = kafkatest.Broker
 
 // privateBroker starts a broker of the test's own, keeping its data in a
 // directory of the test's, stopped when the test ends.
 func privateBroker(t testing.TB) *broker {
 	t.Helper()
-	b := &broker{dataDir: t.TempDir()}
-	require.NoError(t, b.start())
-	t.Cleanup(b.stop)
+	b := &broker{Bin: kfakeBin, DataDir: t.TempDir()}
+	require.NoError(t, b.Start())
+	t.Cleanup(b.Stop)
 	return b
 }
 
@@ -178,7 +120,7 @@ func setup(t testing.TB, br *broker) *testBundle {
 
 	sfx := oncetest.RandomSuffix(10)
 	b.topic, b.dead, b.group = "t-"+sfx, "t-"+sfx+"-dead", "g-"+sfx
-	b.cl, err = kgo.NewClient(kgo.SeedBrokers(br.addr), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	b.cl, err = kgo.NewClient(kgo.SeedBrokers(br.Addr), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	require.NoError(t, err)
 	t.Cleanup(b.cl.Close)
 	b.adm = kadm.NewClient(b.cl)
@@ -192,7 +134,7 @@ func setup(t testing.TB, br *broker) *testBundle {
 // options returns consumer options on the bundle's topic and group.
 func (b *testBundle) options() oncekafka.Options {
 	return oncekafka.Options{
-		Brokers:         []string{b.broker.addr},
+		Brokers:         []string{b.broker.Addr},
 		Group:           b.group,
 		Topics:          []string{b.topic},
 		ClientOptions:   []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond), kgo.SessionTimeout(3 * time.Second), kgo.HeartbeatInterval(200 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond })},
@@ -329,7 +271,7 @@ func (b *testBundle) deadLetters(t testing.TB) []*kgo.Record {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.dlc == nil {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(b.broker.addr), kgo.ConsumeTopics(b.dead),
+		cl, err := kgo.NewClient(kgo.SeedBrokers(b.broker.Addr), kgo.ConsumeTopics(b.dead),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
 		require.NoError(t, err)
 		t.Cleanup(cl.Close)

@@ -190,6 +190,8 @@ type Consumer struct {
 	log       *slog.Logger
 	metrics   *metrics
 	receiving atomic.Bool
+	mu        sync.Mutex
+	ended     error // the Fatal error the consumer started last stopped on
 }
 
 // NewConsumer returns a consumer running fn, and registers fn with engine
@@ -288,8 +290,18 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[*types.Me
 // Run consumes until ctx ends or Stop is called and returns nil after a
 // graceful stop (see Stop). A failed receive (SQS unreachable, the queue
 // missing, credentials refused) is logged, counted and tried again with
-// backoff; Run does not end for it.
-func (c *Consumer) Run(ctx context.Context) error { return startstop.Run(ctx, c) }
+// backoff; Run does not end for it. Run stops by itself with an error no
+// message can get past (onceonly.ErrSchemaBehind, onceonly.ErrNotMade:
+// see consume.Fatal), making that message visible again, undeleted, for
+// the consumer that runs once it is fixed.
+func (c *Consumer) Run(ctx context.Context) error {
+	if err := startstop.Run(ctx, c); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended
+}
 
 // Start starts consuming in the background, as Run does, and returns at
 // once; consuming ends when ctx ends or at Stop. Starting a running
@@ -299,10 +311,20 @@ func (c *Consumer) Start(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
+	c.mu.Lock()
+	c.ended = nil
+	c.mu.Unlock()
 	go func() {
 		defer stopped()
 		started()
 		c.loop(ctx)
+		if fatal := consume.Cause(ctx); fatal != nil {
+			c.log.ErrorContext(ctx, "oncesqs: stopped consuming", "err", fatal)
+			c.mu.Lock()
+			c.ended = fatal
+			c.mu.Unlock()
+			return
+		}
 		c.log.InfoContext(ctx, "oncesqs: stopped consuming")
 	}()
 	return nil

@@ -20,7 +20,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/oncesqs"
-	"github.com/onceonly/onceonly/oncesqs/internal/sqstest"
+	"github.com/onceonly/onceonly/oncesqs/sqstest"
 	"github.com/onceonly/onceonly/oncetest"
 )
 

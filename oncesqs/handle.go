@@ -27,7 +27,9 @@ func AttributeKey(name string) func(msg *types.Message) (string, error) {
 }
 
 // handle runs one message and settles it, extending its visibility every
-// interval meanwhile.
+// interval meanwhile. On an error no message can get past (consume.Fatal)
+// it stops the consumer instead and makes the message visible again,
+// neither deleted nor dead-lettered.
 func (c *Consumer) handle(ctx context.Context, msg *types.Message, del *deleter, visibility, every time.Duration) {
 	start := time.Now()
 	c.metrics.inFlight.Inc()
@@ -36,6 +38,12 @@ func (c *Consumer) handle(ctx context.Context, msg *types.Message, del *deleter,
 	keep := c.heartbeat(ctx, msg, visibility, every)
 	s := c.exec.Settle(ctx, msg)
 	keep()
+	if err := consume.Fatal(s); err != nil {
+		c.life.Fail(err)
+		c.retry(ctx, msg, 0)
+		c.metrics.messages.WithLabelValues(onceonly.Retry.String(), consume.ReasonStopped).Inc()
+		return
+	}
 	disposition, reason := c.settle(ctx, msg, s, del)
 	if c.opts.Settled != nil {
 		c.opts.Settled(msg, s)

@@ -25,6 +25,8 @@ type brokerKind int
 const (
 	rabbitMQ brokerKind = iota + 1
 	natsJetStream
+	kafka
+	amazonSQS
 )
 
 // The demo's topology on RabbitMQ: durable quorum queue payments.charge,
@@ -63,8 +65,18 @@ func parseBrokerURL(raw string) (brokerKind, error) {
 			return 0, fmt.Errorf("bad configuration: BROKER_URL=%q has no host", u.Redacted())
 		}
 		return natsJetStream, nil
+	case "kafka":
+		if _, err := kafkaBrokers(raw); err != nil {
+			return 0, err
+		}
+		return kafka, nil
+	case "sqs":
+		if _, err := parseSQSURL(raw); err != nil {
+			return 0, err
+		}
+		return amazonSQS, nil
 	}
-	return 0, fmt.Errorf("bad configuration: BROKER_URL=%q: say amqp://user:pass@host:port/vhost (RabbitMQ) or nats://host:port (NATS JetStream)", u.Redacted())
+	return 0, fmt.Errorf("bad configuration: BROKER_URL=%q: say amqp://user:pass@host:port/vhost (RabbitMQ), nats://host:port (NATS JetStream), kafka://host:port[,host:port…] (Kafka) or sqs://host:port?region=R (SQS)", u.Redacted())
 }
 
 // consumer is a broker's consumer as the command runs it.

@@ -12,7 +12,13 @@
 // least once through exchange payments.dead into quorum queue
 // payments.charge.dead) or
 // nats://host:port (NATS JetStream, package oncenats: stream PAYMENTS on
-// payments.charge and payments.dead, durable pull consumer payments).
+// payments.charge and payments.dead, durable pull consumer payments),
+// kafka://host:port[,host:port…] (Kafka, package oncekafka: topic
+// payments.charge, dead letters on topic payments.charge.dead, group
+// payments) or sqs://host:port?region=R (SQS, package oncesqs: queue
+// payments-charge, dead letters sent to queue payments-charge-dead;
+// sqs://?region=R is AWS's endpoint, credentials from AWS_ACCESS_KEY_ID and
+// AWS_SECRET_ACCESS_KEY).
 // The consumer declares that topology at start and whenever it connects
 // again, and reconnects by itself.
 //
@@ -67,7 +73,7 @@ func define(s *config.Set) *settings {
 		Common:      daemon.DefineCommon(s, ":8084", "Redis URL, redis:// or rediss://; unset with no cluster or Sentinel URL: Postgres only"),
 		engine:      daemon.DefineEngine(s, "consumer"),
 		gateway:     paygateway.Define(s),
-		brokerURL:   s.String("broker-url", "BROKER_URL", "", "the broker (required): amqp://user:pass@host:port/vhost (RabbitMQ) or nats://host:port (NATS JetStream)"),
+		brokerURL:   s.String("broker-url", "BROKER_URL", "", "the broker (required): amqp://user:pass@host:port/vhost (RabbitMQ), nats://host:port (NATS JetStream), kafka://host:port (Kafka) or sqs://host:port?region=R (SQS)"),
 		maxFailures: s.Int("max-failures", "CONSUMER_MAX_FAILURES", onceonly.DefaultMaxFailures, "executions of a key that may end failed (tok_gatewayError) before its message is dead-lettered, reason failed"),
 		workers:     s.Int("workers", "CONSUMER_WORKERS", defaultWorkers, "messages handled at once"),
 		copies:      s.FlagSet().Int("copies", 1, "publish: how many times to publish the message"),

@@ -15,7 +15,9 @@ func TestBadConfiguration(t *testing.T) {
 	oncetest.RequireRejections(t, run, []oncetest.Rejection{
 		{Env: map[string]string{"DATABASE_URL": db}, Want: "BROKER_URL (or -broker-url) is required"},
 		{Env: map[string]string{"BROKER_URL": nats}, Want: "DATABASE_URL (or -database-url) is required"},
-		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": "kafka://b:9092"}, Want: "say amqp://user:pass@host:port/vhost (RabbitMQ) or nats://host:port"},
+		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": "mqtt://b:1883"}, Want: "say amqp://user:pass@host:port/vhost (RabbitMQ), nats://host:port"},
+		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": "kafka://"}, Want: "say kafka://host:port"},
+		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": "sqs://h:4566/queue"}, Want: "say sqs://host:port?region=R"},
 		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": "nats://"}, Want: "has no host"},
 		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": "amqp://u:p@h:notaport/"}, Want: "BROKER_URL"},
 		{Env: map[string]string{"DATABASE_URL": db, "BROKER_URL": nats, "CONSUMER_MAX_FAILURES": "0"}, Want: "CONSUMER_MAX_FAILURES"},

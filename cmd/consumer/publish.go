@@ -56,8 +56,13 @@ func runPublish(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	publish := publishAMQP
-	if kind == natsJetStream {
+	switch kind {
+	case natsJetStream:
 		publish = publishNATS
+	case kafka:
+		publish = publishKafka
+	case amazonSQS:
+		publish = publishSQS
 	}
 	if err := publish(ctx, *s.brokerURL, pos[0], []byte(pos[1]), *s.copies); err != nil {
 		return fail(stderr, "consumer publish", err, 1)

@@ -81,8 +81,13 @@ func serve(ctx context.Context, s *settings, kind brokerKind, setup daemon.Setup
 		log: log, registerer: reg,
 	}
 	newConsumer, brokerName := newAMQPConsumer, "rabbitmq"
-	if kind == natsJetStream {
+	switch kind {
+	case natsJetStream:
 		newConsumer, brokerName = newNATSConsumer, "nats"
+	case kafka:
+		newConsumer, brokerName = newKafkaConsumer, "kafka"
+	case amazonSQS:
+		newConsumer, brokerName = newSQSConsumer, "sqs"
 	}
 	cons, closeBroker, err := newConsumer(cc)
 	if err != nil {

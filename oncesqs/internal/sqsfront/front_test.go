@@ -13,7 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceonly/onceonly/oncesqs/internal/sqstest"
+	"github.com/onceonly/onceonly/oncesqs/sqstest"
 )
 
 var endpoint string

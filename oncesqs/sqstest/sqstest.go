@@ -1,6 +1,9 @@
-// Package sqstest runs goaws, an SQS emulator, as a process of its own
-// behind the JSON front of package sqsfront, for the tests of oncesqs:
-// an endpoint aws-sdk-go-v2's service/sqs talks to as it talks to SQS.
+// Package sqstest starts a stand-in SQS for tests: goaws, an SQS
+// emulator, as a process of its own behind a JSON front (aws-sdk-go-v2's
+// service/sqs speaks the JSON protocol, goaws the query one): an endpoint
+// service/sqs talks to as it talks to SQS. The tests of oncesqs and of the
+// demo consumer (cmd/consumer) use it; Start builds goaws with the go
+// command, from the module cache, so it is for tests, not production.
 package sqstest
 
 import (
