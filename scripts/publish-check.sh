@@ -6,10 +6,13 @@
 # modules require, or the next minor once that one is tagged) into a file
 # module proxy (scripts/lib/publish.sh: zipped as the Go proxy zips a tag),
 # and then, with GOWORK=off, against that proxy first:
-#   - every package of every module compiles in the copy rewritten to
-#     require that version, its go.mod and go.sum as committed
-#     (-mod=readonly): go build ./... without linking the commands
-#     (go list -export ./...; linking cmd/api below);
+#   - every package of every module, and its tests, loads in the copy
+#     rewritten to require that version, its go.mod and go.sum as committed
+#     (-mod=readonly): every import resolves to a published module and
+#     every embedded file is in its zip (go list -deps -test ./...); the
+#     library's module also compiles (go list -export ./...), and cmd/api
+#     links below. (The workspace build compiles everything anyway: what
+#     publishing can break is resolution, not Go.)
 #   - in an empty module, `go get` of each module alone works and every
 #     package of it loads;
 #   - `go install github.com/onceonly/onceonly/cmd/api@VERSION` works.
@@ -32,7 +35,11 @@ GOFLAGS="$GOFLAGS -trimpath"
 for m in "${modules[@]}"; do
 	dir=$src/${m#*$'\t'}
 	cat "$tmp/proxy/go.sum" >>"$dir/go.sum"
-	step "${m#*$'\t'}: go build ./... (GOWORK=off)" go -C "$dir" list -export ./...
+	if [ "${m#*$'\t'}" = . ]; then
+		step ".: go list -export ./... (GOWORK=off)" go -C "$dir" list -export ./...
+	else
+		step "${m#*$'\t'}: go list -deps -test ./... (GOWORK=off)" go -C "$dir" list -deps -test ./...
+	fi
 done
 
 # Every committed checksum, so that the empty modules ask the checksum
@@ -54,4 +61,4 @@ step "go version -m api" go version -m "$tmp/bin/api"
 grep -Eq "^\s+mod\s+github.com/onceonly/onceonly/cmd\s+$version\s" "$log" ||
 	{ echo "publish-check: go install $api@$version: the binary is not of cmd $version" >&2 && exit 1; }
 
-echo "publish-check: ${#modules[@]} modules published at $version build outside the workspace, go get alone, go install cmd/api ($((SECONDS - start))s)"
+echo "publish-check: ${#modules[@]} modules published at $version load outside the workspace, go get alone, go install cmd/api ($((SECONDS - start))s)"
