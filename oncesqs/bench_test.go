@@ -107,7 +107,8 @@ func (b *testBundle) drainBare(tb testing.TB, workers int) {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				out, err := b.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(b.queue),
-					MaxNumberOfMessages: int32(min(workers, 10)), WaitTimeSeconds: 1, MessageAttributeNames: []string{"All"}})
+					MaxNumberOfMessages: int32(min(workers, 10)), //nolint:gosec // at most 10
+					WaitTimeSeconds:     1, MessageAttributeNames: []string{"All"}})
 				if err != nil {
 					continue
 				}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -361,7 +362,7 @@ func (c *Consumer) loop(ctx context.Context) {
 	// intake, and only the shutdown bound cancels what is under way.
 	execCtx, cancelExecutions := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelExecutions()
-	del := newDeleter(c, max(1, (c.opts.Workers+maxBatch-1)/maxBatch))
+	del := newDeleter(execCtx, c, max(1, (c.opts.Workers+maxBatch-1)/maxBatch))
 	defer del.close()
 
 	var (
@@ -437,8 +438,8 @@ func (c *Consumer) receive(ctx context.Context, slots chan struct{}, run func(ms
 	wait := DefaultRetryMin
 	in := &sqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(c.opts.QueueURL),
-		WaitTimeSeconds:             int32(c.opts.WaitTime / time.Second),
-		VisibilityTimeout:           int32(c.opts.VisibilityTimeout / time.Second),
+		WaitTimeSeconds:             seconds32(c.opts.WaitTime),
+		VisibilityTimeout:           seconds32(c.opts.VisibilityTimeout),
 		MessageAttributeNames:       []string{"All"},
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
 	}
@@ -563,4 +564,11 @@ func isFIFO(url string) bool { return strings.HasSuffix(url, ".fifo") }
 // queueName is the last segment of a queue URL.
 func queueName(url string) string {
 	return url[strings.LastIndex(url, "/")+1:]
+}
+
+// seconds32 is d in whole seconds as SQS's int32 fields take them, clamped
+// to int32's range (SQS's own limits are far below it: 20 s of long poll,
+// 12 h of visibility).
+func seconds32(d time.Duration) int32 {
+	return int32(min(max(d/time.Second, 0), math.MaxInt32))
 }

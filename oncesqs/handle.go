@@ -3,6 +3,7 @@ package oncesqs
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"time"
 
@@ -168,9 +169,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg *types.Message, s onceonl
 		return nil
 	}
 	attrs := make(map[string]types.MessageAttributeValue, len(msg.MessageAttributes)+2)
-	for name, v := range msg.MessageAttributes {
-		attrs[name] = v
-	}
+	maps.Copy(attrs, msg.MessageAttributes)
 	if len(attrs) < maxAttributes {
 		attrs[AttributeReason] = stringAttribute(s.Reason)
 	}
@@ -228,10 +227,12 @@ type deleteReq struct {
 	result chan error
 }
 
-func newDeleter(c *Consumer, flushers int) *deleter {
+// newDeleter starts flushers whose calls run on ctx (the executions'
+// context: it ends at the shutdown bound), each bounded by CallTimeout.
+func newDeleter(ctx context.Context, c *Consumer, flushers int) *deleter {
 	d := &deleter{c: c, reqs: make(chan deleteReq), done: make(chan struct{}), n: flushers}
 	for range flushers {
-		go d.run()
+		go d.run(ctx)
 	}
 	return d
 }
@@ -239,7 +240,11 @@ func newDeleter(c *Consumer, flushers int) *deleter {
 // delete deletes msg and returns once SQS confirmed it (or failed).
 func (d *deleter) delete(ctx context.Context, msg *types.Message) error {
 	r := deleteReq{handle: msg.ReceiptHandle, result: make(chan error, 1)}
-	d.reqs <- r
+	select {
+	case d.reqs <- r:
+	case <-ctx.Done():
+		return fmt.Errorf("delete: %w", context.Cause(ctx))
+	}
 	return <-r.result
 }
 
@@ -251,7 +256,7 @@ func (d *deleter) close() {
 	}
 }
 
-func (d *deleter) run() {
+func (d *deleter) run(ctx context.Context) {
 	defer func() { d.done <- struct{}{} }()
 	for r := range d.reqs {
 		batch := []deleteReq{r}
@@ -267,16 +272,16 @@ func (d *deleter) run() {
 				break gather
 			}
 		}
-		d.flush(batch)
+		d.flush(ctx, batch)
 	}
 }
 
-func (d *deleter) flush(batch []deleteReq) {
+func (d *deleter) flush(ctx context.Context, batch []deleteReq) {
 	entries := make([]types.DeleteMessageBatchRequestEntry, len(batch))
 	for i, r := range batch {
 		entries[i] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: r.handle}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.c.opts.CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.c.opts.CallTimeout)
 	defer cancel()
 	out, err := d.c.opts.Client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(d.c.opts.QueueURL), Entries: entries})
 	d.c.metrics.deleteBatch.Observe(float64(len(batch)))

@@ -2,6 +2,7 @@ package oncesqs_test
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"os"
 	"strconv"
@@ -46,7 +47,9 @@ func (w withSQS) Run() int {
 	_ = os.Setenv("SQS_ENDPOINT", s.Endpoint)
 	code := w.m.Run()
 	s.Close()
-	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	if tr, ok := http.DefaultTransport.(*http.Transport); ok {
+		tr.CloseIdleConnections()
+	}
 	return code
 }
 
@@ -96,9 +99,7 @@ func setup(t testing.TB, opts setupOpts) *testBundle {
 		opts.visibility = 10
 	}
 	attrs := map[string]string{"VisibilityTimeout": strconv.Itoa(opts.visibility)}
-	for k, v := range opts.attributes {
-		attrs[k] = v
-	}
+	maps.Copy(attrs, opts.attributes)
 	b.queue, err = sqstest.CreateQueue(b.ctx, b.client, "q-"+sfx, attrs)
 	require.NoError(t, err)
 	return b
@@ -139,33 +140,30 @@ func (b *testBundle) settlements(d onceonly.Disposition) int {
 }
 
 // run creates a consumer running fn with opts and runs it until the test
-// ends (or stop is called); the test fails if Run returns an error.
-func (b *testBundle) run(t testing.TB, fn oncesqs.Handler, opts oncesqs.Options) (stop func()) {
+// ends; the test fails if Run returns an error.
+func (b *testBundle) run(t testing.TB, fn oncesqs.Handler, opts oncesqs.Options) {
 	t.Helper()
 	c, err := oncesqs.NewConsumer(b.engine, fn, opts)
 	require.NoError(t, err)
-	return b.runConsumer(t, c)
+	b.runConsumer(t, c)
 }
 
-func (b *testBundle) runConsumer(t testing.TB, c *oncesqs.Consumer) (stop func()) {
+// runConsumer runs c until the test ends; the test fails if Run returns an
+// error or does not return within 15 s of its context's end.
+func (b *testBundle) runConsumer(t testing.TB, c *oncesqs.Consumer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(15 * time.Second):
-				t.Error("Run did not return within 15s of its context's end")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(15 * time.Second):
+			t.Error("Run did not return within 15s of its context's end")
+		}
+	})
 }
 
 // publish sends body with the key in the Idempotency-Key attribute (none

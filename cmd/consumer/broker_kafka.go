@@ -77,7 +77,7 @@ func (k kafkaConsumer) Run(ctx context.Context) error {
 	}
 	cl.Close()
 	if ctx.Err() != nil {
-		return nil
+		return nil //nolint:nilerr // stopped while declaring the topics: a clean stop, not a failure
 	}
 	return k.Consumer.Run(ctx)
 }

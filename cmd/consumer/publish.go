@@ -63,6 +63,7 @@ func runPublish(args []string, stdout, stderr io.Writer) int {
 		publish = publishKafka
 	case amazonSQS:
 		publish = publishSQS
+	case rabbitMQ:
 	}
 	if err := publish(ctx, *s.brokerURL, pos[0], []byte(pos[1]), *s.copies); err != nil {
 		return fail(stderr, "consumer publish", err, 1)

@@ -88,6 +88,7 @@ func serve(ctx context.Context, s *settings, kind brokerKind, setup daemon.Setup
 		newConsumer, brokerName = newKafkaConsumer, "kafka"
 	case amazonSQS:
 		newConsumer, brokerName = newSQSConsumer, "sqs"
+	case rabbitMQ:
 	}
 	cons, closeBroker, err := newConsumer(cc)
 	if err != nil {

@@ -24,7 +24,7 @@ import (
 func (t *tour) messagePublishedTwice(ctx context.Context, consumerBin string) error {
 	t.title("a payment message published twice: the consumer pays once")
 	if _, err := os.Stat(consumerBin); err != nil {
-		fmt.Printf("   skipped: %s not found (make tour builds it)\n", consumerBin)
+		fmt.Printf("   skipped: %s not found (make tour builds it): %v\n", consumerBin, err)
 		return nil
 	}
 	if t.databaseURL == "" {

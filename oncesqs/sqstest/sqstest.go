@@ -49,7 +49,7 @@ func Start() (*Server, error) {
 	build := exec.Command("go", "build", "-o", bin, "github.com/onceonly/onceonly/oncesqs/internal/goawsd")
 	if out, err := build.CombinedOutput(); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("build goaws: %v\n%s", err, out)
+		return nil, fmt.Errorf("build goaws: %w\n%s", err, out)
 	}
 	s.cmd = exec.Command(bin, "-addr", "127.0.0.1:0")
 	stderr, err := s.cmd.StderrPipe()
