@@ -245,9 +245,12 @@ func (r *Relay) work(ctx context.Context) {
 		case <-r.wake:
 		}
 		for {
-			err := r.drain(ctx)
+			taken, err := r.drain(ctx)
 			if err == nil || ctx.Err() != nil {
-				if err == nil {
+				if err == nil && taken > 0 {
+					// Only a batch that delivered events ends an outage: an
+					// empty one (another worker holds the events) says
+					// nothing about Redis.
 					r.recovered()
 				}
 				retry.Reset()
@@ -304,15 +307,18 @@ func (r *Relay) recovered() {
 }
 
 // drain delivers batches while they come back full; each full one wakes
-// another worker to take the next batch while this one is applied.
-func (r *Relay) drain(ctx context.Context) error {
+// another worker to take the next batch while this one is applied. It
+// returns how many events its batches took.
+func (r *Relay) drain(ctx context.Context) (int, error) {
+	taken := 0
 	for ctx.Err() == nil {
 		b, err := r.deliverBatch(ctx, r.poke)
+		taken += b.taken
 		if err != nil || b.taken < r.cfg.BatchSize {
-			return err
+			return taken, err
 		}
 	}
-	return nil
+	return taken, nil
 }
 
 // Drain delivers batches until none is pending, with up to InFlight under
