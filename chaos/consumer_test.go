@@ -358,9 +358,11 @@ func (r *ccRun) publishAll(ctx context.Context, plan []*ccMessage, duration time
 	wg.Wait()
 }
 
-// injectFaults kills a random consumer (SIGKILL, back 200 ms later) twice,
-// then flushes Redis, and again, every 0.8–2 s until ctx ends, and restarts
-// the broker once, near the middle.
+// injectFaults kills a random consumer (SIGKILL, back 200 ms later), then
+// flushes Redis, then kills one again, and again, every 0.8–2 s until ctx
+// ends, and restarts the broker once, near the middle: a kill and a flush
+// come first, so that a short run has each fault whatever the restart
+// takes.
 func (r *ccRun) injectFaults(ctx context.Context, duration time.Duration) {
 	restartAt := time.Now().Add(duration * 2 / 5)
 	restarted, n := false, 0
@@ -379,7 +381,7 @@ func (r *ccRun) injectFaults(ctx context.Context, duration time.Duration) {
 			continue
 		}
 		n++
-		if n%3 != 0 { // two kills, then a flush
+		if n%3 != 2 { // a kill, a flush, a kill, …: one of each comes before the broker restart
 			c := r.consumers[rand.IntN(len(r.consumers))]
 			c.kill()
 			time.Sleep(200 * time.Millisecond) // the time the process stays down
