@@ -2,6 +2,7 @@ package oncekafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceonly/onceonly"
@@ -99,6 +101,9 @@ func Example() {
 			panic(err)
 		}
 		committed, err := adm.FetchOffsets(ctx, "orders")
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			continue // the group has not joined yet
+		}
 		if err != nil {
 			panic(err)
 		}
