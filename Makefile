@@ -37,6 +37,9 @@ test-citus:
 # on :8080, the relay, the reconciler, the gateway and the demo's message
 # consumer (:8084) on NATS JetStream; `make run BROKER=rabbitmq` runs the
 # consumer on RabbitMQ instead. The broker is installed and started as needed.
+# BROKER=kafka and BROKER=sqs run it on stand-ins built from this workspace
+# (franz-go's kfake on :9092, goaws behind a JSON front on :9324), not on
+# Kafka or SQS themselves (docs/running.md).
 BROKER ?= nats
 run:
 	BROKER=$(BROKER) scripts/run.sh
@@ -116,7 +119,7 @@ tour:
 	mkdir -p bin && go build -o bin/ ./cmd/api ./cmd/gateway ./cmd/consumer ./demo/tour
 	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:$${PG_PORT:-5432}/onceonly?sslmode=disable}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:$${REDIS_PORT:-6379}/0}" \
-	BROKER_URL="$${BROKER_URL:-$$(if [ "$(BROKER)" = rabbitmq ]; then echo amqp://guest:guest@127.0.0.1:$${AMQP_PORT:-5672}/; else echo nats://127.0.0.1:$${NATS_PORT:-4222}; fi)}" \
+	BROKER_URL="$${BROKER_URL:-$$(case "$(BROKER)" in rabbitmq) echo amqp://guest:guest@127.0.0.1:$${AMQP_PORT:-5672}/ ;; kafka) echo kafka://127.0.0.1:$${KAFKA_PORT:-9092} ;; sqs) echo sqs://127.0.0.1:$${SQS_PORT:-9324} ;; *) echo nats://127.0.0.1:$${NATS_PORT:-4222} ;; esac)}" \
 	TOUR_CONSUMER="$${TOUR_CONSUMER:-http://localhost$${CONSUMER_HTTP_ADDR:-:8084}}" \
 	TOUR_API="$${TOUR_API:-http://localhost$${HTTP_ADDR:-:8080}}" \
 	TOUR_GATEWAY_URL="$${TOUR_GATEWAY_URL:-http://127.0.0.1:$$(gw=$${GATEWAY_HTTP_ADDR:-:8083}; echo $${gw##*:})}" bin/tour

@@ -9,25 +9,32 @@
 # The consumer reads payment messages from NATS JetStream (nats-server,
 # the Debian package, installed when missing and started under .data/dev) or,
 # with BROKER=rabbitmq, from RabbitMQ (rabbitmq-server, likewise). With
-# BROKER_URL set, it consumes there and starts no broker.
+# BROKER=kafka or BROKER=sqs it reads them from a stand-in broker built from
+# this workspace and started under .data/dev: franz-go's kfake for Kafka,
+# goaws behind a JSON front for SQS (neither is the real service:
+# docs/running.md says what they leave untested). With BROKER_URL set, it
+# consumes there and starts no broker. RUN_DATA (.data/dev) moves the
+# servers' and the brokers' data elsewhere.
 #
 # With DATABASE_URL and REDIS_URL (or REDIS_CLUSTER_URL) set, it uses those
 # servers and starts none. REDIS_CLUSTER=1 runs everything on a local
 # three-master Redis Cluster (REDIS_CLUSTER_PORT, 7000-7002) instead of the
 # single Redis.
 # Ports: PG_PORT (5432), REDIS_PORT (6379), NATS_PORT (4222), AMQP_PORT
-# (5672; RabbitMQ's Erlang ports are the next seven), HTTP_ADDR (:8080),
+# (5672; RabbitMQ's Erlang ports are the next seven), KAFKA_PORT (9092),
+# SQS_PORT (9324; goaws itself takes a free port behind it), HTTP_ADDR (:8080),
 # RELAY_HTTP_ADDR (:8081), RECONCILER_HTTP_ADDR (:8082),
 # GATEWAY_HTTP_ADDR (:8083), CONSUMER_HTTP_ADDR (:8084).
 #
 # scripts/run.sh stop (make stop), from another terminal, stops a run going:
 # it signals the run as Ctrl-C does and waits for it; after a run that was
 # killed outright, it ends the daemons and the servers that run left. The
-# run's pids are kept in RUN_STATE (.data/dev/run).
+# run's pids are kept in RUN_STATE ($RUN_DATA/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-state=${RUN_STATE:-.data/dev/run}
+data=${RUN_DATA:-.data/dev}
+state=${RUN_STATE:-$data/run}
 
 # alive PID: PID is a process still running.
 alive() { kill -0 "$1" 2>/dev/null; }
@@ -40,6 +47,8 @@ stop_run() {
 		return 0
 	fi
 	local pid
+	# The data directory of the run, whatever RUN_DATA says here.
+	data=$(cat "$state/data" 2>/dev/null || echo "$data")
 	pid=$(cat "$state/pid" 2>/dev/null || true)
 	if [ -n "$pid" ] && alive "$pid"; then
 		kill -TERM "$pid"
@@ -57,8 +66,8 @@ stop_run() {
 		alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
 	done
 	case "$(cat "$state/servers" 2>/dev/null || true)" in
-	all) scripts/services.sh stop .data/dev ;;
-	brokers) scripts/services.sh stop-brokers .data/dev ;;
+	all) scripts/services.sh stop "$data" ;;
+	brokers) scripts/services.sh stop-brokers "$data" ;;
 	esac
 	rm -rf "$state"
 	echo "run: stopped what a run left" >&2
@@ -76,13 +85,14 @@ fi
 rm -rf "$state"
 mkdir -p "$state"
 echo $$ >"$state/pid"
+echo "$data" >"$state/data"
 
 started=
 if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}${REDIS_CLUSTER_URL:-}" ]; then
 	pg_port=${PG_PORT:-5432}
 	redis_port=${REDIS_PORT:-6379}
 	echo all >"$state/servers"
-	scripts/services.sh start .data/dev "$pg_port" "$redis_port"
+	scripts/services.sh start "$data" "$pg_port" "$redis_port"
 	started=1
 	psql -h 127.0.0.1 -p "$pg_port" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'onceonly'" | grep -q 1 ||
 		psql -h 127.0.0.1 -p "$pg_port" -U postgres -qc "CREATE DATABASE onceonly"
@@ -90,7 +100,7 @@ if [ -z "${DATABASE_URL:-}" ] || [ -z "${REDIS_URL:-}${REDIS_CLUSTER_URL:-}" ]; 
 	export REDIS_URL="redis://127.0.0.1:$redis_port/0"
 	if [ -n "${REDIS_CLUSTER:-}" ]; then
 		p=${REDIS_CLUSTER_PORT:-7000}
-		scripts/services.sh cluster .data/dev "$p"
+		scripts/services.sh cluster "$data" "$p"
 		unset REDIS_URL
 		export REDIS_CLUSTER_URL="redis://127.0.0.1:$p?addr=127.0.0.1:$((p + 1))&addr=127.0.0.1:$((p + 2))"
 	fi
@@ -99,21 +109,34 @@ export LOG_FORMAT=${LOG_FORMAT:-text}
 
 broker=${BROKER:-nats}
 case "$broker" in
-nats | rabbitmq) ;;
-*) echo "run: BROKER=$broker: say nats or rabbitmq" >&2; exit 2 ;;
+nats | rabbitmq | kafka | sqs) ;;
+*) echo "run: BROKER=$broker: say nats, rabbitmq, kafka or sqs" >&2; exit 2 ;;
 esac
 broker_started=
 if [ -z "${BROKER_URL:-}" ]; then
 	[ -n "$started" ] || echo brokers >"$state/servers"
-	if [ "$broker" = rabbitmq ]; then
+	case "$broker" in
+	rabbitmq)
 		p=${AMQP_PORT:-5672}
-		scripts/services.sh rabbitmq .data/dev "$p"
+		scripts/services.sh rabbitmq "$data" "$p"
 		BROKER_URL="amqp://guest:guest@127.0.0.1:$p/"
-	else
+		;;
+	kafka)
+		p=${KAFKA_PORT:-9092}
+		scripts/services.sh kafka "$data" "$p"
+		BROKER_URL="kafka://127.0.0.1:$p"
+		;;
+	sqs)
+		p=${SQS_PORT:-9324}
+		scripts/services.sh sqs "$data" "$p"
+		BROKER_URL="sqs://127.0.0.1:$p"
+		;;
+	*)
 		p=${NATS_PORT:-4222}
-		scripts/services.sh nats .data/dev "$p"
+		scripts/services.sh nats "$data" "$p"
 		BROKER_URL="nats://127.0.0.1:$p"
-	fi
+		;;
+	esac
 	broker_started=1
 fi
 export BROKER_URL
@@ -128,9 +151,9 @@ stop_all() {
 	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	wait || true
 	if [ -n "$started" ]; then
-		scripts/services.sh stop .data/dev
+		scripts/services.sh stop "$data"
 	elif [ -n "$broker_started" ]; then
-		scripts/services.sh stop-brokers .data/dev
+		scripts/services.sh stop-brokers "$data"
 	fi
 	rm -rf "$state"
 }

@@ -11,8 +11,10 @@
 #   scripts/services.sh rabbitmq DIR PORT
 #   scripts/services.sh nats DIR PORT
 #   scripts/services.sh install-nats       install nats-server when missing
+#   scripts/services.sh kafka DIR PORT     a stand-in Kafka (kfake)
+#   scripts/services.sh sqs DIR PORT       a stand-in SQS (goaws)
 #   scripts/services.sh stop DIR
-#   scripts/services.sh stop-brokers DIR   RabbitMQ and nats-server only
+#   scripts/services.sh stop-brokers DIR   the brokers only
 #
 # Data lives under DIR (git-ignored .data/ by default) and is reused by the
 # next start. As root, initdb and postgres run as the "postgres" user. With
@@ -38,6 +40,15 @@
 # "nats" starts nats-server (Debian package, installed when missing) with
 # JetStream on, on 127.0.0.1:PORT (TEST_NATS_URL=nats://127.0.0.1:PORT), its
 # streams stored in DIR/nats.
+# "kafka" starts a stand-in Kafka broker: franz-go's kfake, one process
+# (oncekafka/internal/kfakeserver, built from this workspace with the go
+# command into DIR/kafka), on 127.0.0.1:PORT (kafka://127.0.0.1:PORT), its
+# records and committed offsets kept in DIR/kafka/data across restarts.
+# "sqs" starts a stand-in SQS: goaws behind the JSON front the SDK speaks
+# (oncesqs/internal/goawsd, built likewise into DIR/sqs), the endpoint on
+# 127.0.0.1:PORT (sqs://127.0.0.1:PORT); goaws keeps its queues in memory
+# only, so a restart empties them. Neither is Kafka or SQS: see
+# docs/running.md.
 set -euo pipefail
 
 log() { echo "services: $*" >&2; }
@@ -485,11 +496,82 @@ nats() {
 	exit 1
 }
 
+# standin_build DIR NAME PACKAGE: builds PACKAGE of this workspace into
+# DIR/NAME (go build is quick once its cache is warm).
+standin_build() {
+	local dir=$1 name=$2 pkg=$3
+	mkdir -p "$dir"
+	(cd "$(dirname "$0")/.." && go build -o "$dir/$name" "$pkg") || {
+		log "could not build $pkg (it needs the go command and this workspace)"
+		exit 1
+	}
+}
+
+# standin_start DIR NAME PORT ARGS...: starts DIR/NAME ARGS... in the
+# background (pid in DIR/NAME.pid, output in DIR/NAME.log) unless it runs
+# already, and waits until 127.0.0.1:PORT accepts connections.
+standin_start() {
+	local dir=$1 name=$2 port=$3
+	shift 3
+	if [ -f "$dir/$name.pid" ] && kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null && port_open "$port"; then
+		return
+	fi
+	nohup "$dir/$name" "$@" </dev/null >"$dir/$name.log" 2>&1 &
+	echo $! >"$dir/$name.pid"
+	if await 300 port_open "$port"; then
+		return
+	fi
+	log "$name did not start on port $port: see $dir/$name.log"
+	tail -5 "$dir/$name.log" >&2 || true
+	exit 1
+}
+
+# kafka DIR PORT: see the top.
+kafka() {
+	local dir=$1 port=$2
+	mkdir -p "$dir/kafka/data"
+	dir=$(cd "$dir/kafka" && pwd)
+	standin_build "$dir" kfakeserver github.com/onceonly/onceonly/oncekafka/internal/kfakeserver
+	standin_start "$dir" kfakeserver "$port" -port "$port" -data-dir "$dir/data"
+	log "kfake (a stand-in Kafka) on 127.0.0.1:$port"
+}
+
+# sqs DIR PORT: see the top.
+sqs() {
+	local dir=$1 port=$2
+	mkdir -p "$dir/sqs"
+	dir=$(cd "$dir/sqs" && pwd)
+	standin_build "$dir" goawsd github.com/onceonly/onceonly/oncesqs/internal/goawsd
+	standin_start "$dir" goawsd "$port" -addr 127.0.0.1:0 -front "127.0.0.1:$port"
+	log "goaws (a stand-in SQS) on 127.0.0.1:$port"
+}
+
+# standin_stop DIR NAME: ends DIR/NAME (TERM: kfake flushes its data) and
+# waits for it; one still going after 10 s is killed.
+standin_stop() {
+	local pidfile=$1/$2.pid pid
+	[ -f "$pidfile" ] || return 0
+	pid=$(cat "$pidfile")
+	if kill -TERM "$pid" 2>/dev/null; then
+		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+	rm -f "$pidfile"
+}
+
+# stop_brokers DIR: every broker of DIR.
+stop_brokers() {
+	local dir=$1
+	rabbitmq_stop "$dir"
+	stop_nats "$dir"
+	standin_stop "$dir/kafka" kfakeserver
+	standin_stop "$dir/sqs" goawsd
+}
+
 stop() {
 	local dir=$1 bin pid
-	rabbitmq_stop "$dir"
+	stop_brokers "$dir"
 	bin=$(pg_bin)
-	stop_nats "$dir"
 	if [ -f "$dir/pgbouncer/pgbouncer.pid" ]; then
 		kill "$(cat "$dir/pgbouncer/pgbouncer.pid")" 2>/dev/null || true
 	fi
@@ -531,7 +613,9 @@ pgbouncer) pgbouncer "$@" ;;
 sentinel) sentinel "$@" ;;
 rabbitmq) rabbitmq "$@" ;;
 nats) nats "$@" ;;
+kafka) kafka "$@" ;;
+sqs) sqs "$@" ;;
 stop) stop "$@" ;;
-stop-brokers) rabbitmq_stop "$@" && stop_nats "$@" ;;
-*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | redis DIR REDIS_PORT [test] | install-nats | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | stop DIR | stop-brokers DIR" >&2; exit 2 ;;
+stop-brokers) stop_brokers "$@" ;;
+*) echo "usage: $0 install | tools | start DIR PG_PORT REDIS_PORT [test] | redis DIR REDIS_PORT [test] | install-nats | cluster DIR FIRST_PORT [test] | pgbouncer DIR PG_PORT BOUNCER_PORT [PG_HOST] | sentinel DIR FIRST_PORT [test] | rabbitmq DIR PORT | nats DIR PORT | kafka DIR PORT | sqs DIR PORT | stop DIR | stop-brokers DIR" >&2; exit 2 ;;
 esac

@@ -136,8 +136,7 @@ func (t *tour) consumerAcks(ctx context.Context) (map[string]int, error) {
 	}
 	acks := map[string]int{}
 	for line := range strings.SplitSeq(string(raw), "\n") {
-		if !strings.HasPrefix(line, "onceonly_nats_messages_total{") && !strings.HasPrefix(line, "onceonly_amqp_deliveries_total{") ||
-			!strings.Contains(line, `disposition="ack"`) {
+		if !consumerMetric(line) || !strings.Contains(line, `disposition="ack"`) {
 			continue
 		}
 		for _, reason := range []string{"executed", "replayed"} {
@@ -149,6 +148,18 @@ func (t *tour) consumerAcks(ctx context.Context) (map[string]int, error) {
 		}
 	}
 	return acks, nil
+}
+
+// consumerMetric reports whether a /metrics line is the consumer's count
+// of messages by disposition, on any of its brokers.
+func consumerMetric(line string) bool {
+	for _, name := range []string{"onceonly_nats_messages_total{", "onceonly_amqp_deliveries_total{",
+		"onceonly_kafka_records_total{", "onceonly_sqs_messages_total{"} {
+		if strings.HasPrefix(line, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // redactURL hides a URL's password.

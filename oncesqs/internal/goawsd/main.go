@@ -4,6 +4,12 @@
 // package sqsfront. goaws keeps its queues in memory only (a restart
 // empties them) and reads its queue map without its lock, which is why it
 // runs apart from the race-checked test binary.
+//
+// With -front, it serves that JSON front too, on an address of its own:
+// an endpoint aws-sdk-go-v2's service/sqs talks to, in one process (`make
+// run BROKER=sqs` runs it so: scripts/services.sh sqs).
+//
+//	goawsd -addr 127.0.0.1:0 -front 127.0.0.1:9324
 package main
 
 import (
@@ -18,10 +24,13 @@ import (
 	"github.com/Admiral-Piett/goaws/app/gosqs"
 	"github.com/Admiral-Piett/goaws/app/router"
 	"github.com/sirupsen/logrus"
+
+	"github.com/onceonly/onceonly/oncesqs/internal/sqsfront"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "listen address")
+	front := flag.String("front", "", "listen address of the JSON front (empty: none)")
 	flag.Parse()
 	logrus.SetOutput(io.Discard)
 	ln, err := net.Listen("tcp", *addr)
@@ -37,5 +46,16 @@ func main() {
 	// The listening address, for the process that started this one.
 	log.SetFlags(0)
 	log.Printf("listening on %s", ln.Addr())
+	if *front != "" {
+		fl, err := net.Listen("tcp", *front)
+		if err != nil {
+			log.Fatal(err)
+		}
+		log.Printf("front listening on %s", fl.Addr())
+		go func() {
+			srv := &http.Server{Handler: sqsfront.New("http://" + ln.Addr().String()), ReadHeaderTimeout: 10 * time.Second}
+			log.Fatal(srv.Serve(fl))
+		}()
+	}
 	log.Fatal(http.Serve(ln, router.New()))
 }
