@@ -28,22 +28,39 @@ var commands = map[string][]string{
 }
 
 // brokers are the services each consumer service consumes from.
-var brokers = map[string]string{"consumer": "nats", "consumer-rabbitmq": "rabbitmq"}
+var brokers = map[string]string{"consumer": "nats", "consumer-rabbitmq": "rabbitmq", "consumer-kafka": "kafka", "consumer-sqs": "elasticmq"}
 
 // TestComposeFile loads docker-compose.yml with the compose-spec loader (no
 // engine runs here) and checks the wiring: every service's command exists in
 // this project, the daemons wait for a healthy Redis and a finished
-// migration, everything has a health check, and no secret is written down.
+// migration, everything has a health check, and no secret is written down;
+// the profiles kafka and sqs add a consumer on each, wired the same way.
 func TestComposeFile(t *testing.T) {
 	compose := filepath.Join(root, "docker-compose.yml")
+	for _, profiles := range [][]string{nil, {"kafka"}, {"sqs"}} {
+		name := "profile " + strings.Join(profiles, ",")
+		if profiles == nil {
+			name = "no profile"
+		}
+		t.Run(name, func(t *testing.T) {
+			want := []string{"api", "consumer", "consumer-rabbitmq", "gateway", "grafana", "migrate", "nats", "postgres", "prometheus", "rabbitmq", "reconciler", "redis", "relay"}
+			for _, p := range profiles {
+				want = append(want, map[string][]string{"kafka": {"kafka", "consumer-kafka"}, "sqs": {"elasticmq", "consumer-sqs"}}[p]...)
+			}
+			checkCompose(t, compose, profiles, want)
+		})
+	}
+}
+
+// checkCompose loads the compose file with profiles on and checks that it
+// holds the services want, wired as TestComposeFile says.
+func checkCompose(t *testing.T, compose string, profiles, want []string) {
 	opts, err := cli.NewProjectOptions([]string{compose},
-		cli.WithWorkingDirectory(root), cli.WithName("onceonly"),
+		cli.WithWorkingDirectory(root), cli.WithName("onceonly"), cli.WithProfiles(profiles),
 		cli.WithEnv([]string{"POSTGRES_PASSWORD=test-only", "RABBITMQ_PASSWORD=test-only-mq", "API_KEYS=sk_x=acct_x"}))
 	require.NoError(t, err)
 	project, err := opts.LoadProject(context.Background())
 	require.NoError(t, err)
-
-	want := []string{"api", "consumer", "consumer-rabbitmq", "gateway", "grafana", "migrate", "nats", "postgres", "prometheus", "rabbitmq", "reconciler", "redis", "relay"}
 	require.ElementsMatch(t, want, project.ServiceNames())
 
 	for name, svc := range project.Services {
