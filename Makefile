@@ -1,5 +1,5 @@
 # onceonly — the commands that matter. See README.md.
-.PHONY: test test-citus lint tidy publish-check release run stop services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale bench-citus docs tour chaos chaos-history console-screenshots
+.PHONY: test test-citus lint tidy publish-check release run stop services services-stop build fuzz bench bench-relay bench-reconcile bench-compare bench-scale bench-citus docs tour chaos chaos-consumer chaos-history console-screenshots
 
 # Runs every test with -race on local Postgres and Redis (started and
 # installed as needed).
@@ -128,13 +128,23 @@ tour:
 # on a private stack, once on a single Redis and once on a Redis Cluster
 # (CHAOS_REDIS=single|cluster for one); then the demo consumer's, once per
 # broker, over CHAOS_MESSAGES (default 2500) messages (CHAOS_BROKER=nats|rabbitmq
-# for one); the summaries land in chaos-summary.json. It runs the history
-# checker too (TestChaosHistory, HISTORY_DURATION per variant, default 10m
-# here); `make chaos-history` runs it alone.
+# for one; kafka and sqs only when named: make chaos-consumer); the
+# summaries land in chaos-summary.json. It runs the history checker too
+# (TestChaosHistory, HISTORY_DURATION per variant, default 10m here); `make
+# chaos-history` runs it alone.
 chaos:
 	CHAOS_DURATION=$${CHAOS_DURATION:-5m} CHAOS_PAYMENTS=$${CHAOS_PAYMENTS:-4000} CHAOS_MESSAGES=$${CHAOS_MESSAGES:-2500} \
 		HISTORY_DURATION=$${HISTORY_DURATION:-10m} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
 		scripts/test.sh -run TestChaos -v -timeout 90m
+
+# The demo consumer's chaos run alone, on BROKER (nats by default; rabbitmq,
+# kafka or sqs; several comma-separated), over CHAOS_MESSAGES (default 2000)
+# messages: the one way to run it on Kafka and SQS, which `make test` and
+# `make chaos` leave out (their stand-ins, kfake and goaws, are started as
+# processes of the test's). The summary lands in chaos-summary.json.
+chaos-consumer:
+	CHAOS_BROKER=$(BROKER) CHAOS_MESSAGES=$${CHAOS_MESSAGES:-2000} CHAOS_SUMMARY=$$PWD/chaos-summary.json \
+		TEST_PACKAGES=./chaos/... scripts/test.sh -run '^TestChaosConsumer$$' -v -timeout 60m
 
 # The history checker alone, at length (chaos/history_test.go): every
 # execution mode and entry point on the same keys under Redis faults, in one

@@ -20,7 +20,8 @@
 # TEST_RABBITMQCTL at the rabbitmqctl of that node, which the tests that
 # close connections from the broker's side run. It installs Chromium and
 # promtool when missing (scripts/services.sh tools). Extra arguments go to
-# `go test`.
+# `go test`; TEST_PACKAGES (space-separated, e.g. ./chaos/...) tests those
+# packages only, and then runs nothing after them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,9 +81,13 @@ scripts/services.sh tools
 # Every module of the workspace (go.work): the library, the commands, the
 # integrations with heavy dependencies, the chaos suite; not the Citus
 # tests, which need a Citus cluster (make test-citus).
-mapfile -t packages < <(scripts/modules.sh | grep -vx './citus/...')
+if [ -n "${TEST_PACKAGES:-}" ]; then
+	read -ra packages <<<"$TEST_PACKAGES"
+else
+	mapfile -t packages < <(scripts/modules.sh | grep -vx './citus/...')
+fi
 go test -race -count=1 -timeout 15m "$@" "${packages[@]}"
-if [ $# -eq 0 ]; then
+if [ $# -eq 0 ] && [ -z "${TEST_PACKAGES:-}" ]; then
 	scripts/publish-check.sh # the modules publish as tags would: GOWORK=off builds, go get each, go install (docs/development.md)
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
 	BENCH_EVENTS=2000 BENCH_RATE=200 BENCH_SECONDS=1 go test -run '^$' -bench . -benchtime 1x ./relay

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -80,6 +81,27 @@ func Start() (*Server, error) {
 	s.front = httptest.NewServer(sqsfront.New(s.Goaws))
 	s.Endpoint = s.front.URL
 	return s, nil
+}
+
+// RestartFront closes the front, dropping every connection (Close waits
+// for the calls under way, a long poll up to its wait), and serves it again
+// on the same address: an outage of the endpoint, while goaws keeps its
+// queues (it keeps nothing across a restart of its own). The chaos suite's
+// broker restart on SQS is this.
+func (s *Server) RestartFront() error {
+	addr := s.front.Listener.Addr().String()
+	s.front.CloseClientConnections()
+	s.front.Close()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("serve the front again on %s: %w", addr, err)
+	}
+	front := httptest.NewUnstartedServer(sqsfront.New(s.Goaws))
+	_ = front.Listener.Close()
+	front.Listener = ln
+	front.Start()
+	s.front = front
+	return nil
 }
 
 // Close stops the front and goaws, and removes its binary.
