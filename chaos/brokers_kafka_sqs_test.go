@@ -2,9 +2,7 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -141,19 +139,10 @@ func (b *kafkaChaos) deadLetters(ctx context.Context, _ string) ([]deadLetter, e
 			return nil, fmt.Errorf("read %d of the dead-letter topic's %d records", len(out), total)
 		}
 		for _, rec := range fetches.Records() {
-			out = append(out, deadLetter{key: kafkaHeader(rec, oncekafka.DefaultKeyHeader), reason: kafkaHeader(rec, oncekafka.HeaderReason), body: string(rec.Value)})
+			out = append(out, deadLetter{key: kafkatest.Header(rec, oncekafka.DefaultKeyHeader), reason: kafkatest.Header(rec, oncekafka.HeaderReason), body: string(rec.Value)})
 		}
 	}
 	return out, nil
-}
-
-func kafkaHeader(rec *kgo.Record, name string) string {
-	for _, h := range rec.Headers {
-		if h.Key == name {
-			return string(h.Value)
-		}
-	}
-	return ""
 }
 
 // pending is how many records of payments.charge the group has not
@@ -164,24 +153,7 @@ func (b *kafkaChaos) pending(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, kafkaTopic)
-	if err != nil {
-		return 0, fmt.Errorf("the topic's end: %w", err)
-	}
-	offs, err := adm.FetchOffsets(ctx, kafkaGroup)
-	if err != nil {
-		return 0, fmt.Errorf("the group's offsets: %w", err)
-	}
-	n := 0
-	ends.Each(func(o kadm.ListedOffset) {
-		at := int64(0)
-		if c, ok := offs.Lookup(kafkaTopic, o.Partition); ok && c.Err == nil && c.At > 0 {
-			at = c.At
-		}
-		n += int(o.Offset - at)
-	})
-	return n, nil
+	return kafkatest.Lag(ctx, kadm.NewClient(cl), kafkaGroup, kafkaTopic)
 }
 
 // sqsChaos is a private goaws behind its JSON front (sqstest). goaws keeps
@@ -281,15 +253,11 @@ func (b *sqsChaos) deadLetters(ctx context.Context, _ string) ([]deadLetter, err
 				return nil, fmt.Errorf("delete a dead letter: %w", err)
 			}
 			b.mu.Lock()
-			b.taken = append(b.taken, deadLetter{key: sqsAttr(m, oncesqs.DefaultKeyAttribute), reason: sqsAttr(m, oncesqs.AttributeReason),
+			b.taken = append(b.taken, deadLetter{key: sqstest.Attr(m, oncesqs.DefaultKeyAttribute), reason: sqstest.Attr(m, oncesqs.AttributeReason),
 				body: aws.ToString(m.Body)})
 			b.mu.Unlock()
 		}
 	}
-}
-
-func sqsAttr(m types.Message, name string) string {
-	return aws.ToString(m.MessageAttributes[name].StringValue)
 }
 
 // pending is how many messages payments-charge holds, visible or not.
@@ -298,18 +266,5 @@ func (b *sqsChaos) pending(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	names := []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}
-	out, err := b.cl.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(u), AttributeNames: names})
-	if err != nil {
-		return 0, fmt.Errorf("the queue's attributes: %w", err)
-	}
-	n := 0
-	for _, a := range names {
-		v, err := strconv.Atoi(out.Attributes[string(a)])
-		if err != nil {
-			return 0, errors.New("the queue's attributes: no " + string(a))
-		}
-		n += v
-	}
-	return n, nil
+	return sqstest.Depth(ctx, b.cl, u)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceonly/onceonly/oncekafka"
+	"github.com/onceonly/onceonly/oncekafka/kafkatest"
 	"github.com/onceonly/onceonly/oncetest"
 )
 
@@ -103,7 +104,7 @@ func (b *testBundle) drainBare(tb testing.TB, workers int) {
 				wg.Go(func() {
 					for rec := range work {
 						_, err := b.pool.Exec(ctx, `INSERT INTO effects (scope, key, payload) VALUES ($1, $2, $3)`,
-							"tenant", header(rec, oncekafka.DefaultKeyHeader), string(rec.Value))
+							"tenant", kafkatest.Header(rec, oncekafka.DefaultKeyHeader), string(rec.Value))
 						if err != nil && ctx.Err() == nil {
 							failed.Store(err)
 						}

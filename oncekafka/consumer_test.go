@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/oncekafka"
+	"github.com/onceonly/onceonly/oncekafka/kafkatest"
 	"github.com/onceonly/onceonly/oncetest"
 )
 
@@ -70,12 +71,12 @@ func TestReusedKeyIsDeadLettered(t *testing.T) {
 	dead := b.awaitDeadLetters(t, 1)[0]
 	require.Equal(t, `{"amount":999}`, string(dead.Value))
 	require.Equal(t, "account-7", string(dead.Key), "the original record's key")
-	require.Equal(t, "order-1", header(dead, oncekafka.DefaultKeyHeader))
-	require.Equal(t, "t1", header(dead, "Trace"))
-	require.Equal(t, onceonly.ReasonReused, header(dead, oncekafka.HeaderReason))
-	require.Equal(t, b.topic, header(dead, oncekafka.HeaderTopic))
-	require.Equal(t, "2", header(dead, oncekafka.HeaderPartition))
-	require.Equal(t, strconv.FormatInt(off, 10), header(dead, oncekafka.HeaderOffset))
+	require.Equal(t, "order-1", kafkatest.Header(dead, oncekafka.DefaultKeyHeader))
+	require.Equal(t, "t1", kafkatest.Header(dead, "Trace"))
+	require.Equal(t, onceonly.ReasonReused, kafkatest.Header(dead, oncekafka.HeaderReason))
+	require.Equal(t, b.topic, kafkatest.Header(dead, oncekafka.HeaderTopic))
+	require.Equal(t, "2", kafkatest.Header(dead, oncekafka.HeaderPartition))
+	require.Equal(t, strconv.FormatInt(off, 10), kafkatest.Header(dead, oncekafka.HeaderOffset))
 	b.awaitSettled(t, 10*time.Second) // dead-lettered counts as settled
 	require.Equal(t, 1, b.rows(t, "order-1"))
 	require.Equal(t, 1, b.count(t, "dead_letter", onceonly.ReasonReused))
@@ -106,7 +107,7 @@ func TestInvalidRecordsAreDeadLettered(t *testing.T) {
 	b.produce(t, 2, "order-4", `{"amount":100}`) // valid
 
 	for _, rec := range b.awaitDeadLetters(t, 4) {
-		require.Equal(t, onceonly.ReasonInvalid, header(rec, oncekafka.HeaderReason), header(rec, oncekafka.HeaderError))
+		require.Equal(t, onceonly.ReasonInvalid, kafkatest.Header(rec, oncekafka.HeaderReason), kafkatest.Header(rec, oncekafka.HeaderError))
 	}
 	b.awaitSettled(t, 10*time.Second)
 	require.Equal(t, 1, b.rows(t, "order-4"))
@@ -132,8 +133,8 @@ func TestFailingKeyIsDeadLetteredThenRunsAgain(t *testing.T) {
 	b.produce(t, 0, "order-1", `{"amount":100}`)
 	b.produce(t, 0, "order-2", `{"amount":100}`) // behind it, failing too
 	for _, dead := range b.awaitDeadLetters(t, 2) {
-		require.Equal(t, onceonly.ReasonFailed, header(dead, oncekafka.HeaderReason))
-		require.Contains(t, header(dead, oncekafka.HeaderError), "the gateway declined to answer")
+		require.Equal(t, onceonly.ReasonFailed, kafkatest.Header(dead, oncekafka.HeaderReason))
+		require.Contains(t, kafkatest.Header(dead, oncekafka.HeaderError), "the gateway declined to answer")
 	}
 	b.awaitSettled(t, 10*time.Second)
 	require.Equal(t, 2, b.count(t, "dead_letter", onceonly.ReasonFailed))

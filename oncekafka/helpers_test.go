@@ -150,7 +150,7 @@ func (b *testBundle) options() oncekafka.Options {
 		Settled: func(rec *kgo.Record, s onceonly.Settlement) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			b.settled = append(b.settled, settlement{header(rec, oncekafka.DefaultKeyHeader), s})
+			b.settled = append(b.settled, settlement{kafkatest.Header(rec, oncekafka.DefaultKeyHeader), s})
 		},
 	}
 }
@@ -305,14 +305,4 @@ func (b *testBundle) awaitDeadLetters(t testing.TB, n int) []*kgo.Record {
 func (b *testBundle) count(t testing.TB, disposition, reason string) int {
 	t.Helper()
 	return int(oncetest.Metric(t, b.reg, "onceonly_kafka_records_total", map[string]string{"disposition": disposition, "reason": reason}))
-}
-
-// header returns rec's header name.
-func header(rec *kgo.Record, name string) string {
-	for _, h := range rec.Headers {
-		if h.Key == name {
-			return string(h.Value)
-		}
-	}
-	return ""
 }

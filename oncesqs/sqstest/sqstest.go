@@ -17,11 +17,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/onceonly/onceonly/oncesqs/internal/sqsfront"
 )
@@ -136,4 +138,29 @@ func CreateQueue(ctx context.Context, c *sqs.Client, name string, attributes map
 		return "", err
 	}
 	return aws.ToString(out.QueueUrl), nil
+}
+
+// Attr returns the string value of m's message attribute name, "" without
+// one.
+func Attr(m types.Message, name string) string {
+	return aws.ToString(m.MessageAttributes[name].StringValue)
+}
+
+// Depth returns how many messages the queue at url holds, visible or in
+// flight (SQS's approximate counts; goaws's exact ones).
+func Depth(ctx context.Context, c *sqs.Client, url string) (int, error) {
+	names := []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}
+	out, err := c.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: names})
+	if err != nil {
+		return 0, fmt.Errorf("the queue's attributes: %w", err)
+	}
+	n := 0
+	for _, a := range names {
+		v, err := strconv.Atoi(out.Attributes[string(a)])
+		if err != nil {
+			return 0, fmt.Errorf("the queue's attributes: no %s", a)
+		}
+		n += v
+	}
+	return n, nil
 }
