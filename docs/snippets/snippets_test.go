@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"go/ast"
+	"go/format"
 	"go/parser"
 	"go/token"
 	"maps"
@@ -112,6 +113,9 @@ func TestSnippetsCompile(t *testing.T) {
 				t.Logf("%s:%d: statements only, not compiled", rel, s.line)
 				continue
 			}
+			if formatted := gofmt(s.code, kind); formatted != s.code {
+				t.Errorf("%s:%d: the snippet is not gofmt'ed; as gofmt has it:\n%s", rel, s.line, formatted)
+			}
 			pkg := filepath.Join(dir, pkgName(rel))
 			name := "decls"
 			if kind == "program" {
@@ -136,6 +140,23 @@ func TestSnippetsCompile(t *testing.T) {
 	vet := exec.CommandContext(t.Context(), "go", append([]string{"vet"}, pkgs...)...)
 	out, err := vet.CombinedOutput()
 	require.NoError(t, err, "the docs' snippets do not compile:\n%s", out)
+}
+
+// gofmt returns code as gofmt formats it (code itself when it does not
+// parse: go vet says why).
+func gofmt(code, kind string) string {
+	clause := ""
+	if kind == "decls" {
+		clause = "package p\n"
+	}
+	out, err := format.Source([]byte(clause + code))
+	if err != nil {
+		return code
+	}
+	if clause == "" {
+		return string(out)
+	}
+	return strings.TrimPrefix(string(out), clause+"\n") // gofmt puts a blank line after the clause
 }
 
 // blocks returns the ```go blocks of a Markdown document.
