@@ -93,3 +93,25 @@ func TestGuideShowsThisProgram(t *testing.T) {
 	require.Contains(t, string(guide), program, "docs/getting-started.md shows examples/quickstart/main.go from its imports on")
 	require.LessOrEqual(t, strings.Count(string(guide), "\n"), 150, "the guide stays short")
 }
+
+// TestReadmeShowsThisProgram: README.md's example is lines of main.go, in
+// main.go's order, so the landing page cannot drift from the program the
+// test above runs.
+func TestReadmeShowsThisProgram(t *testing.T) {
+	src, err := os.ReadFile("main.go")
+	require.NoError(t, err)
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	_, block, ok := strings.Cut(string(readme), "```go\n")
+	require.True(t, ok, "README.md has a Go example")
+	block, _, _ = strings.Cut(block, "```")
+	rest := string(src)
+	for line := range strings.Lines(block) {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		i := strings.Index(rest, "\t"+line)
+		require.GreaterOrEqual(t, i, 0, "README.md's line %q is a line of main.go (one level less indented), after the one before it", line)
+		rest = rest[i+len(line):]
+	}
+}
