@@ -13,6 +13,12 @@ import (
 	_ "github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/nats-io/nats.go"
 	_ "github.com/nats-io/nats.go/jetstream"
+	_ "github.com/prometheus/client_golang/prometheus"
+	_ "github.com/rabbitmq/amqp091-go"
+	_ "github.com/redis/go-redis/v9"
+	_ "github.com/riverqueue/river"
+	_ "github.com/riverqueue/river/riverdriver/riverpgxv5"
+
 	_ "github.com/onceonly/onceonly"
 	_ "github.com/onceonly/onceonly/client"
 	_ "github.com/onceonly/onceonly/console"
@@ -23,9 +29,4 @@ import (
 	_ "github.com/onceonly/onceonly/onceriver"
 	_ "github.com/onceonly/onceonly/oncesqs"
 	_ "github.com/onceonly/onceonly/oncewatermill"
-	_ "github.com/prometheus/client_golang/prometheus"
-	_ "github.com/rabbitmq/amqp091-go"
-	_ "github.com/redis/go-redis/v9"
-	_ "github.com/riverqueue/river"
-	_ "github.com/riverqueue/river/riverdriver/riverpgxv5"
 )

@@ -92,7 +92,8 @@ func TestSnippetsCompile(t *testing.T) {
 	docs = append(docs, more...)
 	docs = append(docs, "../../README.md")
 
-	dir, err := os.MkdirTemp(".", "_snippets-") // inside the module: its requirements resolve the imports
+	//nolint:usetesting // not t.TempDir: inside the module, whose requirements resolve the imports
+	dir, err := os.MkdirTemp(".", "_snippets-")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 
@@ -122,10 +123,10 @@ func TestSnippetsCompile(t *testing.T) {
 				pkg = filepath.Join(dir, pkgName(rel)+"_program"+strconv.Itoa(i))
 				name = "main"
 			}
-			require.NoError(t, os.MkdirAll(pkg, 0o755))
+			require.NoError(t, os.MkdirAll(pkg, 0o750))
 			file, err := source(rel, s, kind, name)
 			require.NoError(t, err, "%s:%d", rel, s.line)
-			require.NoError(t, os.WriteFile(filepath.Join(pkg, fmt.Sprintf("snippet%d.go", i)), file, 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(pkg, fmt.Sprintf("snippet%d.go", i)), file, 0o600))
 			if kind == "program" || decls == 0 {
 				pkgs = append(pkgs, "./"+filepath.ToSlash(pkg))
 			}
@@ -217,7 +218,11 @@ func source(doc string, s snippet, kind, pkg string) ([]byte, error) {
 			}
 		}
 	}
-	slices.SortFunc(paths, func(a, b string) int { return strings.Compare(a[strings.Index(a, " "):], b[strings.Index(b, " "):]) })
+	slices.SortFunc(paths, func(a, b string) int { // by path
+		_, pa, _ := strings.Cut(a, " ")
+		_, pb, _ := strings.Cut(b, " ")
+		return strings.Compare(pa, pb)
+	})
 	var b bytes.Buffer
 	clause, body, _ := strings.Cut(code, "\n")
 	fmt.Fprintf(&b, "%s\n", clause)
@@ -240,7 +245,7 @@ func source(doc string, s snippet, kind, pkg string) ([]byte, error) {
 // declare: the packages it needs.
 func undeclared(f *ast.File) []string {
 	var names []string
-	for _, id := range f.Unresolved { //nolint:staticcheck // the parser's resolution is enough for these names
+	for _, id := range f.Unresolved {
 		if !slices.Contains(names, id.Name) {
 			names = append(names, id.Name)
 		}
@@ -258,7 +263,7 @@ func pkgName(doc string) string {
 func TestImportsRequired(t *testing.T) {
 	f, err := parser.ParseFile(token.NewFileSet(), "deps_test.go", nil, parser.ImportsOnly)
 	require.NoError(t, err)
-	var have []string
+	have := make([]string, 0, len(f.Imports))
 	for _, imp := range f.Imports {
 		path, err := strconv.Unquote(imp.Path.Value)
 		require.NoError(t, err)
