@@ -71,8 +71,7 @@ var excerpts = []string{"../README.md"}
 
 // snippet is one ```go block of a document.
 type snippet struct {
-	doc  string // relative to docs/, or ../README.md
-	line int    // of the block's first line of code
+	line int // of the block's first line of code
 	code string
 }
 
@@ -105,7 +104,7 @@ func TestSnippetsCompile(t *testing.T) {
 		src, err := os.ReadFile(doc)
 		require.NoError(t, err)
 		decls := 0
-		for i, s := range blocks(rel, string(src)) {
+		for i, s := range blocks(string(src)) {
 			kind, err := classify(s.code)
 			switch {
 			case kind == "fragment" && slices.Contains(excerpts, rel):
@@ -161,13 +160,13 @@ func gofmt(code, kind string) string {
 }
 
 // blocks returns the ```go blocks of a Markdown document.
-func blocks(doc, src string) []snippet {
+func blocks(src string) []snippet {
 	var out []snippet
 	var cur *snippet
 	for n, line := range strings.Split(src, "\n") {
 		switch {
 		case cur == nil && strings.TrimSpace(line) == "```go":
-			cur = &snippet{doc: doc, line: n + 2}
+			cur = &snippet{line: n + 2}
 		case cur != nil && strings.TrimSpace(line) == "```":
 			out = append(out, *cur)
 			cur = nil
