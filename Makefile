@@ -49,9 +49,11 @@ run:
 stop:
 	scripts/run.sh stop
 
-# Starts the local development servers only (Postgres :5432, Redis :6379).
+# Starts the local development servers only (Postgres :5432, Redis :6379,
+# nats-server with JetStream :4222).
 services:
 	scripts/services.sh start .data/dev $${PG_PORT:-5432} $${REDIS_PORT:-6379}
+	scripts/services.sh nats .data/dev $${NATS_PORT:-4222}
 
 services-stop:
 	scripts/services.sh stop .data/dev

@@ -8,7 +8,7 @@
 // three-master Redis Cluster, where slots also move.
 //
 // CHAOS_DURATION (default 20s) sets the length of the load, CHAOS_PAYMENTS
-// (default 800) the number of logical payments (per run), CHAOS_REDIS
+// (default 400) the number of logical payments (per run), CHAOS_REDIS
 // "single" or "cluster" one run only, CHAOS_SUMMARY a path for the JSON
 // summaries. `make chaos` runs long ones.
 //
@@ -139,7 +139,7 @@ func TestChaos(t *testing.T) {
 	if err != nil || duration <= 0 {
 		duration = 20 * time.Second
 	}
-	payments := envInt("CHAOS_PAYMENTS", 800)
+	payments := envInt("CHAOS_PAYMENTS", 400)
 	bins := buildCommands(t)
 	summaries := map[string]*Summary{}
 	for _, target := range []string{"single", "cluster"} {

@@ -25,10 +25,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Every module of the workspace (go.work): the library, the commands, the
+# integrations with heavy dependencies, the chaos suite; not the Citus
+# tests, which need a Citus cluster (make test-citus). TEST_PACKAGES: those
+# packages only.
+if [ -n "${TEST_PACKAGES:-}" ]; then
+	read -ra packages <<<"$TEST_PACKAGES"
+else
+	mapfile -t packages < <(scripts/modules.sh | grep -vx './citus/...')
+fi
+
+# The test binaries compile while the services below install and start
+# (-exec true: built, not run), so the run itself finds them in the build
+# cache. A compile error shows in the run.
+go test -race -count=1 -run '^$' -exec true "${packages[@]}" >/dev/null 2>&1 &
+compiling=$!
+
 started=
 # Set before any service starts, so one that fails to start does not leave
 # the others running.
-cleanup() { if [ -n "$started" ]; then scripts/services.sh stop .data/test; fi; }
+cleanup() {
+	kill "$compiling" 2>/dev/null || true
+	if [ -n "$started" ]; then scripts/services.sh stop .data/test; fi
+}
 trap cleanup EXIT
 if [ -z "${TEST_DATABASE_URL:-}" ] || [ -z "${TEST_REDIS_URL:-}" ]; then
 	pg_port=${TEST_PG_PORT:-61532}
@@ -78,15 +97,12 @@ fi
 # tests), installed when missing.
 scripts/services.sh tools
 
-# Every module of the workspace (go.work): the library, the commands, the
-# integrations with heavy dependencies, the chaos suite; not the Citus
-# tests, which need a Citus cluster (make test-citus).
-if [ -n "${TEST_PACKAGES:-}" ]; then
-	read -ra packages <<<"$TEST_PACKAGES"
-else
-	mapfile -t packages < <(scripts/modules.sh | grep -vx './citus/...')
-fi
-go test -race -count=1 -timeout 15m "$@" "${packages[@]}"
+wait "$compiling" || true
+# Four test binaries at once (go test's default is one per core): most
+# packages spend their time waiting on processes, leases and brokers, and
+# two at a time left the cores idle. Arguments given to this script come
+# after it, so `scripts/test.sh -p 2` runs two.
+go test -race -count=1 -timeout 15m -p 4 "$@" "${packages[@]}"
 if [ $# -eq 0 ] && [ -z "${TEST_PACKAGES:-}" ]; then
 	scripts/publish-check.sh # the modules publish as tags would: GOWORK=off builds, go get each, go install (docs/development.md)
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).

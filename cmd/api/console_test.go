@@ -21,7 +21,8 @@ import (
 // /console/ path answers 404 when it is not, with or without credentials,
 // and CONSOLE_READONLY refuses every POST.
 func TestConsoleIsServedOnlyWithItsCredentials(t *testing.T) {
-	bin := oncetest.BuildBinary(t, ".")
+	t.Parallel() // waits on processes and leases more than it computes
+	bin := binary(t, ".")
 	dbURL := oncetest.DatabaseURL(t)
 	start := func(env ...string) string {
 		addr := oncetest.FreeAddr(t)

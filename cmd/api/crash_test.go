@@ -22,8 +22,9 @@ import (
 // inside each api (the dead api's hold on the downstream key ends with its
 // short lease, and the retry charges).
 func TestKilledMidSlowPaymentRecoversWithinTheLease(t *testing.T) {
-	api := oncetest.BuildBinary(t, ".")
-	gw := oncetest.BuildBinary(t, "../gateway")
+	t.Parallel() // waits on processes and leases more than it computes
+	api := binary(t, ".")
+	gw := binary(t, "../gateway")
 	const (
 		lease = 3 * time.Second
 		// The charge's hold at the gateway: the window in which the test

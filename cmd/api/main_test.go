@@ -100,7 +100,8 @@ func TestMigrateAndSchemaCheck(t *testing.T) {
 // TestGracefulShutdown: SIGTERM during a request lets it finish, leaves no
 // key claimed, and the process exits 0 well within 10 s.
 func TestGracefulShutdown(t *testing.T) {
-	bin := oncetest.BuildBinary(t, ".")
+	t.Parallel() // waits on processes and leases more than it computes
+	bin := binary(t, ".")
 	dbURL := oncetest.DatabaseURL(t)
 	addr := oncetest.FreeAddr(t)
 	cmd := exec.CommandContext(t.Context(), bin)
@@ -233,7 +234,8 @@ func TestConfigurationIsDocumented(t *testing.T) {
 // makes the api degraded, not unready — it goes on answering from Postgres,
 // so a load balancer must keep it in rotation.
 func TestReadinessWithoutRedis(t *testing.T) {
-	bin := oncetest.BuildBinary(t, ".")
+	t.Parallel() // waits on processes and leases more than it computes
+	bin := binary(t, ".")
 	for _, target := range []string{"single", "cluster"} {
 		t.Run(target, func(t *testing.T) {
 			var redisEnv string

@@ -15,9 +15,9 @@ import (
 // PgBouncer in transaction mode (query mode exec): migrate up on an empty
 // database, the api serving a payment through the gateway (itself on
 // PgBouncer) and its replay, then keys show and purge.
-func TestThroughPgBouncer(t *testing.T) {
-	api := oncetest.BuildBinary(t, ".")
-	gw := oncetest.BuildBinary(t, "../gateway")
+func TestThroughPgBouncer(t *testing.T) { // not parallel: runAPI sets the environment
+	api := binary(t, ".")
+	gw := binary(t, "../gateway")
 	dbURL := oncetest.PgBouncerURL(t, oncetest.EmptyDatabaseURL(t), "exec")
 	rdb, prefix := oncetest.Redis(t)
 	env := oncetest.EnvWith(oncetest.RedisEnv(rdb, prefix), "DATABASE_URL", dbURL)

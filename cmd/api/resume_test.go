@@ -40,8 +40,9 @@ func payOnce(ctx context.Context, addr, key, body string) (int, string, http.Hea
 // its own, within the lease and its resume interval, with the charge the
 // gateway made, and a later retry is replayed.
 func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
-	api := oncetest.BuildBinary(t, ".")
-	gw := oncetest.BuildBinary(t, "../gateway")
+	t.Parallel() // waits on processes and leases more than it computes
+	api := binary(t, ".")
+	gw := binary(t, "../gateway")
 	dbURL := oncetest.DatabaseURL(t)
 	g := oncetest.StartDaemon(t, gw, "DATABASE_URL="+dbURL, "GATEWAY_FAULTS=charge_then_hang=1", "GATEWAY_HANG=1500ms")
 	apiEnv := []string{"DATABASE_URL=" + dbURL, "GATEWAY_URL=http://" + g.Addr, "LEASE_TIMEOUT=2s", "RESUME_INTERVAL=200ms", "GATEWAY_TIMEOUT=5s"}
@@ -89,8 +90,9 @@ func TestKilledAfterTheGatewayChargedIsFinishedWithoutARetry(t *testing.T) {
 // answer waiting for it, it can no longer record the step or commit (its
 // client gets no 201): one charge, one payment row, with that charge.
 func TestPausedPastItsLeaseRecordsNothing(t *testing.T) {
-	api := oncetest.BuildBinary(t, ".")
-	gw := oncetest.BuildBinary(t, "../gateway")
+	t.Parallel() // waits on processes and leases more than it computes
+	api := binary(t, ".")
+	gw := binary(t, "../gateway")
 	dbURL := oncetest.DatabaseURL(t)
 	// A's call outlasts the retry's whole request (its takeover, the api's
 	// own calls to the gateway a second apart, the look-up), which starts

@@ -20,10 +20,11 @@ import (
 // engine's execution and step, and the gateway's charge; the relay's
 // batches and the reconciler's passes are spans of their own.
 func TestDaemonsExportTraces(t *testing.T) {
-	api := oncetest.BuildBinary(t, ".")
-	gw := oncetest.BuildBinary(t, "../gateway")
-	relay := oncetest.BuildBinary(t, "../relay")
-	reconciler := oncetest.BuildBinary(t, "../reconciler")
+	t.Parallel() // waits on processes and leases more than it computes
+	api := binary(t, ".")
+	gw := binary(t, "../gateway")
+	relay := binary(t, "../relay")
+	reconciler := binary(t, "../reconciler")
 	col := testotlp.NewOTLPCollector(t)
 	dbURL := oncetest.DatabaseURL(t)
 	_, prefix := oncetest.Redis(t)

@@ -183,8 +183,9 @@ func (b *sqsBroker) dropConnections(t *testing.T) {
 
 // TestConsumerKafkaSQS runs the consumer binary on a kfake process
 // (kafkatest) and on goaws (sqstest) through the outcomes TestConsumer
-// checks on NATS and RabbitMQ.
+// checks on NATS and RabbitMQ, the brokers side by side as there.
 func TestConsumerKafkaSQS(t *testing.T) {
+	t.Parallel()
 	bin := oncetest.BuildBinary(t, ".")
 	for _, mk := range []func(*testing.T) testBroker{
 		func(t *testing.T) testBroker { return newKafkaBroker(t) },
@@ -192,6 +193,7 @@ func TestConsumerKafkaSQS(t *testing.T) {
 	} {
 		b := mk(t)
 		t.Run(b.name(), func(t *testing.T) {
+			t.Parallel()
 			t.Run("Outcomes", func(t *testing.T) { testOutcomes(t, bin, b) })
 			t.Run("FailedThenDeadLettered", func(t *testing.T) { testFailed(t, bin, b) })
 			t.Run("InFlightCopy", func(t *testing.T) { testInFlight(t, bin, b) })

@@ -25,12 +25,16 @@ const (
 )
 
 // TestConsumer runs the consumer binary on each broker through every
-// outcome docs/consumer.md describes. The binary is built once; the subtests
-// run one after the other (the topology's names are fixed).
+// outcome docs/consumer.md describes. The binary is built once; the brokers
+// run side by side (they wait on leases and redeliveries more than they
+// compute), each broker's subtests one after the other (the topology's
+// names are fixed).
 func TestConsumer(t *testing.T) {
+	t.Parallel()
 	bin := oncetest.BuildBinary(t, ".")
 	for _, b := range []testBroker{&natsBroker{addr: oncetest.NATSURL(t)}, &amqpBroker{addr: oncetest.AMQPURL(t)}} {
 		t.Run(b.name(), func(t *testing.T) {
+			t.Parallel()
 			t.Run("Outcomes", func(t *testing.T) { testOutcomes(t, bin, b) })
 			t.Run("FailedThenDeadLettered", func(t *testing.T) { testFailed(t, bin, b) })
 			t.Run("InFlightCopy", func(t *testing.T) { testInFlight(t, bin, b) })

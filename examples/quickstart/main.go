@@ -1,6 +1,6 @@
 // Command quickstart is the program of docs/getting-started.md: an HTTP
-// endpoint and a message consumer that each run once per idempotency key,
-// on Postgres (DATABASE_URL) and Redis (REDIS_URL).
+// endpoint and a NATS JetStream consumer that each run once per idempotency
+// key, on Postgres (DATABASE_URL), Redis (REDIS_URL) and NATS (NATS_URL).
 package main
 
 import (
@@ -10,11 +10,15 @@ import (
 	"net/http"
 	"os"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/migrations"
+	"github.com/onceonly/onceonly/oncenats"
 )
 
 func main() {
@@ -31,17 +35,26 @@ func main() {
 	check(err)
 	check(engine.Start(ctx)) // relay, reconciler, resumer: in this process
 
-	// A consumer: each delivery runs the registered handler once per key.
-	check(engine.Register("refund", func(ctx context.Context, x *onceonly.Execution) (onceonly.Result, error) {
-		id, err := onceonly.Step(ctx, "provider", func(ctx context.Context, key string) (string, error) {
-			return "re_" + key[:8], nil // call the provider with key as its idempotency key
-		})
-		return onceonly.Result{Body: []byte(id)}, err
-	}))
-	for range 2 { // the broker delivers the message twice
-		out, err := engine.Run(ctx, "refund", "shop_1", "msg-1", []byte(`{"order":1}`))
-		s := onceonly.Settle(out, err)
-		fmt.Println("delivery:", s.Disposition, "replayed:", out.Replayed)
+	// A consumer: each message runs once per Idempotency-Key header, however often it comes.
+	nc, err := nats.Connect(os.Getenv("NATS_URL"), nats.MaxReconnects(-1))
+	check(err)
+	js, err := jetstream.New(nc)
+	check(err)
+	topo := oncenats.Topology{Stream: "SHOP", Subject: "shop.orders", Consumer: "orders"}
+	_, err = topo.Declare(ctx, js) // the stream and the durable consumer, when missing
+	check(err)
+	consumer, err := oncenats.NewTxConsumer(engine, func(ctx context.Context, tx pgx.Tx, msg oncenats.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO orders (sku) VALUES ($1)`, string(msg.Payload)) // commits with the key
+		return err
+	}, oncenats.Options{JetStream: js, Stream: topo.Stream, Consumer: topo.Consumer, Scope: "shop_1", Workers: 1,
+		Settled: func(_ jetstream.Msg, s onceonly.Settlement) {
+			fmt.Println("message:", s.Disposition, "replayed:", s.Outcome.Replayed)
+		}})
+	check(err)
+	check(consumer.Start(ctx))
+	for range 2 { // a publisher retrying: the same message twice
+		_, err = js.PublishMsg(ctx, &nats.Msg{Subject: topo.Subject, Header: nats.Header{"Idempotency-Key": {"msg-1"}}, Data: []byte("lamp")})
+		check(err)
 	}
 
 	// An endpoint: a retry with the same Idempotency-Key gets the stored answer.
@@ -58,9 +71,7 @@ func main() {
 	})
 	tenant := onceonly.MiddlewareOptions{Scope: func(*http.Request) (string, error) { return "shop_1", nil }}
 	http.Handle("/orders", engine.Middleware(tenant)(orders))
-	err = http.ListenAndServe(os.Getenv("HTTP_ADDR"), nil) //nolint:gosec // G114: a quickstart sets no timeouts
-	engine.Close()
-	log.Fatal(err)
+	log.Fatal(http.ListenAndServe(os.Getenv("HTTP_ADDR"), nil)) //nolint:gosec // G114: a quickstart sets no timeouts
 }
 
 func check(err error) {
