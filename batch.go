@@ -10,8 +10,10 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceonly/onceonly/cache"
+	"github.com/onceonly/onceonly/internal/exectx"
 	"github.com/onceonly/onceonly/internal/lease"
 	"github.com/onceonly/onceonly/keystate"
 	"github.com/onceonly/onceonly/outbox"
@@ -331,13 +333,10 @@ func (e *Engine) writeThroughAll(ctx context.Context, keys []keystate.Key) {
 // stepped is true when the handler called Step (refused: en runs alone);
 // its writes are rolled back. An error is the batch's transaction's: no
 // item of it can commit.
-func (e *Engine) runEntry(tx batchTxBeginner, en *batchEntry) (stepped bool, err error) {
-	sp, err := tx.Begin(en.ctx)
-	if err != nil {
-		return false, fmt.Errorf("savepoint: %w", err)
-	}
+func (e *Engine) runEntry(tx *exectx.Tx, en *batchEntry) (stepped bool, err error) {
+	sp := &itemTx{batch: tx, name: itemSavepoint}
 	payload := en.item.Payload
-	bm := &batchMode{e: e, sp: batchTx{Tx: sp}}
+	bm := &batchMode{e: e, sp: sp}
 	x := e.newExecution(bm, en.ref, e.owners.Next(), en.item.Name, func() []byte { return payload })
 	x.fingerprint = en.fp
 	fn := en.item.Func
@@ -353,8 +352,8 @@ func (e *Engine) runEntry(tx batchTxBeginner, en *batchEntry) (stepped bool, err
 	}
 	stored := handleErr == nil && !bm.stepped && e.cfg.ShouldStore(res.Status)
 	if !stored {
-		if err := sp.Rollback(context.WithoutCancel(en.ctx)); err != nil {
-			return false, fmt.Errorf("roll back to the savepoint: %w", err)
+		if err := sp.rollBack(context.WithoutCancel(en.ctx)); err != nil {
+			return false, err
 		}
 	}
 	if bm.stepped {
@@ -391,23 +390,135 @@ func (e *Engine) callInBatch(ctx context.Context, x *Execution, fn Func) (res Re
 	return res, err, false
 }
 
-// batchTxBeginner begins the savepoint of one item of a batch.
-type batchTxBeginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+// itemSavepoint names every item's savepoint: items run one after the
+// other, and a savepoint shadows an older one of the same name, so the
+// latest — the item's own — is the one ROLLBACK TO finds. One name is one
+// statement for the connection's statement cache, not one per item.
+const itemSavepoint = "onceonly_item"
+
+// itemTx is the transaction a batch item's handler writes through: its
+// savepoint in the batch's transaction, made with the handler's first
+// statement — an Exec carries it in the same round trip — so an item that
+// writes one row costs one round trip, and one that writes nothing none.
+// The engine ends it: Commit and Rollback refuse (ErrCommitByHandler); a
+// handler's own savepoints (Begin) are its to end.
+type itemTx struct {
+	batch *exectx.Tx
+	name  string // the savepoint's
+	made  bool
 }
 
-// batchTx is the transaction a batch item's handler writes through: its
-// savepoint in the batch's transaction. The engine ends both: Commit and
-// Rollback refuse (ErrCommitByHandler), and a handler's own savepoints
-// (Begin) are its to end.
-type batchTx struct{ pgx.Tx }
+// make makes the savepoint, unless the handler's first statement did.
+func (t *itemTx) make(ctx context.Context) error {
+	if t.made {
+		return nil
+	}
+	if _, err := t.batch.Exec(ctx, "SAVEPOINT "+t.name); err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	t.made = true
+	return nil
+}
+
+// rollBack rolls the item's writes back to its savepoint, if it made one.
+func (t *itemTx) rollBack(ctx context.Context) error {
+	if !t.made {
+		return nil
+	}
+	if _, err := t.batch.Exec(ctx, "ROLLBACK TO SAVEPOINT "+t.name); err != nil {
+		return fmt.Errorf("roll back to the savepoint: %w", err)
+	}
+	return nil
+}
+
+// Exec runs sql in the item's savepoint; the first sends the savepoint
+// with it.
+func (t *itemTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.made {
+		return t.batch.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT " + t.name)
+	b.Queue(sql, args...)
+	br := t.batch.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return pgconn.CommandTag{}, fmt.Errorf("savepoint: %w", err)
+	}
+	t.made = true
+	return br.Exec()
+}
+
+// Query runs sql in the item's savepoint.
+func (t *itemTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.make(ctx); err != nil {
+		return nil, err
+	}
+	return t.batch.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql in the item's savepoint.
+func (t *itemTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.make(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.batch.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch sends b in the item's savepoint.
+func (t *itemTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.make(ctx); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return t.batch.SendBatch(ctx, b)
+}
+
+// Begin starts a pseudo nested transaction inside the item's savepoint.
+func (t *itemTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.make(ctx); err != nil {
+		return nil, err
+	}
+	return t.batch.Begin(ctx)
+}
+
+// CopyFrom copies rows into tableName in the item's savepoint.
+func (t *itemTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	if err := t.make(ctx); err != nil {
+		return 0, err
+	}
+	return t.batch.CopyFrom(ctx, tableName, columnNames, rowSrc)
+}
+
+// Prepare prepares a statement on the batch's connection.
+func (t *itemTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.batch.Prepare(ctx, name, sql)
+}
+
+// LargeObjects returns the large objects of the item's savepoint; a
+// savepoint that cannot be made leaves them unusable, as exectx.Tx's.
+func (t *itemTx) LargeObjects() pgx.LargeObjects {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := t.make(ctx); err != nil {
+		return pgx.LargeObjects{}
+	}
+	return t.batch.LargeObjects()
+}
+
+// Conn returns the batch's connection.
+func (t *itemTx) Conn() *pgx.Conn { return t.batch.Conn() }
 
 // Commit refuses: the engine commits the batch.
-func (batchTx) Commit(context.Context) error { return ErrCommitByHandler }
+func (*itemTx) Commit(context.Context) error { return ErrCommitByHandler }
 
 // Rollback refuses: the engine rolls an item back, to its savepoint, when
 // its handler returns an error.
-func (batchTx) Rollback(context.Context) error { return ErrCommitByHandler }
+func (*itemTx) Rollback(context.Context) error { return ErrCommitByHandler }
+
+// errRow is a pgx.Row whose Scan returns err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
 
 // batchMode is the mode of one item of a batch (DoBatch): the batch's
 // transaction holds the key's lock, and its statements write the key's
@@ -415,7 +526,7 @@ func (batchTx) Rollback(context.Context) error { return ErrCommitByHandler }
 // refuses steps (ErrStepInBatch). The rest of the flow is the batch's.
 type batchMode struct {
 	e       *Engine
-	sp      batchTx
+	sp      *itemTx
 	stepped bool // Step was refused: the item runs alone
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,11 +20,21 @@ import (
 // BenchmarkConsumer measures what the exactly-once consumer costs against
 // a bare one on the same server: a backlog of BENCH_MESSAGES (default
 // 2000) messages, each with a key of its own, drained by BENCH_WORKERS
-// (default 8) workers, either by a Consumer whose handler inserts one row
-// through the execution's transaction, or by a bare loop that inserts the
-// row in a transaction of its own and acks (DoubleAck) after its commit.
-// Every round drains two backlogs back to back, in alternating order, so
-// both see the same machine; it reports both rates and their ratio.
+// (default 8) workers, by one of:
+//
+//   - bare: a loop that inserts each message's row in a transaction of
+//     its own and acks (DoubleAck) after its commit;
+//   - bare_batched: a loop that takes up to DefaultBatchSize messages
+//     (DefaultBatchLinger after the first at most), inserts their rows in
+//     one transaction (one round trip for all) and acks them all after
+//     its commit;
+//   - oncenats_single: a Consumer whose handler inserts one row through
+//     the execution's transaction, each message alone (BatchSize 1);
+//   - oncenats: the same Consumer with its defaults (batches).
+//
+// Every round drains the four backlogs back to back, in rotating order,
+// so all see the same machine; it reports every rate and its ratio to
+// bare's (oncenats against bare_batched is the ratio of their rates).
 func BenchmarkConsumer(b *testing.B) {
 	messages := oncetest.EnvInt(b, "BENCH_MESSAGES", 2000)
 	workers := oncetest.EnvInt(b, "BENCH_WORKERS", 8)
@@ -41,7 +53,13 @@ func BenchmarkConsumer(b *testing.B) {
 			return took
 		}}
 	}
-	oncetest.CompareRates(b, messages, variant("bare", (*testBundle).drainBare), variant("oncenats", (*testBundle).drainConsumer))
+	oncetest.CompareRates(b, messages,
+		variant("bare", func(bd *testBundle, tb testing.TB, workers int) { bd.drainBare(tb, workers, 1) }),
+		variant("bare_batched", func(bd *testBundle, tb testing.TB, workers int) {
+			bd.drainBare(tb, workers, oncenats.DefaultBatchSize)
+		}),
+		variant("oncenats_single", func(bd *testBundle, tb testing.TB, workers int) { bd.drainConsumer(tb, workers, 1) }),
+		variant("oncenats", func(bd *testBundle, tb testing.TB, workers int) { bd.drainConsumer(tb, workers, 0) }))
 }
 
 // publishBacklog publishes n messages with keys of their own and waits
@@ -69,11 +87,12 @@ func (b *testBundle) publishBacklog(tb testing.TB, n int) {
 	}
 }
 
-// drainConsumer runs a Consumer until the backlog is settled.
-func (b *testBundle) drainConsumer(tb testing.TB, workers int) {
+// drainConsumer runs a Consumer (batches of batchSize: 0 the default)
+// until the backlog is settled.
+func (b *testBundle) drainConsumer(tb testing.TB, workers, batchSize int) {
 	tb.Helper()
 	opts := b.options()
-	opts.Workers = workers
+	opts.Workers, opts.BatchSize = workers, batchSize
 	opts.Registerer = nil
 	c, err := oncenats.NewConsumer(b.engine, effect, opts)
 	if err != nil {
@@ -86,9 +105,10 @@ func (b *testBundle) drainConsumer(tb testing.TB, workers int) {
 	b.awaitDrained(tb)
 }
 
-// drainBare consumes the backlog the plain way: insert the row in a
-// transaction, then ack once it committed.
-func (b *testBundle) drainBare(tb testing.TB, workers int) {
+// drainBare consumes the backlog the plain way: insert the rows of up to
+// batchSize messages (DefaultBatchLinger after the first at most) in one
+// transaction, then ack them once it committed.
+func (b *testBundle) drainBare(tb testing.TB, workers, batchSize int) {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
@@ -102,7 +122,7 @@ func (b *testBundle) drainBare(tb testing.TB, workers int) {
 		case work <- msg:
 		case <-ctx.Done():
 		}
-	}, jetstream.PullMaxMessages(workers))
+	}, jetstream.PullMaxMessages(workers*batchSize))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -114,12 +134,7 @@ func (b *testBundle) drainBare(tb testing.TB, workers int) {
 				case <-ctx.Done():
 					return
 				case msg := <-work:
-					_, err := b.pool.Exec(ctx, `INSERT INTO effects (scope, key, payload) VALUES ($1, $2, $3)`,
-						"tenant", msg.Headers().Get(oncenats.DefaultKeyHeader), string(msg.Data()))
-					if err == nil {
-						err = msg.DoubleAck(ctx)
-					}
-					if err != nil {
+					if err := b.insertAndAck(ctx, bareBatch(ctx, msg, work, batchSize)); err != nil {
 						failed.Store(err)
 					}
 				}
@@ -132,6 +147,73 @@ func (b *testBundle) drainBare(tb testing.TB, workers int) {
 	if err, ok := failed.Load().(error); ok {
 		tb.Fatalf("bare consumer: %v", err)
 	}
+}
+
+// bareBatch returns first and what work hands over until there are n
+// messages or DefaultBatchLinger has passed.
+func bareBatch(ctx context.Context, first jetstream.Msg, work <-chan jetstream.Msg, n int) []jetstream.Msg {
+	batch := []jetstream.Msg{first}
+	if n == 1 {
+		return batch
+	}
+	linger := time.NewTimer(oncenats.DefaultBatchLinger)
+	defer linger.Stop()
+	for len(batch) < n {
+		select {
+		case msg := <-work:
+			batch = append(batch, msg)
+		case <-linger.C:
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
+}
+
+// insertAndAck inserts the rows of msgs — alone, or in one transaction
+// (one round trip for them all) — and acks them, all at once, once that
+// committed.
+func (b *testBundle) insertAndAck(ctx context.Context, msgs []jetstream.Msg) error {
+	insert := func(db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, msg jetstream.Msg) error {
+		_, err := db.Exec(ctx, `INSERT INTO effects (scope, key, payload) VALUES ($1, $2, $3)`,
+			"tenant", msg.Headers().Get(oncenats.DefaultKeyHeader), string(msg.Data()))
+		return err
+	}
+	var err error
+	if len(msgs) == 1 {
+		err = insert(b.pool, msgs[0])
+	} else {
+		err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			batch := &pgx.Batch{}
+			for _, msg := range msgs {
+				batch.Queue(`INSERT INTO effects (scope, key, payload) VALUES ($1, $2, $3)`,
+					"tenant", msg.Headers().Get(oncenats.DefaultKeyHeader), string(msg.Data()))
+			}
+			return tx.SendBatch(ctx, batch).Close()
+		})
+	}
+	if err != nil {
+		return err
+	}
+	var (
+		acks   sync.WaitGroup
+		failed atomic.Value
+	)
+	for _, msg := range msgs {
+		acks.Go(func() {
+			if err := msg.DoubleAck(ctx); err != nil {
+				failed.Store(err)
+			}
+		})
+	}
+	acks.Wait()
+	if err, ok := failed.Load().(error); ok {
+		return err
+	}
+	return nil
 }
 
 // awaitDrained waits until the consumer has no message pending or
