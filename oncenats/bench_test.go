@@ -24,13 +24,15 @@ import (
 //
 //   - bare: a loop that inserts each message's row in a transaction of
 //     its own and acks (DoubleAck) after its commit;
-//   - bare_batched: a loop that takes up to DefaultBatchSize messages
+//   - bare_batched: a loop that takes up to BENCH_BATCH (default
+//     DefaultBatchSize) messages
 //     (DefaultBatchLinger after the first at most), inserts their rows in
 //     one transaction (one round trip for all) and acks them all after
 //     its commit;
 //   - oncenats_single: a Consumer whose handler inserts one row through
 //     the execution's transaction, each message alone (BatchSize 1);
-//   - oncenats: the same Consumer with its defaults (batches).
+//   - oncenats: the same Consumer in batches of BENCH_BATCH (default
+//     DefaultBatchSize) messages, DefaultBatchLinger.
 //
 // Every round drains the four backlogs back to back, in rotating order,
 // so all see the same machine; it reports every rate and its ratio to
@@ -38,6 +40,7 @@ import (
 func BenchmarkConsumer(b *testing.B) {
 	messages := oncetest.EnvInt(b, "BENCH_MESSAGES", 2000)
 	workers := oncetest.EnvInt(b, "BENCH_WORKERS", 8)
+	batch := oncetest.EnvInt(b, "BENCH_BATCH", oncenats.DefaultBatchSize)
 	variant := func(name string, drain func(bd *testBundle, tb testing.TB, workers int)) oncetest.Variant {
 		return oncetest.Variant{Name: name, Drain: func(b *testing.B, _ int) time.Duration {
 			bd := setup(b, setupOpts{ackWait: 30 * time.Second})
@@ -56,10 +59,10 @@ func BenchmarkConsumer(b *testing.B) {
 	oncetest.CompareRates(b, messages,
 		variant("bare", func(bd *testBundle, tb testing.TB, workers int) { bd.drainBare(tb, workers, 1) }),
 		variant("bare_batched", func(bd *testBundle, tb testing.TB, workers int) {
-			bd.drainBare(tb, workers, oncenats.DefaultBatchSize)
+			bd.drainBare(tb, workers, batch)
 		}),
 		variant("oncenats_single", func(bd *testBundle, tb testing.TB, workers int) { bd.drainConsumer(tb, workers, 1) }),
-		variant("oncenats", func(bd *testBundle, tb testing.TB, workers int) { bd.drainConsumer(tb, workers, 0) }))
+		variant("oncenats", func(bd *testBundle, tb testing.TB, workers int) { bd.drainConsumer(tb, workers, batch) }))
 }
 
 // publishBacklog publishes n messages with keys of their own and waits
@@ -87,8 +90,8 @@ func (b *testBundle) publishBacklog(tb testing.TB, n int) {
 	}
 }
 
-// drainConsumer runs a Consumer (batches of batchSize: 0 the default)
-// until the backlog is settled.
+// drainConsumer runs a Consumer (batches of batchSize) until the backlog
+// is settled.
 func (b *testBundle) drainConsumer(tb testing.TB, workers, batchSize int) {
 	tb.Helper()
 	opts := b.options()
