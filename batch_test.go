@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/onceonly"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // The tests of this file are of DoBatch: many deliveries, one transaction.
@@ -295,4 +296,40 @@ func TestBatchAndSingleNeverRunAtOnce(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM payments p WHERE NOT EXISTS
 		(SELECT FROM idempotency_keys k WHERE k.key = p.idempotency_key AND k.status = 'completed')`).Scan(&orphans))
 	require.Zero(t, orphans, "an effect committed without its key completed")
+}
+
+// TestBatchWhenRedisGoes: a batch runs on when its Redis is flushed or
+// stopped: Postgres answers the replays and the reused keys, and first
+// executions go on, each once.
+func TestBatchWhenRedisGoes(t *testing.T) {
+	t.Parallel()
+	srv := oncetest.NewRedisServer(t)
+	rdb := oncetest.RedisClient(t, srv.URL())
+	b := setup(t, setupOpts{rdb: rdb})
+	e := b.singleEngine(t, 0)
+	for _, r := range e.DoBatch(b.ctx, batchOf("k", 8, "p")) {
+		require.NoError(t, r.Err)
+	}
+	require.NoError(t, rdb.FlushAll(b.ctx).Err())
+	for _, r := range e.DoBatch(b.ctx, batchOf("k", 8, "p")) {
+		require.NoError(t, r.Err)
+		require.True(t, r.Outcome.Replayed, "replayed from Postgres")
+	}
+
+	srv.Stop()
+	items := append(batchOf("k", 4, "p"), batchOf("new", 4, "p")...)
+	items = append(items, batchOf("k", 6, "other")[5])
+	for i, r := range e.DoBatch(b.ctx, items) {
+		switch {
+		case i < 4:
+			require.NoError(t, r.Err, i)
+			require.True(t, r.Outcome.Replayed, i)
+		case i < 8:
+			require.NoError(t, r.Err, "first executions go on without Redis")
+			require.False(t, r.Outcome.Replayed, i)
+		default:
+			require.ErrorIs(t, r.Err, onceonly.ErrKeyReused)
+		}
+	}
+	require.Equal(t, 12, b.payments(t))
 }
