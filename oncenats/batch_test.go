@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/oncenats"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // TestBatchesCommitTogether: a backlog is run in batches — many keys
@@ -22,27 +23,14 @@ func TestBatchesCommitTogether(t *testing.T) {
 	b := setup(t, setupOpts{})
 	const messages = 48
 	b.publishBacklog(t, messages)
-	var (
-		mu    sync.Mutex
-		tries = map[string]int{}
-	)
+	flaky := &oncetest.Flaky{Fail: "order-7", Panic: "order-11"}
 	opts := b.options()
 	opts.Workers, opts.BatchSize, opts.BatchLinger = 2, 16, 200*time.Millisecond
 	b.run(t, func(ctx context.Context, msg oncenats.Message) error {
-		mu.Lock()
-		tries[msg.Key]++
-		n := tries[msg.Key]
-		mu.Unlock()
 		if err := effect(ctx, msg); err != nil {
 			return err
 		}
-		switch {
-		case msg.Key == "order-7" && n == 1:
-			return errors.New("the ledger is down")
-		case msg.Key == "order-11" && n == 1:
-			panic("a handler bug")
-		}
-		return nil
+		return flaky.Try(msg.Key)
 	}, opts)
 
 	b.awaitSettled(t, 30*time.Second)
@@ -54,8 +42,8 @@ func TestBatchesCommitTogether(t *testing.T) {
 	require.Less(t, txs, messages/2, "the keys were completed in batches")
 	require.Equal(t, 2, b.count(t, "retry", "failed"))
 	require.Equal(t, messages, b.count(t, "ack", "executed"))
-	require.Equal(t, 2, tries["order-7"])
-	require.Equal(t, 2, tries["order-11"])
+	require.Equal(t, 2, flaky.Tries("order-7"))
+	require.Equal(t, 2, flaky.Tries("order-11"))
 }
 
 // TestBatchedStepRunsAlone: a handler that calls Step inside a batch is

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/onceonly/onceonly/consume"
 	"github.com/onceonly/onceonly/oncenats"
 	"github.com/onceonly/onceonly/oncetest"
 )
@@ -137,7 +138,7 @@ func (b *testBundle) drainBare(tb testing.TB, workers, batchSize int) {
 				case <-ctx.Done():
 					return
 				case msg := <-work:
-					if err := b.insertAndAck(ctx, bareBatch(ctx, msg, work, batchSize)); err != nil {
+					if err := b.insertAndAck(ctx, consume.Collect(msg, work, batchSize, oncenats.DefaultBatchLinger, ctx.Done())); err != nil {
 						failed.Store(err)
 					}
 				}
@@ -150,28 +151,6 @@ func (b *testBundle) drainBare(tb testing.TB, workers, batchSize int) {
 	if err, ok := failed.Load().(error); ok {
 		tb.Fatalf("bare consumer: %v", err)
 	}
-}
-
-// bareBatch returns first and what work hands over until there are n
-// messages or DefaultBatchLinger has passed.
-func bareBatch(ctx context.Context, first jetstream.Msg, work <-chan jetstream.Msg, n int) []jetstream.Msg {
-	batch := []jetstream.Msg{first}
-	if n == 1 {
-		return batch
-	}
-	linger := time.NewTimer(oncenats.DefaultBatchLinger)
-	defer linger.Stop()
-	for len(batch) < n {
-		select {
-		case msg := <-work:
-			batch = append(batch, msg)
-		case <-linger.C:
-			return batch
-		case <-ctx.Done():
-			return batch
-		}
-	}
-	return batch
 }
 
 // insertAndAck inserts the rows of msgs — alone, or in one transaction

@@ -63,9 +63,9 @@ const (
 	DefaultAckTimeout = 5 * time.Second
 	// DefaultBatchSize is Options.BatchSize when unset (measured in
 	// docs/BENCHMARKS.md).
-	DefaultBatchSize = 32
+	DefaultBatchSize = consume.DefaultBatchSize
 	// DefaultBatchLinger is Options.BatchLinger when unset.
-	DefaultBatchLinger = 2 * time.Millisecond
+	DefaultBatchLinger = consume.DefaultBatchLinger
 	// DefaultRetryMin and DefaultRetryMax bound the backoff between
 	// attempts to find the consumer and subscribe again.
 	DefaultRetryMin = 100 * time.Millisecond
@@ -469,7 +469,7 @@ func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
 						c.handle(execCtx, msg, progress)
 						continue
 					}
-					c.handleBatch(execCtx, c.collect(msg, work, stopping), progress)
+					c.handleBatch(execCtx, consume.Collect(msg, work, c.opts.BatchSize, c.opts.BatchLinger, stopping), progress)
 				case <-stopping:
 					return
 				}

@@ -54,26 +54,6 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, progress time.
 	c.metrics.duration.WithLabelValues(disposition).Observe(time.Since(start).Seconds())
 }
 
-// collect returns a batch that begins with first: the messages work hands
-// over until the batch has Options.BatchSize of them, Options.BatchLinger
-// has passed since first, or the intake stops.
-func (c *Consumer) collect(first jetstream.Msg, work <-chan jetstream.Msg, stopping <-chan struct{}) []jetstream.Msg {
-	batch := append(make([]jetstream.Msg, 0, c.opts.BatchSize), first)
-	linger := time.NewTimer(c.opts.BatchLinger)
-	defer linger.Stop()
-	for len(batch) < c.opts.BatchSize {
-		select {
-		case msg := <-work:
-			batch = append(batch, msg)
-		case <-linger.C:
-			return batch
-		case <-stopping:
-			return batch
-		}
-	}
-	return batch
-}
-
 // handleBatch runs msgs as one batch (consume.Executor.SettleBatch) and,
 // once it committed, settles each message, all at once; progress is how
 // often they are marked in progress meanwhile.
