@@ -239,7 +239,8 @@ func (e *Engine) runBatch(ctx context.Context, entries []*batchEntry, results []
 		switch {
 		case err != nil:
 			_ = tx.Rollback(context.WithoutCancel(ctx))
-			fail(run, err)
+			e.log.Warn("batch failed; its deliveries run alone", "err", err)
+			alone = aloneAfter(ctx, alone, run, fail, err)
 			return
 		case stepped:
 			alone = append(alone, en)
@@ -259,7 +260,11 @@ func (e *Engine) runBatch(ctx context.Context, entries []*batchEntry, results []
 				done = append(done, en)
 			}
 		}
-		fail(done, fromStore(fmt.Errorf("finish batch and commit: %w", err)))
+		// Whether the COMMIT landed is unknown: alone, each delivery takes
+		// its key's lock again and finds its row if it did (a replay).
+		err = fromStore(fmt.Errorf("finish batch and commit: %w", err))
+		e.log.Warn("batch commit failed; its deliveries run alone", "err", err)
+		alone = aloneAfter(ctx, alone, done, fail, err)
 		return
 	}
 	keys := make([]keystate.Key, 0, len(stored))
@@ -277,6 +282,24 @@ func (e *Engine) runBatch(ctx context.Context, entries []*batchEntry, results []
 		e.metrics.executions.WithLabelValues(byFirst, en.outcome).Inc()
 	}
 	e.writeThroughAll(ctx, keys)
+}
+
+// aloneAfter returns alone with ens added, to run alone once a batch
+// failed as a whole (err): a delivery whose handler broke the batch's
+// transaction (a connection left busy, a statement that killed it) fails
+// itself alone, not its batch's others again and again. When the caller
+// left, ens are answered err instead (fail).
+func aloneAfter(ctx context.Context, alone, ens []*batchEntry, fail func([]*batchEntry, error), err error) []*batchEntry {
+	if ctx.Err() != nil {
+		fail(ens, err)
+		return alone
+	}
+	for _, en := range ens {
+		if !slices.Contains(alone, en) {
+			alone = append(alone, en)
+		}
+	}
+	return alone
 }
 
 // answerFromCache answers the entries Redis can answer (replays, reused
@@ -350,6 +373,11 @@ func (e *Engine) runEntry(tx *exectx.Tx, en *batchEntry) (stepped bool, err erro
 	if res.Status == 0 {
 		res.Status = http.StatusOK
 	}
+	if handleErr == nil && !bm.stepped && aborted(tx) {
+		// A statement failed and the handler went on: its writes cannot
+		// commit, and would take the batch's others down with them.
+		handleErr = errAborted
+	}
 	stored := handleErr == nil && !bm.stepped && e.cfg.ShouldStore(res.Status)
 	if !stored {
 		if err := sp.rollBack(context.WithoutCancel(en.ctx)); err != nil {
@@ -375,6 +403,17 @@ func (e *Engine) runEntry(tx *exectx.Tx, en *batchEntry) (stepped bool, err erro
 		en.outcome, en.result = outcomeHandlerError, BatchResult{Err: &ExecutionError{Err: handleErr}}
 	}
 	return false, nil
+}
+
+// errAborted is the error of a batch item whose handler returned no error
+// from a transaction a failed statement had aborted.
+var errAborted = errors.New("onceonly: a statement of the handler failed and its transaction is aborted")
+
+// aborted reports whether tx is in a failed transaction block: a statement
+// failed since its last savepoint was rolled back to.
+func aborted(tx *exectx.Tx) bool {
+	conn := tx.Conn()
+	return conn != nil && conn.PgConn().TxStatus() == 'E'
 }
 
 // callInBatch runs fn; a panic becomes its error (ErrHandlerPanicked), so

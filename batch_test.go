@@ -333,3 +333,45 @@ func TestBatchWhenRedisGoes(t *testing.T) {
 	}
 	require.Equal(t, 12, b.payments(t))
 }
+
+// TestBatchOneHandlerCannotSinkTheOthers: a handler that swallows a failed
+// statement fails its own key only; one that leaves the batch's
+// connection unusable (rows it never closed) fails the batch's
+// transaction, and every delivery of it runs again alone, each once.
+func TestBatchOneHandlerCannotSinkTheOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	e := b.singleEngine(t, 0)
+	swallow := func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		_, _ = tx.Exec(ctx, `SELECT 1/0`)
+		return onceonly.Result{Status: 201}, nil
+	}
+	items := append(batchOf("a", 3, "p"), onceonly.BatchItem{Scope: "s", Key: "swallow", Payload: []byte("p"), Tx: swallow})
+	for i, r := range e.DoBatch(b.ctx, items) {
+		if items[i].Key == "swallow" {
+			require.Error(t, r.Err)
+			require.Equal(t, "failed", b.keyStatus(t, "swallow"))
+			continue
+		}
+		require.NoError(t, r.Err, i)
+		require.Equal(t, 1, b.paymentsOf(t, items[i].Key))
+	}
+
+	var opened atomic.Int32
+	leaveRows := func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+		if opened.Add(1) == 1 {
+			_, err := tx.Query(ctx, `SELECT generate_series(1, 100000)`) //nolint:sqlclosecheck // the bug under test
+			if err != nil {
+				return onceonly.Result{}, err
+			}
+			return onceonly.Result{}, errors.New("left its rows open")
+		}
+		return keyedPayment("rows", 201)(ctx, tx)
+	}
+	items = append(batchOf("b", 3, "p"), onceonly.BatchItem{Scope: "s", Key: "rows", Payload: []byte("p"), Tx: leaveRows})
+	for i, r := range e.DoBatch(b.ctx, items) {
+		require.NoError(t, r.Err, items[i].Key)
+		require.Equal(t, 1, b.paymentsOf(t, items[i].Key), items[i].Key)
+	}
+	require.Equal(t, int32(2), opened.Load(), "the batch, then alone")
+}
