@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceonly/onceonly/cache"
 	"github.com/onceonly/onceonly/internal/exectx"
@@ -118,7 +119,7 @@ func (e *Engine) DoBatch(ctx context.Context, items []BatchItem) []BatchResult {
 		}
 		en := &batchEntry{i: i, item: it, ref: ref, fp: payloadFingerprint(it.Payload)}
 		var err error
-		if en.ctx, en.call, err = e.enter(ctx, it.Scope, it.Key, it.Name, false); err != nil {
+		if _, en.call, err = e.enter(ctx, it.Scope, it.Key, it.Name, false); err != nil {
 			e.leave(en.call, outcomeInvalid, false, err)
 			results[i].Err = err
 			continue
@@ -163,7 +164,6 @@ type batchEntry struct {
 	item BatchItem
 	ref  keystate.Ref
 	fp   string
-	ctx  context.Context //nolint:containedctx // the item's own span, from enter
 	call entryCall
 	// The item's end in the batch's transaction, once its handler ran.
 	end     outbox.BatchEnd
@@ -235,7 +235,7 @@ func (e *Engine) runBatch(ctx context.Context, entries []*batchEntry, results []
 	}
 	var ends []outbox.BatchEnd
 	for _, en := range run {
-		stepped, err := e.runEntry(tx, en)
+		stepped, err := e.runEntry(ctx, tx, en)
 		switch {
 		case err != nil:
 			_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -337,8 +337,8 @@ func (e *Engine) answerFromCache(ctx context.Context, entries []*batchEntry, res
 // transaction notified them already.
 func (e *Engine) writeThroughAll(ctx context.Context, keys []keystate.Key) {
 	if e.cache != nil {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RedisTimeout)
-		res, err := e.cache.ApplyBatch(ctx, keys)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RedisTimeout)
+		res, err := e.cache.ApplyBatch(actx, keys)
 		cancel()
 		if err == nil && !slices.ContainsFunc(res, func(r cache.ApplyResult) bool { return r.Err != nil }) {
 			return
@@ -356,7 +356,8 @@ func (e *Engine) writeThroughAll(ctx context.Context, keys []keystate.Key) {
 // stepped is true when the handler called Step (refused: en runs alone);
 // its writes are rolled back. An error is the batch's transaction's: no
 // item of it can commit.
-func (e *Engine) runEntry(tx *exectx.Tx, en *batchEntry) (stepped bool, err error) {
+func (e *Engine) runEntry(ctx context.Context, tx *exectx.Tx, en *batchEntry) (stepped bool, err error) {
+	ctx = trace.ContextWithSpan(ctx, en.call.span) // the item's own span (enter)
 	sp := &itemTx{batch: tx, name: itemSavepoint}
 	payload := en.item.Payload
 	bm := &batchMode{e: e, sp: sp}
@@ -366,7 +367,7 @@ func (e *Engine) runEntry(tx *exectx.Tx, en *batchEntry) (stepped bool, err erro
 	if en.item.Tx != nil {
 		fn = withTx(en.item.Tx)
 	}
-	hctx := context.WithValue(en.ctx, executionKey{}, x)
+	hctx := context.WithValue(ctx, executionKey{}, x)
 	sctx, span := e.startSpan(hctx, spanHandler)
 	res, handleErr, panicked := e.callInBatch(sctx, x, fn)
 	endSpan(span, handleErr)
@@ -380,7 +381,7 @@ func (e *Engine) runEntry(tx *exectx.Tx, en *batchEntry) (stepped bool, err erro
 	}
 	stored := handleErr == nil && !bm.stepped && e.cfg.ShouldStore(res.Status)
 	if !stored {
-		if err := sp.rollBack(context.WithoutCancel(en.ctx)); err != nil {
+		if err := sp.rollBack(context.WithoutCancel(ctx)); err != nil {
 			return false, err
 		}
 	}
@@ -399,7 +400,7 @@ func (e *Engine) runEntry(tx *exectx.Tx, en *batchEntry) (stepped bool, err erro
 		en.end.CountFailure = true // a deliberate answer that is not stored
 		en.outcome, en.result = outcomeFailed, BatchResult{Outcome: Outcome{Result: res}}
 	default:
-		en.end.CountFailure = en.ctx.Err() == nil // a caller that left is not the handler's failure
+		en.end.CountFailure = ctx.Err() == nil // a caller that left is not the handler's failure
 		en.outcome, en.result = outcomeHandlerError, BatchResult{Err: &ExecutionError{Err: handleErr}}
 	}
 	return false, nil
@@ -418,7 +419,7 @@ func aborted(tx *exectx.Tx) bool {
 
 // callInBatch runs fn; a panic becomes its error (ErrHandlerPanicked), so
 // the other items of the batch go on.
-func (e *Engine) callInBatch(ctx context.Context, x *Execution, fn Func) (res Result, err error, panicked bool) { //nolint:revive // the error is the handler's, with how it ended
+func (e *Engine) callInBatch(ctx context.Context, x *Execution, fn Func) (res Result, err error, panicked bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			e.log.ErrorContext(ctx, "batch handler panicked", "scope", x.ref.Scope, "key", x.ref.Key, "panic", p, "stack", string(debug.Stack()))
@@ -485,7 +486,7 @@ func (t *itemTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 		return pgconn.CommandTag{}, fmt.Errorf("savepoint: %w", err)
 	}
 	t.made = true
-	return br.Exec()
+	return br.Exec() //nolint:wrapcheck // the handler's own statement: its error as pgx returns it, as outside a batch
 }
 
 // Query runs sql in the item's savepoint.

@@ -19,14 +19,14 @@ import (
 // The tests of this file are of DoBatch: many deliveries, one transaction.
 
 // keyedPayment is a batch item's handler that records one payment row for
-// its key, and answers status.
-func keyedPayment(key string, status int) onceonly.Handler {
+// its key, and answers 201.
+func keyedPayment(key string) onceonly.Handler {
 	return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 		if _, err := tx.Exec(ctx, `INSERT INTO payments (id, merchant_id, idempotency_key, amount, currency, customer, status)
 			VALUES (gen_random_uuid()::text, 'm', $1, 100, 'usd', 'c', 'succeeded')`, key); err != nil {
 			return onceonly.Result{}, err
 		}
-		return onceonly.Result{Status: status, ContentType: "application/json", Body: []byte(`{"key":"` + key + `"}`)}, nil
+		return onceonly.Result{Status: 201, ContentType: "application/json", Body: []byte(`{"key":"` + key + `"}`)}, nil
 	}
 }
 
@@ -35,7 +35,7 @@ func batchOf(prefix string, n int, payload string) []onceonly.BatchItem {
 	items := make([]onceonly.BatchItem, n)
 	for i := range items {
 		key := prefix + strconv.Itoa(i)
-		items[i] = onceonly.BatchItem{Scope: "s", Key: key, Payload: []byte(payload), Tx: keyedPayment(key, 201)}
+		items[i] = onceonly.BatchItem{Scope: "s", Key: key, Payload: []byte(payload), Tx: keyedPayment(key)}
 	}
 	return items
 }
@@ -98,7 +98,7 @@ func TestBatchFailureAndPanicRollBackTheirOwn(t *testing.T) {
 	e := b.singleEngine(t, 0)
 	boom := errors.New("boom")
 	failing := func(key string, how string) onceonly.Handler {
-		pay := keyedPayment(key, 201)
+		pay := keyedPayment(key)
 		return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 			if _, err := pay(ctx, tx); err != nil {
 				return onceonly.Result{}, err
@@ -144,9 +144,9 @@ func TestBatchFailureAndPanicRollBackTheirOwn(t *testing.T) {
 	require.ErrorIs(t, results[5].Err, onceonly.ErrHandlerPanicked)
 
 	retry := []onceonly.BatchItem{
-		{Scope: "s", Key: "error", Payload: []byte("p"), Tx: keyedPayment("error", 201)},
-		{Scope: "s", Key: "panic", Payload: []byte("p"), Tx: keyedPayment("panic", 201)},
-		{Scope: "s", Key: "ok0", Payload: []byte("p"), Tx: keyedPayment("ok0", 201)},
+		{Scope: "s", Key: "error", Payload: []byte("p"), Tx: keyedPayment("error")},
+		{Scope: "s", Key: "panic", Payload: []byte("p"), Tx: keyedPayment("panic")},
+		{Scope: "s", Key: "ok0", Payload: []byte("p"), Tx: keyedPayment("ok0")},
 	}
 	for i, r := range e.DoBatch(b.ctx, retry) {
 		require.NoError(t, r.Err, i)
@@ -163,11 +163,11 @@ func TestBatchDuplicateKeysRunOnce(t *testing.T) {
 	b := setup(t, setupOpts{})
 	e := b.singleEngine(t, 0)
 	items := []onceonly.BatchItem{
-		{Scope: "s", Key: "a", Payload: []byte("p"), Tx: keyedPayment("a", 201)},
-		{Scope: "s", Key: "a", Payload: []byte("p"), Tx: keyedPayment("a", 201)},
-		{Scope: "s", Key: "b", Payload: []byte("p"), Tx: keyedPayment("b", 201)},
-		{Scope: "s", Key: "a", Payload: []byte("other"), Tx: keyedPayment("a", 201)},
-		{Scope: "s", Key: "a", Payload: []byte("p"), Tx: keyedPayment("a", 201)},
+		{Scope: "s", Key: "a", Payload: []byte("p"), Tx: keyedPayment("a")},
+		{Scope: "s", Key: "a", Payload: []byte("p"), Tx: keyedPayment("a")},
+		{Scope: "s", Key: "b", Payload: []byte("p"), Tx: keyedPayment("b")},
+		{Scope: "s", Key: "a", Payload: []byte("other"), Tx: keyedPayment("a")},
+		{Scope: "s", Key: "a", Payload: []byte("p"), Tx: keyedPayment("a")},
 	}
 	results := e.DoBatch(b.ctx, items)
 	require.NoError(t, results[0].Err)
@@ -203,7 +203,7 @@ func TestBatchStepRunsAlone(t *testing.T) {
 		if err != nil {
 			return onceonly.Result{}, err
 		}
-		return keyedPayment(x.Key(), 201)(ctx, tx)
+		return keyedPayment(x.Key())(ctx, tx)
 	}
 	require.NoError(t, e.Register("charge", charge))
 	items := append(batchOf("plain", 3, "p"), onceonly.BatchItem{Scope: "s", Key: "stepper", Payload: []byte("p"), Func: charge, Name: "charge"})
@@ -233,7 +233,7 @@ func TestBatchAndSingleNeverRunAtOnce(t *testing.T) {
 		overlap atomic.Int32
 	)
 	guarded := func(key string) onceonly.Handler {
-		pay := keyedPayment(key, 201)
+		pay := keyedPayment(key)
 		return func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
 			mu.Lock()
 			running[key]++
@@ -366,7 +366,7 @@ func TestBatchOneHandlerCannotSinkTheOthers(t *testing.T) {
 			}
 			return onceonly.Result{}, errors.New("left its rows open")
 		}
-		return keyedPayment("rows", 201)(ctx, tx)
+		return keyedPayment("rows")(ctx, tx)
 	}
 	items = append(batchOf("b", 3, "p"), onceonly.BatchItem{Scope: "s", Key: "rows", Payload: []byte("p"), Tx: leaveRows})
 	for i, r := range e.DoBatch(b.ctx, items) {

@@ -158,7 +158,7 @@ func (b *testBundle) drainBare(tb testing.TB, workers, batchSize int) {
 // committed.
 func (b *testBundle) insertAndAck(ctx context.Context, msgs []jetstream.Msg) error {
 	insert := func(db interface {
-		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	}, msg jetstream.Msg) error {
 		_, err := db.Exec(ctx, `INSERT INTO effects (scope, key, payload) VALUES ($1, $2, $3)`,
 			"tenant", msg.Headers().Get(oncenats.DefaultKeyHeader), string(msg.Data()))
