@@ -83,9 +83,10 @@ type BatchResult struct {
 // appears earlier in items runs after them, in a later batch, so it is
 // answered as the replay (or the reused key) of the first.
 //
-// A handler runs inside the batch's transaction: one that idles longer
-// than the lease ends the transaction (idle_in_transaction_session_timeout),
-// and every item of the batch is answered ErrUnavailable, to be retried.
+// A batch that fails as a whole (Postgres ended it at the lease, a handler
+// left its connection unusable, its COMMIT failed or its outcome is
+// unknown) runs each of its items again alone, so one item cannot sink the
+// others; when ctx ended, they are answered its error instead.
 // With Config.TwoPhase, Config.DB or a distributed database, the items run
 // one after the other, each as Do or Run runs it.
 func (e *Engine) DoBatch(ctx context.Context, items []BatchItem) []BatchResult {
