@@ -2,6 +2,7 @@ package oncenats_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/consume"
 	"github.com/onceonly/onceonly/oncenats"
 	"github.com/onceonly/onceonly/oncetest"
@@ -188,6 +190,8 @@ func (b *testBundle) insertAndAck(ctx context.Context, msgs []jetstream.Msg) err
 		acks.Go(func() {
 			if err := msg.DoubleAck(ctx); err != nil {
 				failed.Store(err)
+			} else if b.onAck != nil {
+				b.onAck(msg)
 			}
 		})
 	}
@@ -199,9 +203,12 @@ func (b *testBundle) insertAndAck(ctx context.Context, msgs []jetstream.Msg) err
 }
 
 // awaitDrained waits until the consumer has no message pending or
-// unacknowledged.
+// unacknowledged (once b.published is closed, when set).
 func (b *testBundle) awaitDrained(tb testing.TB) {
 	tb.Helper()
+	if b.published != nil {
+		<-b.published
+	}
 	oncetest.Eventually(tb, 5*time.Minute, "the backlog drained", func() bool {
 		ci, err := b.cons.Info(b.ctx)
 		return err == nil && ci.NumPending == 0 && ci.NumAckPending == 0
@@ -216,4 +223,111 @@ func (b *testBundle) effectRows(tb testing.TB) int {
 		tb.Fatal(err)
 	}
 	return n
+}
+
+// BenchmarkSettleLatency measures how long a message waits, from its
+// publication to its ack, at a steady BENCH_RATE (default 1000) messages
+// a second for BENCH_MESSAGES (default 2000) messages, BENCH_WORKERS
+// (default 8) workers: the bare per-message loop (insert, commit, ack)
+// against the package in batches (its defaults). Each round runs both, in
+// alternating order; it reports each one's p50 and p99 and the ratio of
+// the p99s.
+func BenchmarkSettleLatency(b *testing.B) {
+	messages := oncetest.EnvInt(b, "BENCH_MESSAGES", 2000)
+	workers := oncetest.EnvInt(b, "BENCH_WORKERS", 8)
+	rate := oncetest.EnvInt(b, "BENCH_RATE", 1000)
+	var bare, batched []time.Duration
+	run := func(drain func(bd *testBundle, tb testing.TB, workers int, acked func(jetstream.Msg))) []time.Duration {
+		bd := setup(b, setupOpts{ackWait: 30 * time.Second})
+		var (
+			mu  sync.Mutex
+			lat = make([]time.Duration, 0, messages)
+		)
+		acked := func(msg jetstream.Msg) {
+			sent, err := time.Parse(time.RFC3339Nano, msg.Headers().Get("Sent-At"))
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			lat = append(lat, time.Since(sent))
+			mu.Unlock()
+		}
+		bd.published = make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			drain(bd, b, workers, acked)
+		}()
+		bd.publishPaced(b, messages, rate)
+		close(bd.published)
+		<-done
+		return lat
+	}
+	for i := range b.N {
+		first, second := &bare, &batched
+		drainFirst, drainSecond := (*testBundle).drainBareAcked, (*testBundle).drainConsumerAcked
+		if i%2 == 1 {
+			first, second = second, first
+			drainFirst, drainSecond = drainSecond, drainFirst
+		}
+		*first = append(*first, run(drainFirst)...)
+		*second = append(*second, run(drainSecond)...)
+	}
+	q := func(lat []time.Duration, p float64) time.Duration {
+		slices.Sort(lat)
+		return lat[min(len(lat)-1, int(float64(len(lat))*p))]
+	}
+	b.ReportMetric(float64(q(bare, 0.5).Microseconds())/1000, "p50_ms_bare")
+	b.ReportMetric(float64(q(bare, 0.99).Microseconds())/1000, "p99_ms_bare")
+	b.ReportMetric(float64(q(batched, 0.5).Microseconds())/1000, "p50_ms_oncenats")
+	b.ReportMetric(float64(q(batched, 0.99).Microseconds())/1000, "p99_ms_oncenats")
+	b.ReportMetric(float64(q(batched, 0.99))/float64(q(bare, 0.99)), "p99_oncenats/bare")
+	b.Logf("%d msg/s: bare p50 %v p99 %v; oncenats p50 %v p99 %v", rate, q(bare, 0.5), q(bare, 0.99), q(batched, 0.5), q(batched, 0.99))
+}
+
+// publishPaced publishes n keyed messages at rate a second, each with its
+// time of publication (Sent-At).
+func (b *testBundle) publishPaced(tb testing.TB, n, rate int) {
+	tb.Helper()
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for i := range n {
+		<-tick.C
+		msg := &nats.Msg{Subject: b.topo.Subject, Header: nats.Header{}, Data: []byte(`{"amount":` + strconv.Itoa(i+1) + `}`)}
+		msg.Header.Set(oncenats.DefaultKeyHeader, "order-"+strconv.Itoa(i))
+		msg.Header.Set("Sent-At", time.Now().Format(time.RFC3339Nano))
+		if _, err := b.js.PublishMsgAsync(msg); err != nil {
+			tb.Fatalf("publish: %v", err)
+		}
+	}
+	select {
+	case <-b.js.PublishAsyncComplete():
+	case <-time.After(10 * time.Second):
+		tb.Fatal("publish: no acknowledgement after 10s")
+	}
+}
+
+// drainBareAcked is drainBare, one message per transaction, calling acked
+// after each ack.
+func (b *testBundle) drainBareAcked(tb testing.TB, workers int, acked func(jetstream.Msg)) {
+	b.onAck = acked
+	b.drainBare(tb, workers, 1)
+}
+
+// drainConsumerAcked runs a Consumer with its defaults, calling acked
+// after each ack, until the backlog is settled.
+func (b *testBundle) drainConsumerAcked(tb testing.TB, workers int, acked func(jetstream.Msg)) {
+	tb.Helper()
+	opts := b.options()
+	opts.Workers, opts.Registerer = workers, nil
+	opts.Settled = func(msg jetstream.Msg, _ onceonly.Settlement) { acked(msg) }
+	c, err := oncenats.NewConsumer(b.engine, effect, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := c.Start(b.ctx); err != nil {
+		tb.Fatal(err)
+	}
+	defer c.Stop()
+	b.awaitDrained(tb)
 }
