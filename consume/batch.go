@@ -13,16 +13,21 @@ const (
 )
 
 // Collect returns a batch that begins with first: what work hands over
-// until the batch has n messages, linger has passed since first, work is
-// closed or stop is closed (nil: never). A worker runs the batch with
-// Executor.SettleBatch.
+// until the batch has n messages, work stays quiet for a tenth of linger,
+// linger has passed since first, work is closed or stop is closed (nil:
+// never). A backlog, whose messages come back to back, fills a batch at
+// once; a message that comes alone waits a tenth of linger, not all of it.
+// A worker runs the batch with Executor.SettleBatch.
 func Collect[M any](first M, work <-chan M, n int, linger time.Duration, stop <-chan struct{}) []M {
 	batch := append(make([]M, 0, n), first)
 	if n <= 1 {
 		return batch
 	}
-	timer := time.NewTimer(linger)
-	defer timer.Stop()
+	deadline := time.NewTimer(linger)
+	defer deadline.Stop()
+	gap := max(linger/10, time.Microsecond)
+	quiet := time.NewTimer(gap)
+	defer quiet.Stop()
 	for len(batch) < n {
 		select {
 		case m, ok := <-work:
@@ -30,7 +35,10 @@ func Collect[M any](first M, work <-chan M, n int, linger time.Duration, stop <-
 				return batch
 			}
 			batch = append(batch, m)
-		case <-timer.C:
+			quiet.Reset(gap)
+		case <-quiet.C:
+			return batch
+		case <-deadline.C:
 			return batch
 		case <-stop:
 			return batch
