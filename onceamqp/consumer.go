@@ -127,8 +127,9 @@ type Options struct {
 	// steps is better off with 1.
 	BatchSize int
 	// BatchLinger is how long a batch waits for more deliveries after its
-	// first (default DefaultBatchLinger): a bound on the latency batching
-	// adds at low rates.
+	// first at most (default DefaultBatchLinger), and a tenth of it how
+	// long it waits for the next (consume.Collect): a bound on the
+	// latency batching adds at low rates.
 	BatchLinger time.Duration
 	// Policy turns the engine's answers into acks, retries and dead
 	// letters (MaxFailures, MinBackoff, MaxBackoff).

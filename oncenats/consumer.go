@@ -147,8 +147,9 @@ type Options struct {
 	// off with 1.
 	BatchSize int
 	// BatchLinger is how long a batch waits for more messages after its
-	// first (default DefaultBatchLinger): a bound on the latency batching
-	// adds at low rates.
+	// first at most (default DefaultBatchLinger), and a tenth of it how
+	// long it waits for the next (consume.Collect): a bound on the
+	// latency batching adds at low rates.
 	BatchLinger time.Duration
 	// Policy turns the engine's answers into acks, delayed redeliveries
 	// and dead letters (MaxFailures, MinBackoff, MaxBackoff).
