@@ -293,7 +293,7 @@ func (e *Engine) runBatch(ctx context.Context, entries []*batchEntry, results []
 func aloneAfter(ctx context.Context, alone, ens []*batchEntry, fail func([]*batchEntry, error), err error) []*batchEntry {
 	if ctx.Err() != nil {
 		fail(ens, err)
-		return alone
+		return slices.DeleteFunc(alone, func(en *batchEntry) bool { return slices.Contains(ens, en) })
 	}
 	for _, en := range ens {
 		if !slices.Contains(alone, en) {
