@@ -236,6 +236,10 @@ func (x *Execution) recordIntent(ctx context.Context, name string) error {
 	case !x.lease.Valid():
 		return ErrLeaseLost
 	}
+	if m, ok := x.mode.(*batchMode); ok {
+		m.stepped = true // the batch rolls the item back and runs it alone
+		return ErrStepInBatch
+	}
 	if m, ok := x.mode.(singleCommit); ok {
 		// The first step of a single-commit execution: its claim commits
 		// first, and it goes on two-phase.

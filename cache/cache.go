@@ -470,16 +470,62 @@ func (c *Cache) Peek(ctx context.Context, ref keystate.Ref, fingerprint string) 
 	if err != nil {
 		return CheckResult{}, err
 	}
+	if !found {
+		return CheckResult{Verdict: Undecided}, nil
+	}
+	return peekEntry(entry, fingerprint), nil
+}
+
+// peekEntry judges a request of fingerprint from the key's entry (Peek).
+func peekEntry(entry Entry, fingerprint string) CheckResult {
 	switch {
-	case !found || entry.Provisional:
+	case entry.Provisional:
 	case entry.Digest != Digest(fingerprint):
 		if entry.State != keystate.InProgress {
-			return CheckResult{Verdict: Mismatch}, nil
+			return CheckResult{Verdict: Mismatch}
 		}
 	case entry.State == keystate.Completed:
-		return CheckResult{Verdict: Replay, Entry: entry}, nil
+		return CheckResult{Verdict: Replay, Entry: entry}
 	}
-	return CheckResult{Verdict: Undecided}, nil
+	return CheckResult{Verdict: Undecided}
+}
+
+// PeekBatch judges the requests of refs, each with its fingerprint, as
+// Peek does, in one pipeline: one round trip for all of them (a cluster
+// sends one per node). A result whose key could not be read or decoded is
+// Undecided: Postgres judges it. The error is set only when no key could
+// be read at all.
+func (c *Cache) PeekBatch(ctx context.Context, refs []keystate.Ref, fingerprints []string) ([]CheckResult, error) {
+	results := make([]CheckResult, len(refs))
+	cmds := make([]*redis.StringCmd, len(refs))
+	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, ref := range refs {
+			cmds[i] = p.Get(ctx, c.Key(ref))
+		}
+		return nil
+	})
+	read := 0
+	for i, cmd := range cmds {
+		results[i] = CheckResult{Verdict: Undecided}
+		raw, cerr := cmd.Bytes()
+		switch {
+		case errors.Is(cerr, redis.Nil):
+			read++
+			continue
+		case cerr != nil:
+			continue
+		}
+		read++
+		entry, derr := Decode(raw)
+		if derr != nil {
+			continue
+		}
+		results[i] = peekEntry(entry, fingerprints[i])
+	}
+	if read == 0 && len(refs) > 0 && err != nil && !errors.Is(err, redis.Nil) {
+		return results, fmt.Errorf("peek keys: %w", err)
+	}
+	return results, nil
 }
 
 // Watch subscribes to the settlement of ref: the apply script announces on

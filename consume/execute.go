@@ -77,10 +77,7 @@ func New[M any](cfg Config[M], name string, w Work[M]) (*Executor[M], error) {
 func (e *Executor[M]) Settle(ctx context.Context, m M) onceonly.Settlement {
 	id, err := e.cfg.Identifier.Identify(m)
 	if err != nil {
-		if p, ok := errors.AsType[*PanicError](err); ok {
-			e.cfg.Logger.ErrorContext(ctx, e.cfg.Package+": Options.Key, ScopeOf or Payload panicked", append(e.attrs(m), "panic", p.Value)...)
-		}
-		return e.cfg.Policy.Settle(onceonly.Outcome{}, err)
+		return e.invalid(ctx, m, err)
 	}
 	var out onceonly.Outcome
 	if e.tx != nil {
@@ -91,6 +88,57 @@ func (e *Executor[M]) Settle(ctx context.Context, m M) onceonly.Settlement {
 		out, err = e.cfg.Engine.Run(context.WithValue(ctx, messageKey[M]{}, m), e.name, id.Scope, id.Key, id.Payload)
 	}
 	return e.cfg.Policy.Settle(out, err)
+}
+
+// SettleBatch runs ms through the engine as one batch (Engine.DoBatch:
+// one transaction, one commit, each message under a savepoint of its own)
+// and returns their settlements in ms's order. An invalid message is
+// settled without running. A Handler that calls Step inside the batch is
+// refused (onceonly.ErrStepInBatch) and its message runs again alone, as
+// Settle runs it; so is a message whose key has a failed or in-progress
+// row. Settle each message only after SettleBatch returned: the batch's
+// commit came first.
+func (e *Executor[M]) SettleBatch(ctx context.Context, ms []M) []onceonly.Settlement {
+	settled := make([]onceonly.Settlement, len(ms))
+	items := make([]onceonly.BatchItem, 0, len(ms))
+	at := make([]int, 0, len(ms)) // the index in ms of each item
+	for i, m := range ms {
+		id, err := e.cfg.Identifier.Identify(m)
+		if err != nil {
+			settled[i] = e.invalid(ctx, m, err)
+			continue
+		}
+		items = append(items, e.item(id, m))
+		at = append(at, i)
+	}
+	for j, r := range e.cfg.Engine.DoBatch(ctx, items) {
+		settled[at[j]] = e.cfg.Policy.Settle(r.Outcome, r.Err)
+	}
+	return settled
+}
+
+// item is the batch item of m, identified as id.
+func (e *Executor[M]) item(id Identity, m M) onceonly.BatchItem {
+	it := onceonly.BatchItem{Scope: id.Scope, Key: id.Key, Payload: id.Payload}
+	if e.tx != nil {
+		it.Tx = func(ctx context.Context, tx pgx.Tx) (onceonly.Result, error) {
+			return e.call(ctx, id, func() error { return e.tx(ctx, tx, id, m) })
+		}
+		return it
+	}
+	it.Name = e.name
+	it.Func = func(ctx context.Context, _ *onceonly.Execution) (onceonly.Result, error) {
+		return e.call(ctx, id, func() error { return e.handler(ctx, id, m) })
+	}
+	return it
+}
+
+// invalid settles m, which could not be identified (err).
+func (e *Executor[M]) invalid(ctx context.Context, m M, err error) onceonly.Settlement {
+	if p, ok := errors.AsType[*PanicError](err); ok {
+		e.cfg.Logger.ErrorContext(ctx, e.cfg.Package+": Options.Key, ScopeOf or Payload panicked", append(e.attrs(m), "panic", p.Value)...)
+	}
+	return e.cfg.Policy.Settle(onceonly.Outcome{}, err)
 }
 
 // messageKey carries the message from Settle to execute through Engine.Run.

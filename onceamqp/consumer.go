@@ -63,6 +63,11 @@ const (
 	// DefaultDialTimeout bounds a dial and the AMQP handshake when
 	// Options.AMQP.Dial is unset.
 	DefaultDialTimeout = 10 * time.Second
+	// DefaultBatchSize is Options.BatchSize when unset (measured in
+	// docs/BENCHMARKS.md).
+	DefaultBatchSize = consume.DefaultBatchSize
+	// DefaultBatchLinger is Options.BatchLinger when unset.
+	DefaultBatchLinger = consume.DefaultBatchLinger
 )
 
 // Options configures a Consumer. URL, Queue, and Scope or ScopeOf are
@@ -109,8 +114,23 @@ type Options struct {
 	Workers int
 	// Prefetch is the channel's Qos prefetch count: deliveries sent ahead
 	// of the workers, including those held for a retry (default 2 ×
-	// Workers).
+	// Workers × BatchSize).
 	Prefetch int
+	// BatchSize is how many deliveries a worker runs in one transaction
+	// (onceonly.Engine.DoBatch): a worker's batch closes at BatchSize
+	// deliveries or BatchLinger after its first, whichever comes first,
+	// and its deliveries are settled after the batch's commit. Default
+	// DefaultBatchSize; 1 runs each delivery alone, in a transaction of
+	// its own. At most onceonly.MaxBatch. A Handler that calls
+	// onceonly.Step inside a batch is refused (onceonly.ErrStepInBatch)
+	// and its delivery runs again alone, so a consumer whose every message
+	// steps is better off with 1.
+	BatchSize int
+	// BatchLinger is how long a batch waits for more deliveries after its
+	// first at most (default DefaultBatchLinger), and a tenth of it how
+	// long it waits for the next (consume.Collect): a bound on the
+	// latency batching adds at low rates.
+	BatchLinger time.Duration
 	// Policy turns the engine's answers into acks, retries and dead
 	// letters (MaxFailures, MinBackoff, MaxBackoff).
 	Policy onceonly.SettlePolicy
@@ -189,8 +209,10 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[*amqp.Del
 		return nil, errors.New("onceamqp: Options.Queue is required")
 	case opts.Scope == "" && opts.ScopeOf == nil:
 		return nil, errors.New("onceamqp: Options.Scope or Options.ScopeOf is required")
-	case opts.Workers < 0, opts.Prefetch < 0:
-		return nil, errors.New("onceamqp: Options.Workers and Options.Prefetch must not be negative")
+	case opts.Workers < 0, opts.Prefetch < 0, opts.BatchSize < 0, opts.BatchLinger < 0:
+		return nil, errors.New("onceamqp: Options.Workers, Prefetch, BatchSize and BatchLinger must not be negative")
+	case opts.BatchSize > onceonly.MaxBatch:
+		return nil, fmt.Errorf("onceamqp: Options.BatchSize is at most onceonly.MaxBatch (%d)", onceonly.MaxBatch)
 	}
 	if opts.Name == "" {
 		opts.Name = "amqp." + opts.Queue
@@ -205,8 +227,14 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[*amqp.Del
 	if opts.Workers == 0 {
 		opts.Workers = DefaultWorkers
 	}
+	if opts.BatchSize == 0 {
+		opts.BatchSize = DefaultBatchSize
+	}
+	if opts.BatchLinger == 0 {
+		opts.BatchLinger = DefaultBatchLinger
+	}
 	if opts.Prefetch == 0 {
-		opts.Prefetch = 2 * opts.Workers
+		opts.Prefetch = 2 * opts.Workers * opts.BatchSize
 	}
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = DefaultShutdownTimeout
@@ -323,7 +351,11 @@ func (c *Consumer) consume(ctx context.Context, started func()) {
 	for range c.opts.Workers {
 		workers.Go(func() {
 			for d := range work {
-				c.handle(execCtx, d)
+				if c.opts.BatchSize == 1 {
+					c.handle(execCtx, d)
+					continue
+				}
+				c.handleBatch(execCtx, consume.Collect(d, work, c.opts.BatchSize, c.opts.BatchLinger, nil))
 			}
 		})
 	}

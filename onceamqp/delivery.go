@@ -51,6 +51,28 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) {
 	c.settle(ctx, &d, s)
 }
 
+// handleBatch runs ds as one batch (consume.Executor.SettleBatch) and,
+// once it committed, settles each delivery; on an error no delivery can
+// get past (consume.Fatal) it stops the consumer instead, as handle does.
+func (c *Consumer) handleBatch(ctx context.Context, ds []amqp.Delivery) {
+	if len(ds) == 1 {
+		c.handle(ctx, ds[0])
+		return
+	}
+	ptrs := make([]*amqp.Delivery, len(ds))
+	for i := range ds {
+		ptrs[i] = &ds[i]
+	}
+	for i, s := range c.exec.SettleBatch(ctx, ptrs) {
+		if err := consume.Fatal(s); err != nil {
+			c.metrics.deliveries.WithLabelValues(onceonly.Retry.String(), consume.ReasonStopped).Inc()
+			c.life.Fail(err)
+			continue
+		}
+		c.settle(ctx, ptrs[i], s)
+	}
+}
+
 // process runs a delivery through the engine and returns its settlement.
 func (c *Consumer) process(ctx context.Context, d *amqp.Delivery) onceonly.Settlement {
 	return c.exec.Settle(ctx, d)

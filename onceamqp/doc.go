@@ -81,7 +81,10 @@
 //
 // Run (or Start) dials the broker, runs Options.Declare on the
 // connection, opens a channel with Qos Prefetch and consumes with Workers
-// goroutines. A lost
+// goroutines, each running the deliveries it takes in batches
+// (Options.BatchSize, Options.BatchLinger): one transaction and one commit
+// per batch (onceonly.Engine.DoBatch), each delivery under a savepoint of
+// its own, settled after the commit. A lost
 // connection or channel (a broker restart, a network cut, a channel
 // closed by consumer_timeout, the consumer cancelled because the queue
 // went away) is redialled with backoff, forever; deliveries of the lost

@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceonly/onceonly"
 	"github.com/onceonly/onceonly/onceamqp"
+	"github.com/onceonly/onceonly/oncetest"
 )
 
 // An engine whose schema is gone (rolled back after New): Run stops with
@@ -29,7 +30,9 @@ func TestStopsOnAMissingSchema(t *testing.T) {
 	require.ErrorIs(t, err, onceonly.ErrSchemaBehind)
 	require.NoError(t, ctx.Err(), "Run stopped by itself")
 	require.ErrorIs(t, c.Err(), onceonly.ErrSchemaBehind)
-	require.Equal(t, 1, b.ready(t, b.queue.Name), "the message is back in the queue")
+	// The broker requeues the channel's deliveries as it closes, a moment
+	// after Run returned.
+	oncetest.Eventually(t, 5*time.Second, "the message is back in the queue", func() bool { return b.ready(t, b.queue.Name) == 1 })
 	require.Zero(t, b.ready(t, b.queue.DeadLetterQueue))
 	require.Zero(t, b.settled(t, "dead_letter", "invalid")+b.settled(t, "dead_letter", "failed"))
 }

@@ -61,6 +61,11 @@ const (
 	DefaultShutdownTimeout = 8 * time.Second
 	// DefaultAckTimeout is Options.AckTimeout when unset.
 	DefaultAckTimeout = 5 * time.Second
+	// DefaultBatchSize is Options.BatchSize when unset (measured in
+	// docs/BENCHMARKS.md).
+	DefaultBatchSize = consume.DefaultBatchSize
+	// DefaultBatchLinger is Options.BatchLinger when unset.
+	DefaultBatchLinger = consume.DefaultBatchLinger
 	// DefaultRetryMin and DefaultRetryMax bound the backoff between
 	// attempts to find the consumer and subscribe again.
 	DefaultRetryMin = 100 * time.Millisecond
@@ -128,9 +133,24 @@ type Options struct {
 	// DefaultWorkers).
 	Workers int
 	// Prefetch is how many messages are asked of the server ahead of the
-	// workers (default Workers). One waiting for a worker is not kept in
-	// progress: its AckWait runs.
+	// workers (default Workers × BatchSize). One waiting for a worker is
+	// not kept in progress: its AckWait runs.
 	Prefetch int
+	// BatchSize is how many messages a worker runs in one transaction
+	// (onceonly.Engine.DoBatch): a worker's batch closes at BatchSize
+	// messages or BatchLinger after its first, whichever comes first, and
+	// its messages are acked after the batch's commit. Default
+	// DefaultBatchSize; 1 runs each message alone, in a transaction of its
+	// own. At most onceonly.MaxBatch. A Handler that calls onceonly.Step
+	// inside a batch is refused (onceonly.ErrStepInBatch) and its message
+	// runs again alone, so a consumer whose every message steps is better
+	// off with 1.
+	BatchSize int
+	// BatchLinger is how long a batch waits for more messages after its
+	// first at most (default DefaultBatchLinger), and a tenth of it how
+	// long it waits for the next (consume.Collect): a bound on the
+	// latency batching adds at low rates.
+	BatchLinger time.Duration
 	// Policy turns the engine's answers into acks, delayed redeliveries
 	// and dead letters (MaxFailures, MinBackoff, MaxBackoff).
 	Policy onceonly.SettlePolicy
@@ -209,8 +229,11 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[jetstream
 		return nil, errors.New("oncenats: Options.Stream and Options.Consumer are required")
 	case opts.Scope == "" && opts.ScopeOf == nil:
 		return nil, errors.New("oncenats: Options.Scope or Options.ScopeOf is required")
-	case opts.Workers < 0, opts.Prefetch < 0, opts.LeaseTimeout < 0, opts.ShutdownTimeout < 0, opts.AckTimeout < 0:
-		return nil, errors.New("oncenats: Options.Workers, Prefetch, LeaseTimeout, ShutdownTimeout and AckTimeout must not be negative")
+	case opts.Workers < 0, opts.Prefetch < 0, opts.LeaseTimeout < 0, opts.ShutdownTimeout < 0, opts.AckTimeout < 0,
+		opts.BatchSize < 0, opts.BatchLinger < 0:
+		return nil, errors.New("oncenats: Options.Workers, Prefetch, LeaseTimeout, ShutdownTimeout, AckTimeout, BatchSize and BatchLinger must not be negative")
+	case opts.BatchSize > onceonly.MaxBatch:
+		return nil, fmt.Errorf("oncenats: Options.BatchSize is at most onceonly.MaxBatch (%d)", onceonly.MaxBatch)
 	}
 	if opts.Name == "" {
 		opts.Name = "nats." + opts.Stream + "." + opts.Consumer
@@ -225,8 +248,14 @@ func newConsumer(engine *onceonly.Engine, opts Options, w consume.Work[jetstream
 	if opts.Workers == 0 {
 		opts.Workers = DefaultWorkers
 	}
+	if opts.BatchSize == 0 {
+		opts.BatchSize = DefaultBatchSize
+	}
+	if opts.BatchLinger == 0 {
+		opts.BatchLinger = DefaultBatchLinger
+	}
 	if opts.Prefetch == 0 {
-		opts.Prefetch = opts.Workers
+		opts.Prefetch = opts.Workers * opts.BatchSize
 	}
 	if opts.LeaseTimeout == 0 {
 		opts.LeaseTimeout = onceonly.DefaultLeaseTimeout
@@ -437,7 +466,11 @@ func (c *Consumer) consume(ctx context.Context, cons jetstream.Consumer) error {
 			for {
 				select {
 				case msg := <-work:
-					c.handle(execCtx, msg, progress)
+					if c.opts.BatchSize == 1 {
+						c.handle(execCtx, msg, progress)
+						continue
+					}
+					c.handleBatch(execCtx, consume.Collect(msg, work, c.opts.BatchSize, c.opts.BatchLinger, stopping), progress)
 				case <-stopping:
 					return
 				}

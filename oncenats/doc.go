@@ -86,7 +86,10 @@
 //
 // Run (or Start) finds the consumer (Options.Declare, or a look-up),
 // subscribes with Options.Prefetch messages ahead and handles them with
-// Options.Workers goroutines. nats.go reconnects by itself and the pull
+// Options.Workers goroutines, each running the messages it takes in
+// batches (Options.BatchSize, Options.BatchLinger): one transaction and
+// one commit per batch (onceonly.Engine.DoBatch), each message under a
+// savepoint of its own, acked after the commit. nats.go reconnects by itself and the pull
 // subscription asks again after a server restart; a consumer that is gone
 // is looked up (or declared) again with backoff. Stop, or the end of Run's
 // context, stops asking for messages, lets the executions under way finish

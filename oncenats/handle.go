@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,6 +54,53 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, progress time.
 	c.metrics.duration.WithLabelValues(disposition).Observe(time.Since(start).Seconds())
 }
 
+// handleBatch runs msgs as one batch (consume.Executor.SettleBatch) and,
+// once it committed, settles each message, all at once; progress is how
+// often they are marked in progress meanwhile.
+func (c *Consumer) handleBatch(ctx context.Context, msgs []jetstream.Msg, progress time.Duration) {
+	if len(msgs) == 1 {
+		c.handle(ctx, msgs[0], progress)
+		return
+	}
+	start := time.Now()
+	c.metrics.inFlight.Add(float64(len(msgs)))
+	defer c.metrics.inFlight.Sub(float64(len(msgs)))
+
+	keep := c.keepAllInProgress(ctx, msgs, progress)
+	settled := c.exec.SettleBatch(ctx, msgs)
+	keep()
+	var wg sync.WaitGroup
+	for i, msg := range msgs {
+		s := settled[i]
+		if err := consume.Fatal(s); err != nil {
+			c.life.Fail(err)
+			c.handBack(ctx, msg)
+			continue
+		}
+		wg.Go(func() {
+			disposition, reason := c.settle(ctx, msg, s)
+			if c.opts.Settled != nil {
+				c.opts.Settled(msg, s)
+			}
+			c.metrics.messages.WithLabelValues(disposition, reason).Inc()
+			c.metrics.duration.WithLabelValues(disposition).Observe(time.Since(start).Seconds())
+		})
+	}
+	wg.Wait()
+}
+
+// keepAllInProgress marks each of msgs in progress every interval until
+// the returned function is called (which waits for the marking to stop).
+func (c *Consumer) keepAllInProgress(ctx context.Context, msgs []jetstream.Msg, every time.Duration) (stop func()) {
+	return consume.Every(every, func() {
+		for _, msg := range msgs {
+			if err := msg.InProgress(); err != nil {
+				c.settleError(ctx, opInProgress, msg, err)
+			}
+		}
+	})
+}
+
 // process runs a message through the engine and returns its settlement.
 func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) onceonly.Settlement {
 	return c.exec.Settle(ctx, msg)
@@ -90,23 +138,7 @@ func message(id consume.Identity, msg jetstream.Msg) Message {
 // keepInProgress marks msg in progress every interval until the
 // returned function is called (which waits for the marking to stop).
 func (c *Consumer) keepInProgress(ctx context.Context, msg jetstream.Msg, every time.Duration) (stop func()) {
-	quit, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-tick.C:
-				if err := msg.InProgress(); err != nil {
-					c.settleError(ctx, opInProgress, msg, err)
-				}
-			}
-		}
-	}()
-	return func() { close(quit); <-stopped }
+	return c.keepAllInProgress(ctx, []jetstream.Msg{msg}, every)
 }
 
 // settle does on the server what s says and returns the disposition and

@@ -40,6 +40,11 @@ type testBundle struct {
 
 	mu      sync.Mutex
 	settled []onceonly.Settlement // every settlement of the consumers options() made
+
+	// The benchmarks': published, when set, is closed once every message
+	// is published; onAck is called after each ack of a bare loop.
+	published chan struct{}
+	onAck     func(jetstream.Msg)
 }
 
 // setupOpts vary setup.

@@ -84,23 +84,11 @@ func message(id consume.Identity, msg *types.Message) Message {
 // heartbeat extends msg's visibility to visibility every interval until
 // the returned function is called (which waits for it to stop).
 func (c *Consumer) heartbeat(ctx context.Context, msg *types.Message, visibility, every time.Duration) (stop func()) {
-	quit, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-tick.C:
-				if err := c.changeVisibility(ctx, msg, visibility); err != nil {
-					c.settleError(ctx, opHeartbeat, msg, err)
-				}
-			}
+	return consume.Every(every, func() {
+		if err := c.changeVisibility(ctx, msg, visibility); err != nil {
+			c.settleError(ctx, opHeartbeat, msg, err)
 		}
-	}()
-	return func() { close(quit); <-stopped }
+	})
 }
 
 // settle does on SQS what s says and returns the disposition and reason
