@@ -123,6 +123,12 @@ func payloadOf(body []byte) ([]byte, error) {
 	return m.Payload, err
 }
 
+// stepBatchSize is the consumers' BatchSize. Every payment steps (its
+// charge at the gateway), and a batch refuses a step: the message would run
+// in a batch, be refused at its step, roll back and run again alone. One
+// message per transaction skips that first run.
+const stepBatchSize = 1
+
 // newAMQPConsumer returns the consumer of queue payments.charge. It dials
 // on Run, and again whenever the connection is lost.
 func newAMQPConsumer(c consumerConfig) (consumer, func(), error) {
@@ -137,6 +143,7 @@ func newAMQPConsumer(c consumerConfig) (consumer, func(), error) {
 		Payload:         func(d *amqp.Delivery) ([]byte, error) { return payloadOf(d.Body) },
 		Name:            handlerName,
 		Workers:         c.workers,
+		BatchSize:       stepBatchSize,
 		Policy:          c.policy(),
 		ShutdownTimeout: shutdownTimeout,
 		Logger:          c.log,
@@ -176,6 +183,7 @@ func newNATSConsumer(c consumerConfig) (consumer, func(), error) {
 		DeadLetterSubject: topo.DeadLetterSubject,
 		Name:              handlerName,
 		Workers:           c.workers,
+		BatchSize:         stepBatchSize,
 		Policy:            c.policy(),
 		LeaseTimeout:      c.lease,
 		ShutdownTimeout:   shutdownTimeout,
