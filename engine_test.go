@@ -440,8 +440,10 @@ func TestHeartbeatKeepsSlowExecutionAlive(t *testing.T) {
 	oncetest.OnEachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
 		// A renewal is sent a third of the way into the lease and has half
 		// of it to land; under a loaded CI (race detector, packages in
-		// parallel) the 100 ms a 300 ms lease left was too little.
-		const lease = time.Second
+		// parallel) the 100 ms a 300 ms lease left was too little, and the
+		// 500 ms of a 1 s lease too (a renewal failed, the execution was
+		// stopped, and a duplicate took the key over).
+		const lease = 3 * time.Second
 		b := setup(t, setupOpts{rdb: rdb, lease: lease})
 		inside, release := make(chan struct{}), make(chan struct{})
 		done := make(chan error)

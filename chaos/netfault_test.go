@@ -248,7 +248,7 @@ func (r *nfRun) runPhase(t *testing.T, ctx context.Context, pool *pgxpool.Pool, 
 			wg.Go(func() { r.client(ctx, p, key, "tok_visa", body, i+j, at.Add(jitter)) })
 		}
 	}
-	oncetest.Eventually(t, 10*time.Second, name+": the slow payments in flight at the gateway", func() bool {
+	oncetest.Eventually(t, 30*time.Second, name+": the slow payments in flight at the gateway", func() bool {
 		var calls, processing int
 		err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'processing') FROM gateway.charges
 			WHERE reference = ANY($1)`, slowRefs).Scan(&calls, &processing)

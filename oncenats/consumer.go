@@ -166,9 +166,10 @@ type Options struct {
 	AckTimeout time.Duration
 	// Settled, when set, is called after each message is settled: acked,
 	// dead-lettered, or given back for a later delivery (s.Disposition
-	// Retry, s.After); not for the messages Stop hands back unstarted. It
-	// runs on the worker that handled the message, so it must return
-	// quickly. Audit trails and tests use it, as River's Client.Subscribe.
+	// Retry, s.After); not for the messages Stop hands back unstarted. A
+	// batch's messages are reported in the batch's order once all of them
+	// are settled. It runs on the worker that handled the message, so it
+	// must return quickly. Audit trails and tests use it, as River's Client.Subscribe.
 	Settled func(msg jetstream.Msg, s onceonly.Settlement)
 	// Logger receives the consumer's logs (default slog.Default()).
 	Logger *slog.Logger

@@ -55,8 +55,9 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg, progress time.
 }
 
 // handleBatch runs msgs as one batch (consume.Executor.SettleBatch) and,
-// once it committed, settles each message, all at once; progress is how
-// often they are marked in progress meanwhile.
+// once it committed, settles each message, all at once, then reports them
+// to Options.Settled in the batch's order; progress is how often they are
+// marked in progress meanwhile.
 func (c *Consumer) handleBatch(ctx context.Context, msgs []jetstream.Msg, progress time.Duration) {
 	if len(msgs) == 1 {
 		c.handle(ctx, msgs[0], progress)
@@ -69,24 +70,31 @@ func (c *Consumer) handleBatch(ctx context.Context, msgs []jetstream.Msg, progre
 	keep := c.keepAllInProgress(ctx, msgs, progress)
 	settled := c.exec.SettleBatch(ctx, msgs)
 	keep()
+	type outcome struct{ disposition, reason string }
+	outcomes := make([]*outcome, len(msgs)) // nil: handed back
 	var wg sync.WaitGroup
 	for i, msg := range msgs {
-		s := settled[i]
-		if err := consume.Fatal(s); err != nil {
+		if err := consume.Fatal(settled[i]); err != nil {
 			c.life.Fail(err)
 			c.handBack(ctx, msg)
 			continue
 		}
 		wg.Go(func() {
-			disposition, reason := c.settle(ctx, msg, s)
-			if c.opts.Settled != nil {
-				c.opts.Settled(msg, s)
-			}
-			c.metrics.messages.WithLabelValues(disposition, reason).Inc()
-			c.metrics.duration.WithLabelValues(disposition).Observe(time.Since(start).Seconds())
+			disposition, reason := c.settle(ctx, msg, settled[i])
+			outcomes[i] = &outcome{disposition, reason}
 		})
 	}
 	wg.Wait()
+	for i, o := range outcomes {
+		if o == nil {
+			continue
+		}
+		if c.opts.Settled != nil {
+			c.opts.Settled(msgs[i], settled[i])
+		}
+		c.metrics.messages.WithLabelValues(o.disposition, o.reason).Inc()
+		c.metrics.duration.WithLabelValues(o.disposition).Observe(time.Since(start).Seconds())
+	}
 }
 
 // keepAllInProgress marks each of msgs in progress every interval until

@@ -98,11 +98,10 @@ fi
 scripts/services.sh tools
 
 wait "$compiling" || true
-# Four test binaries at once (go test's default is one per core): most
-# packages spend their time waiting on processes, leases and brokers, and
-# two at a time left the cores idle. Arguments given to this script come
-# after it, so `scripts/test.sh -p 2` runs two.
-go test -race -count=1 -timeout 15m -p 4 "$@" "${packages[@]}"
+# As many test binaries at once as there are cores (go test's default):
+# four at once on two cores overloaded the machine, and tests sized for a
+# busy laptop lost leases.
+go test -race -count=1 -timeout 15m "$@" "${packages[@]}"
 if [ $# -eq 0 ] && [ -z "${TEST_PACKAGES:-}" ]; then
 	scripts/publish-check.sh # the modules publish as tags would: GOWORK=off builds, go get each, go install (docs/development.md)
 	# Benchmark smoke: every benchmark runs once, small (make bench-* for figures).
