@@ -37,6 +37,7 @@ func TestKilledMidSlowPaymentRecoversWithinTheLease(t *testing.T) {
 	for _, separate := range []bool{true, false} {
 		name := map[bool]string{true: "separate gateway", false: "in-process gateway"}[separate]
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // a database and processes of its own
 			dbURL := oncetest.DatabaseURL(t)
 			env := []string{"DATABASE_URL=" + dbURL, "LEASE_TIMEOUT=" + lease.String(), "RESUME_INTERVAL=300ms",
 				"SLOW_GATEWAY_DELAY=" + slowDelay.String()}

@@ -238,6 +238,7 @@ func TestReadinessWithoutRedis(t *testing.T) {
 	bin := binary(t, ".")
 	for _, target := range []string{"single", "cluster"} {
 		t.Run(target, func(t *testing.T) {
+			t.Parallel() // a Redis of its own
 			var redisEnv string
 			var stop func()
 			if target == "cluster" {
